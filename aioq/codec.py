@@ -1,0 +1,98 @@
+"""JSON for job arguments: exact round trips or a clear error before anything is written.
+
+Arguments are stored as a jsonb object. Only values that come back unchanged are accepted:
+``None``, ``bool``, ``int`` within 64 bits, finite ``float``, ``str`` (no NUL, valid
+Unicode), ``list`` and ``dict`` with ``str`` keys, nested. Tuples, datetimes, bytes, sets and
+other objects are refused rather than silently turned into something else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from aioq.errors import SerializationError
+
+__all__ = ("decode_args", "encode_args")
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+
+
+def _problem(value: object, path: str, depth: int) -> tuple[str, str] | None:
+    """Return (path, problem) for the first value that would not round-trip, else None."""
+    if value is None or value is True or value is False:
+        return None
+    kind = type(value)
+    if kind is str:
+        if "\x00" in value:  # type: ignore[operator]
+            return path, "contains a NUL character, which PostgreSQL's jsonb cannot store"
+        return None
+    if kind is int:
+        if not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
+            return path, "is an integer outside the 64-bit range JSON numbers keep exactly"
+        return None
+    if kind is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            return path, f"is {value!r}, which JSON cannot represent"
+        return None
+    if depth > 200:
+        return path, "is nested too deeply"
+    if kind is list:
+        items: list[object] = value  # type: ignore[assignment]
+        for i, item in enumerate(items):
+            found = _problem(item, f"{path}[{i}]", depth + 1)
+            if found:
+                return found
+        return None
+    if kind is dict:
+        mapping: dict[object, object] = value  # type: ignore[assignment]
+        for key, item in mapping.items():
+            if type(key) is not str:
+                return f"{path}[{key!r}]", "has a non-string key; JSON object keys are strings"
+            found = _problem(key, f"{path} key {key!r}", depth + 1) or _problem(
+                item, f"{path}[{key!r}]", depth + 1
+            )
+            if found:
+                return found
+        return None
+    return path, (
+        f"has type {kind.__name__}, which is not JSON (use None, bool, int, float, str, list"
+        " or dict with str keys)"
+    )
+
+
+def encode_args(task_name: str, args: Mapping[str, object]) -> str:
+    """Encode keyword arguments as a JSON object, or raise naming the task and argument."""
+    for name, value in args.items():
+        found = _problem(value, name, 0)
+        if found:
+            path, problem = found
+            raise SerializationError(task_name, path, problem)
+    try:
+        return orjson.dumps(args).decode()
+    except orjson.JSONEncodeError as exc:  # e.g. lone surrogates in a str
+        bad = next(
+            (n for n, v in args.items() if _fails_alone(v)),
+            next(iter(args), "?"),
+        )
+        raise SerializationError(task_name, bad, f"cannot be encoded as JSON: {exc}") from exc
+
+
+def _fails_alone(value: object) -> bool:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return True
+    return False
+
+
+def decode_args(text: str) -> dict[str, Any]:
+    """Decode stored arguments; raise ``ValueError`` unless they are a JSON object."""
+    value = orjson.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
+    return value

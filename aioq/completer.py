@@ -1,0 +1,224 @@
+"""Write the outcomes of finished attempts, fenced on their claims, batched under load."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskStatus
+
+from aioq._service import StepBackoff
+from aioq.job import Claim
+from aioq.store import Executor, Store
+
+__all__ = ("Completer", "Outcome", "OutcomeKind", "Running")
+
+logger = logging.getLogger(__name__)
+
+
+class OutcomeKind(enum.Enum):
+    """What the completer does with a finished attempt."""
+
+    COMPLETE = "succeeded"  # delete (or archive)
+    RETRY = "retried"  # back to pending after a backoff, error recorded
+    SNOOZE = "snoozed"  # back to pending after the task's delay, attempt refunded (aioq.Retry)
+    RELEASE = "released"  # back to pending now, attempt refunded (shutdown)
+    BURY = "dead"  # no more attempts
+
+
+@dataclass(slots=True)
+class Running:
+    """A claim this worker holds, from the claim until its outcome is written."""
+
+    claim: Claim
+    scope: anyio.CancelScope | None = None
+    finished: bool = False  # the outcome is with the completer
+    cancel_reason: str | None = None  # LEASE_LOST or SHUTDOWN
+
+    def cancel(self, reason: str) -> None:
+        """Stop the local execution of this job."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+LEASE_LOST = "lease lost"
+SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one attempt, to be written fenced on its claim."""
+
+    claim: Claim
+    kind: OutcomeKind
+    duration: float = 0.0
+    delay: float = 0.0
+    error: str | None = None
+
+
+class Completer:
+    """Apply outcomes in as few statements as possible: one per kind per flush."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        db: Executor,
+        worker_id: str,
+        in_flight: dict[int, Running],
+        keep_completed: bool,
+        batch_size: int,
+        max_pending: int,
+    ) -> None:
+        self.store = store
+        self.db = db
+        self.worker_id = worker_id
+        self.in_flight = in_flight
+        self.keep_completed = keep_completed
+        self.batch_size = batch_size
+        self.max_pending = max_pending
+        self.pending: list[Outcome] = []
+        self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
+        self._wake = anyio.Event()
+        self._room = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    async def put(self, outcome: Outcome) -> None:
+        """Queue an outcome; wait while too many are unwritten (the database is behind)."""
+        while len(self.pending) >= self.max_pending:
+            if self._room.is_set():
+                self._room = anyio.Event()
+            await self._room.wait()
+        running = self.in_flight.get(outcome.claim.id)
+        if running is not None:
+            running.finished = True
+        self.pending.append(outcome)
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        self._wake.set()
+
+    def lost(self, claim: Claim) -> None:
+        """Forget a claim whose lease was lost: another worker owns the job now."""
+        self.in_flight.pop(claim.id, None)
+        logger.warning(
+            "job %s: lease lost, local execution dropped",
+            claim.id,
+            extra=_extra(claim, "lease_lost", 0.0),
+        )
+
+    async def wait_idle(self) -> None:
+        """Return once every queued outcome is written."""
+        await self._idle.wait()
+
+    async def run_once(self) -> int:
+        """Write up to ``batch_size`` queued outcomes; return how many were written."""
+        async with self._lock:
+            batch = self.pending[: self.batch_size]
+            if not batch:
+                return 0
+            kept = await self._write(batch)
+            del self.pending[: len(batch)]
+        self._room.set()
+        for outcome in batch:
+            claim = outcome.claim
+            self.in_flight.pop(claim.id, None)
+            if claim.id in kept:
+                level = logging.WARNING if outcome.kind is OutcomeKind.BURY else logging.INFO
+                logger.log(
+                    level,
+                    "job %s %s %s (attempt %s/%s, %.3fs)%s",
+                    claim.id,
+                    claim.task,
+                    outcome.kind.value,
+                    claim.attempt,
+                    claim.max_attempts,
+                    outcome.duration,
+                    f": {outcome.error.splitlines()[0]}" if outcome.error else "",
+                    extra=_extra(claim, outcome.kind.value, outcome.duration),
+                )
+            else:
+                logger.warning(
+                    "job %s %s: lease lost before its outcome (%s) was written; the new"
+                    " owner's state stands",
+                    claim.id,
+                    claim.task,
+                    outcome.kind.value,
+                    extra=_extra(claim, "lease_lost", outcome.duration),
+                )
+        if not self.pending:
+            self._idle.set()
+        return len(batch)
+
+    async def _write(self, batch: list[Outcome]) -> set[int]:
+        by_kind: dict[OutcomeKind, list[Outcome]] = defaultdict(list)
+        for outcome in batch:
+            by_kind[outcome.kind].append(outcome)
+        kept: set[int] = set()
+        store, db, me = self.store, self.db, self.worker_id
+        for kind, group in by_kind.items():
+            ids = [o.claim.id for o in group]
+            attempts = [o.claim.attempt for o in group]
+            if kind is OutcomeKind.COMPLETE:
+                kept |= await store.complete(db, ids, attempts, me, archive=self.keep_completed)
+            elif kind is OutcomeKind.BURY:
+                errors = [o.error or "dead" for o in group]
+                kept |= await store.bury(db, ids, attempts, me, errors=errors)
+            else:
+                kept |= await store.reschedule(
+                    db,
+                    ids,
+                    attempts,
+                    me,
+                    delays=[o.delay for o in group],
+                    errors=[o.error if kind is OutcomeKind.RETRY else None for o in group],
+                    refunds=[kind is not OutcomeKind.RETRY for o in group],
+                )
+        return kept
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Write outcomes as they come, batching whatever queued up during the last write."""
+        task_status.started()
+        backoff = StepBackoff()
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self.pending:
+                try:
+                    await self.run_once()
+                    backoff.reset()
+                except Exception:
+                    logger.exception("writing job outcomes failed; retrying")
+                    await anyio.sleep(backoff.next())
+
+    async def flush(self) -> None:
+        """Write everything queued now (on shutdown); give up after errors persist."""
+        backoff = StepBackoff()
+        while self.pending:
+            try:
+                await self.run_once()
+            except Exception:
+                if backoff.failures >= 5:
+                    logger.exception(
+                        "could not write %d job outcomes; their leases will expire and"
+                        " the jobs will run again",
+                        len(self.pending),
+                    )
+                    return
+                await anyio.sleep(backoff.next())
+
+
+def _extra(claim: Claim, outcome: str, duration: float) -> dict[str, object]:
+    return {
+        "job_id": claim.id,
+        "task": claim.task,
+        "queue": claim.queue,
+        "attempt": claim.attempt,
+        "duration_s": round(duration, 6),
+        "outcome": outcome,
+    }

@@ -1,0 +1,158 @@
+"""Run one claimed job: resolve the task, decode and bind its arguments, run it, judge the outcome."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import traceback
+from collections.abc import Callable
+
+import anyio
+from anyio.abc import ObjectReceiveStream
+
+from aioq.codec import decode_args
+from aioq.completer import LEASE_LOST, SHUTDOWN, Completer, Outcome, OutcomeKind, Running
+from aioq.errors import Fail, PayloadError, Retry, UnknownTaskError
+from aioq.job import Claim, JobContext, _current
+from aioq.task import Backoff, Registry
+
+__all__ = ("Consumer", "format_error")
+
+logger = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 4000
+_DEFAULT_RETRY = Backoff()
+
+
+def format_error(exc: BaseException, *, with_traceback: bool = True) -> str:
+    """Describe an exception as ``Type: message`` plus a bounded traceback."""
+    head = f"{type(exc).__qualname__}: {exc}"
+    if not with_traceback or exc.__traceback__ is None:
+        return head[:MAX_ERROR_CHARS]
+    tb = "".join(traceback.format_exception(exc))
+    room = MAX_ERROR_CHARS - len(head) - 1
+    if room <= 0:
+        return head[:MAX_ERROR_CHARS]
+    if len(tb) > room:
+        tb = "...\n" + tb[-(room - 4) :]
+    return f"{head}\n{tb}"
+
+
+class Consumer:
+    """One of the worker's N coroutines that run jobs."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        worker_id: str,
+        in_flight: dict[int, Running],
+        limiter: anyio.CapacityLimiter,
+        stopping: anyio.Event,
+        completer: Completer,
+    ) -> None:
+        self.completer = completer
+        self.registry = registry
+        self.worker_id = worker_id
+        self.in_flight = in_flight
+        self.limiter = limiter
+        self.stopping = stopping
+
+    async def run(self, claims: ObjectReceiveStream[Claim], on_done: Callable[[], None]) -> None:
+        """Run claims from the stream until it closes; call ``on_done`` after each."""
+        async with claims:
+            async for claim in claims:
+                try:
+                    await self.handle(claim)
+                finally:
+                    on_done()
+
+    async def handle(self, claim: Claim) -> None:
+        """Run one claim (or release it when stopping) and hand its outcome to the completer."""
+        running = self.in_flight[claim.id]
+        if running.cancel_reason == LEASE_LOST:
+            self.completer.lost(claim)
+            return
+        if self.stopping.is_set():
+            outcome: Outcome | None = Outcome(claim, OutcomeKind.RELEASE)
+        else:
+            outcome = await self.run_one(claim, running)
+        if outcome is None:
+            self.completer.lost(claim)
+        else:
+            await self.completer.put(outcome)
+
+    async def run_one(self, claim: Claim, running: Running) -> Outcome | None:
+        """Run one attempt and return its outcome (None: lease lost); task faults never raise."""
+        task = self.registry.get(claim.task)
+        retry = task.retry if task is not None else _DEFAULT_RETRY
+        started = time.monotonic()
+
+        def failed(error: str) -> Outcome:
+            duration = time.monotonic() - started
+            if claim.attempt >= claim.max_attempts:
+                return Outcome(claim, OutcomeKind.BURY, duration, error=error)
+            return Outcome(
+                claim, OutcomeKind.RETRY, duration, delay=retry.delay(claim.attempt), error=error
+            )
+
+        if task is None:
+            unknown = UnknownTaskError(
+                claim.task, claim.id, f"no task named {claim.task!r} is registered in this worker"
+            )
+            return failed(format_error(unknown, with_traceback=False))
+        try:
+            kwargs = decode_args(claim.args)
+            task.signature.bind(**kwargs)
+        except (ValueError, TypeError) as exc:
+            err = PayloadError(
+                claim.task, claim.id, f"cannot call {claim.task!r} with its stored arguments: {exc}"
+            )
+            return failed(format_error(err, with_traceback=False))
+
+        token = _current.set(
+            JobContext(
+                id=claim.id,
+                attempt=claim.attempt,
+                max_attempts=claim.max_attempts,
+                task=claim.task,
+                queue=claim.queue,
+                worker_id=self.worker_id,
+            )
+        )
+        try:
+            with anyio.CancelScope() as scope:
+                running.scope = scope
+                if running.cancel_reason is not None:
+                    scope.cancel()
+                with anyio.move_on_after(task.timeout) as deadline:
+                    if task.is_async:
+                        await task.fn(**kwargs)
+                    else:
+                        # A thread cannot be stopped: on timeout or cancellation it is
+                        # abandoned and finishes in the background.
+                        await anyio.to_thread.run_sync(
+                            functools.partial(task.fn, **kwargs),
+                            abandon_on_cancel=True,
+                            limiter=self.limiter,
+                        )
+        except Retry as exc:
+            duration = time.monotonic() - started
+            return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay)
+        except Fail as exc:
+            duration = time.monotonic() - started
+            return Outcome(claim, OutcomeKind.BURY, duration, error=format_error(exc))
+        except Exception as exc:
+            return failed(format_error(exc))
+        finally:
+            running.scope = None
+            _current.reset(token)
+        duration = time.monotonic() - started
+        if scope.cancelled_caught:
+            if running.cancel_reason == SHUTDOWN:
+                return Outcome(claim, OutcomeKind.RELEASE, duration)
+            return None
+        if deadline.cancelled_caught:
+            return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
+        return Outcome(claim, OutcomeKind.COMPLETE, duration)

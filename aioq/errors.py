@@ -1,0 +1,142 @@
+"""Exceptions raised by aioq.
+
+Every exception that crosses the public API derives from :class:`AioqError`::
+
+    AioqError
+    ├── ConfigError             a bad option or name (field, value)
+    ├── DeferError              a job could not be deferred; nothing was written (task_name)
+    │   ├── ArgumentError       the arguments do not bind to the task's signature
+    │   └── SerializationError  an argument is not exactly representable as JSON (argument)
+    ├── TaskError               a job failed to run in a way the worker reports (task_name, job_id)
+    │   ├── UnknownTaskError    no task of that name is registered
+    │   └── PayloadError        the stored arguments cannot be decoded or bound
+    ├── SchemaError             the schema is missing, too old, or cannot be applied
+    ├── ServerError             the embedded PostgreSQL cannot be found or started
+    └── JobControl              raised by a task to steer its own job
+        ├── Retry               run again later, without counting as an error
+        └── Fail                stop retrying: the job goes straight to ``dead``
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "AioqError",
+    "ArgumentError",
+    "ConfigError",
+    "DeferError",
+    "Fail",
+    "JobControl",
+    "PayloadError",
+    "Retry",
+    "SchemaError",
+    "SerializationError",
+    "ServerError",
+    "TaskError",
+    "UnknownTaskError",
+)
+
+from datetime import timedelta
+
+
+class AioqError(Exception):
+    """Root of every error aioq raises."""
+
+    default_message = "aioq error"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.default_message)
+
+    @property
+    def message(self) -> str:
+        """The human-readable message."""
+        return str(self.args[0])
+
+
+class ConfigError(AioqError, ValueError):
+    """An option has a value aioq cannot use."""
+
+    default_message = "invalid configuration"
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {problem}")
+
+
+class DeferError(AioqError):
+    """A job could not be deferred; nothing was written."""
+
+    default_message = "could not defer the job"
+
+    def __init__(self, task_name: str, problem: str) -> None:
+        self.task_name = task_name
+        super().__init__(f"cannot defer {task_name!r}: {problem}")
+
+
+class ArgumentError(DeferError, TypeError):
+    """The arguments given to ``defer`` do not match the task's signature."""
+
+
+class SerializationError(DeferError, TypeError):
+    """An argument cannot be stored as JSON and read back unchanged."""
+
+    def __init__(self, task_name: str, argument: str, problem: str) -> None:
+        self.argument = argument
+        super().__init__(task_name, f"argument {argument!r} {problem}")
+
+
+class TaskError(AioqError):
+    """A job could not run; the worker records this as the job's ``last_error``."""
+
+    default_message = "the job could not run"
+
+    def __init__(self, task_name: str, job_id: int, problem: str) -> None:
+        self.task_name = task_name
+        self.job_id = job_id
+        super().__init__(problem)
+
+
+class UnknownTaskError(TaskError):
+    """No task of the job's name is registered in the worker's registry."""
+
+
+class PayloadError(TaskError):
+    """The job's stored arguments cannot be decoded or do not bind to the task."""
+
+
+class SchemaError(AioqError):
+    """The aioq schema is missing or cannot be installed."""
+
+    default_message = "the aioq schema is not usable"
+
+
+class ServerError(AioqError):
+    """The embedded PostgreSQL server cannot be found or started."""
+
+    default_message = "the embedded PostgreSQL server failed"
+
+
+class JobControl(AioqError):
+    """Base of the exceptions a task raises to steer its own job."""
+
+
+class Retry(JobControl):
+    """Raise from a task to run the job again after ``delay`` seconds.
+
+    A retry requested this way does not count as a failure: the attempt is
+    refunded and ``last_error`` is left as it was.
+    """
+
+    default_message = "retry requested"
+
+    def __init__(self, delay: float | timedelta = 0.0, reason: str | None = None) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if seconds < 0:
+            raise ConfigError("delay", f"must be >= 0, got {seconds}")
+        self.delay = seconds
+        super().__init__(reason or f"retry requested in {seconds:g}s")
+
+
+class Fail(JobControl):
+    """Raise from a task to mark its job ``dead`` at once, with this message."""
+
+    default_message = "failed by the task"

@@ -1,0 +1,109 @@
+"""What a job is: its status, its row, the claim that fences it, and the context a task sees."""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from aioq.errors import AioqError
+
+__all__ = ("Claim", "Job", "JobContext", "JobStatus", "current_job")
+
+
+class JobStatus(enum.StrEnum):
+    """The values of ``jobs.status``; a finished job leaves the table."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A job as stored, for inspection."""
+
+    id: int
+    queue: str
+    task: str
+    args: str
+    status: JobStatus
+    priority: int
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+    lease: float
+    locked_by: str | None
+    locked_at: datetime | None
+    lease_expires_at: datetime | None
+    last_error: str | None
+    unique_key: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> Job:
+        """Build a job from a row of ``GET_JOB`` / ``LIST_JOBS``."""
+        values = dict(row.items())
+        values["status"] = JobStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """One claimed attempt of a job: what every later update is fenced on."""
+
+    id: int
+    queue: str
+    task: str
+    args: str  # raw JSON text; decoded by the consumer so one bad payload fails only its job
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease: float
+    waited: float  # seconds from run_at to the claim
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> Claim:
+        """Build a claim from a row of the claim statement."""
+        return cls(
+            id=row["id"],
+            queue=row["queue"],
+            task=row["task"],
+            args=row["args"],
+            priority=row["priority"],
+            attempt=row["attempts"],
+            max_attempts=row["max_attempts"],
+            lease=row["lease"],
+            waited=max(0.0, row["waited"] or 0.0),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobContext:
+    """What a running task knows about its job; ``id`` is the stable idempotency key."""
+
+    id: int
+    attempt: int
+    max_attempts: int
+    task: str
+    queue: str
+    worker_id: str
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """Whether a failure now makes the job dead."""
+        return self.attempt >= self.max_attempts
+
+
+_current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("aioq_current_job")
+
+
+def current_job() -> JobContext:
+    """Return the context of the job the calling task is running."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise AioqError("current_job() called outside a running aioq task") from None

@@ -1,0 +1,92 @@
+"""Install and upgrade the schema from ``schema.sql``, in place and idempotently."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from aioq import queries as q
+from aioq.errors import SchemaError
+from aioq.store import Connection
+
+__all__ = ("Migration", "SchemaStatus", "install", "migrations", "schema_sql", "status")
+
+_MARKER = re.compile(r"^-- aioq:migration (\d+)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered block of ``schema.sql``."""
+
+    version: int
+    sql: str
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaStatus:
+    """What is installed in a schema and what would be applied."""
+
+    schema: str
+    installed: int
+    latest: int
+
+    @property
+    def pending(self) -> list[int]:
+        """The migration versions not yet applied."""
+        return list(range(self.installed + 1, self.latest + 1))
+
+
+def _source() -> str:
+    return resources.files("aioq").joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+def _split(schema: str) -> tuple[str, list[Migration]]:
+    text = _source().replace("{{schema}}", q.quote_schema(schema))
+    parts = _MARKER.split(text)
+    prologue, rest = parts[0], parts[1:]
+    found = [Migration(int(v), body) for v, body in zip(rest[::2], rest[1::2], strict=True)]
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise SchemaError("schema.sql migrations must be numbered 1, 2, 3, ... in order")
+    return prologue, found
+
+
+def migrations(schema: str = "aioq") -> list[Migration]:
+    """Return the migrations of ``schema.sql`` rendered for a schema."""
+    return _split(schema)[1]
+
+
+def schema_sql(schema: str = "aioq") -> str:
+    """Return the full DDL for a schema, as ``aioq schema sql`` prints it."""
+    return _source().replace("{{schema}}", q.quote_schema(schema))
+
+
+async def _installed(conn: Connection, schema: str) -> int:
+    table = f"{q.quote_schema(schema)}.migrations"
+    if not await conn.fetchval(q.SCHEMA_EXISTS, table):
+        return 0
+    return int(await conn.fetchval(q.render(q.INSTALLED_VERSION, schema)))
+
+
+async def status(conn: Connection, schema: str = "aioq") -> SchemaStatus:
+    """Report the installed and latest schema versions."""
+    return SchemaStatus(schema, await _installed(conn, schema), len(migrations(schema)))
+
+
+async def install(conn: Connection, schema: str = "aioq") -> list[int]:
+    """Apply ``schema.sql`` to a schema; return the migration versions applied now.
+
+    Safe to run concurrently and repeatedly: it takes a transaction-level advisory lock
+    and applies only the migrations not yet recorded.
+    """
+    prologue, found = _split(schema)
+    applied: list[int] = []
+    async with conn.transaction():
+        await conn.fetchval(q.LOCK_SCHEMA, q.channel_name(schema))
+        await conn.execute(prologue)
+        current = await _installed(conn, schema)
+        for migration in found[current:]:
+            await conn.execute(migration.sql)
+            await conn.execute(q.render(q.RECORD_MIGRATION, schema), migration.version)
+            applied.append(migration.version)
+    return applied

@@ -1,0 +1,160 @@
+"""Claim jobs for free consumer slots: one statement per claim, woken by the doorbell or a tick."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from aioq._service import StepBackoff, jittered
+from aioq.completer import Completer, Running
+from aioq.job import Claim
+from aioq.store import Executor, Store
+
+__all__ = ("Doorbell", "Producer", "Slots")
+
+logger = logging.getLogger(__name__)
+
+
+class Doorbell:
+    """A wake-up that is not lost: a ring while nobody waits wakes the next wait at once."""
+
+    def __init__(self) -> None:
+        self._rung = anyio.Event()
+
+    def ring(self) -> None:
+        """Wake the producer (new jobs may be ready)."""
+        self._rung.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait for a ring, at most ``seconds``; return True if it rang."""
+        with anyio.move_on_after(seconds):
+            await self._rung.wait()
+        rang = self._rung.is_set()
+        if rang:
+            self._rung = anyio.Event()
+        return rang
+
+
+class Slots:
+    """Counts claims between the claim and the end of their consumer's work."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.busy = 0
+        self._freed = anyio.Event()
+
+    @property
+    def free(self) -> int:
+        """How many more jobs can be claimed now."""
+        return self.size - self.busy
+
+    def take(self, n: int) -> None:
+        """Occupy ``n`` slots with newly claimed jobs."""
+        self.busy += n
+
+    def give(self) -> None:
+        """Free one slot."""
+        self.busy -= 1
+        self._freed.set()
+
+    def wake(self) -> None:
+        """Wake a waiter without freeing a slot (to make it look at the stop flag)."""
+        self._freed.set()
+
+    async def wait_free(self) -> None:
+        """Return once a slot is free, or :meth:`wake` was called."""
+        if self.busy >= self.size:
+            self._freed = anyio.Event()
+            await self._freed.wait()
+
+
+class Producer:
+    """Claims up to the free slots in one statement and hands the jobs to the consumers."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        db: Executor,
+        queues: Sequence[str],
+        worker_id: str,
+        slots: Slots,
+        doorbell: Doorbell,
+        in_flight: dict[int, Running],
+        completer: Completer,
+        poll_interval: float,
+        batch_size: int,
+        stopping: anyio.Event,
+    ) -> None:
+        self.store = store
+        self.db = db
+        self.queues = list(queues)
+        self.worker_id = worker_id
+        self.slots = slots
+        self.doorbell = doorbell
+        self.in_flight = in_flight
+        self.completer = completer
+        self.poll_interval = poll_interval
+        self.batch_size = batch_size
+        self.stopping = stopping
+        self.last_claim_seconds = 0.0
+
+    async def run_once(self, send: MemoryObjectSendStream[Claim]) -> tuple[int, int]:
+        """Claim up to the free slots; return (claimed, asked)."""
+        asked = min(self.slots.free, self.batch_size)
+        if asked <= 0:
+            return 0, 0
+        started = time.perf_counter()
+        claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
+        self.last_claim_seconds = time.perf_counter() - started
+        self.slots.take(len(claims))
+        for claim in claims:
+            self.in_flight[claim.id] = Running(claim)
+        for claim in claims:
+            # Never blocks: the stream holds as many claims as there are slots.
+            send.send_nowait(claim)
+        return len(claims), asked
+
+    def stop(self) -> None:
+        """Stop claiming; wakes the producer wherever it waits."""
+        self.stopping.set()
+        self.doorbell.ring()
+        self.slots.wake()
+
+    async def run(self, send: MemoryObjectSendStream[Claim], *, until_idle: bool = False) -> None:
+        """Claim until stopped (or, with ``until_idle``, until nothing is ready or running)."""
+        backoff = StepBackoff()
+        async with send:
+            while not self.stopping.is_set():
+                await self.slots.wait_free()
+                if self.stopping.is_set():
+                    break
+                if not self.slots.free:
+                    continue
+                try:
+                    claimed, asked = await self.run_once(send)
+                except Exception:
+                    delay = backoff.next()
+                    logger.exception("claiming jobs failed; retrying in %.2fs", delay)
+                    await self.doorbell.wait(delay)  # the worker rings it to stop
+                    continue
+                backoff.reset()
+                if claimed == asked:
+                    continue  # more may be ready: claim again as soon as a slot is free
+                if until_idle and claimed == 0 and await self._idle(send):
+                    break
+                # Nothing more is ready: sleep until a NOTIFY (or, with until_idle, the last
+                # running job) rings, or the poll interval passes.
+                await self.doorbell.wait(jittered(self.poll_interval))
+
+    async def _idle(self, send: MemoryObjectSendStream[Claim]) -> bool:
+        """Whether nothing is ready, running or waiting to be written (for run_until_idle)."""
+        if self.slots.busy:
+            return False
+        await self.completer.wait_idle()
+        claimed, _ = await self.run_once(send)
+        return claimed == 0 and self.slots.busy == 0

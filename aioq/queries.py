@@ -1,0 +1,251 @@
+"""Every SQL statement aioq runs, as a named template, and nothing else.
+
+``{s}`` stands for the quoted schema name (see :func:`render`). Values are always bind
+parameters. Every update after the claim is fenced on ``(id, attempts, locked_by,
+status = 'running')``: a worker that lost its lease changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aioq.errors import ConfigError
+
+SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
+
+
+def quote_schema(schema: str) -> str:
+    """Validate a schema name and return it quoted as an identifier."""
+    if not SCHEMA_NAME.fullmatch(schema):
+        raise ConfigError(
+            "schema",
+            f"{schema!r} is not a valid schema name (letters, digits and _, at most 58 characters,"
+            " not starting with a digit)",
+        )
+    return f'"{schema}"'
+
+
+def channel_name(schema: str) -> str:
+    """Return the LISTEN channel of a schema; ``ring_doorbell()`` in schema.sql builds the same."""
+    return f"aioq:{schema}"
+
+
+def render(template: str, schema: str) -> str:
+    """Fill a statement template with the quoted schema name."""
+    return template.replace("{s}", quote_schema(schema))
+
+
+# Notify the queues of rows a statement made ready, at commit. Used after updates that
+# return jobs to pending (the insert trigger covers new jobs).
+_RING = """,
+rang AS (
+    SELECT pg_notify($channel, queue) FROM changed WHERE ready GROUP BY queue
+)"""
+
+
+def _ringing(template: str, channel_param: int) -> str:
+    return template.replace("$channel", f"${channel_param}")
+
+
+INSERT_JOB = """
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease)
+VALUES ($1, $2, $3::text::jsonb, $4,
+        coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
+        $7, make_interval(secs => $8::float8))
+RETURNING id
+"""
+
+# ON CONFLICT waits for a concurrent insert of the same key to commit; if the existing row was
+# committed after this statement's snapshot, no id comes back and the caller asks again.
+INSERT_UNIQUE_JOB = """
+WITH inserted AS (
+    INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, unique_key)
+    VALUES ($1, $2, $3::text::jsonb, $4,
+            coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
+            $7, make_interval(secs => $8::float8), $9)
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+    DO NOTHING
+    RETURNING id
+)
+SELECT id FROM inserted
+UNION ALL
+SELECT id FROM {s}.jobs
+WHERE unique_key = $9 AND status IN ('pending', 'running') AND NOT EXISTS (SELECT FROM inserted)
+LIMIT 1
+"""
+
+INSERT_JOBS = """
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease)
+SELECT $1, $2, a.args::jsonb, $3,
+       coalesce($4::timestamptz, now() + make_interval(secs => $5::float8)),
+       $6, make_interval(secs => $7::float8)
+FROM unnest($8::text[]) WITH ORDINALITY AS a(args, n)
+ORDER BY a.n
+RETURNING id
+"""
+
+_CLAIM = """
+WITH picked AS (
+    SELECT id FROM {s}.jobs
+    WHERE status = 'pending' AND {queue_filter} AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {s}.jobs AS j
+SET status = 'running', attempts = j.attempts + 1, locked_by = $3, locked_at = now(),
+    lease_expires_at = now() + j.lease
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
+          j.max_attempts, extract(epoch FROM j.lease)::float8 AS lease,
+          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited
+"""
+
+# One queue: the index's leading column is an equality, so the scan reads in claim order.
+CLAIM_ONE_QUEUE = _CLAIM.replace("{queue_filter}", "queue = $1")
+# Several queues: the same index, then a top-N sort of the ready rows of those queues.
+CLAIM_QUEUES = _CLAIM.replace("{queue_filter}", "queue = ANY($1::text[])")
+
+# $1 ids, $2 attempts (the claimed attempt of each), $3 worker id.
+_FENCE = "j.id = f.id AND j.attempts = f.attempt AND j.locked_by = $3 AND j.status = 'running'"
+
+COMPLETE = f"""
+DELETE FROM {{s}}.jobs AS j
+USING unnest($1::bigint[], $2::integer[]) AS f(id, attempt)
+WHERE {_FENCE}
+RETURNING j.id
+"""
+
+COMPLETE_ARCHIVED = f"""
+WITH done AS (
+    DELETE FROM {{s}}.jobs AS j
+    USING unnest($1::bigint[], $2::integer[]) AS f(id, attempt)
+    WHERE {_FENCE}
+    RETURNING j.*
+)
+INSERT INTO {{s}}.archive (id, queue, task, args, priority, attempts, max_attempts, worker,
+                         created_at, started_at, finished_at)
+SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by,
+       created_at, locked_at, clock_timestamp()
+FROM done
+RETURNING id
+"""
+
+HEARTBEAT = f"""
+UPDATE {{s}}.jobs AS j
+SET lease_expires_at = now() + j.lease
+FROM unnest($1::bigint[], $2::integer[]) AS f(id, attempt)
+WHERE {_FENCE}
+RETURNING j.id
+"""
+
+# Back to pending after $4 seconds. $5 is the error to record (NULL keeps the last one);
+# $6 refunds the attempt (a requested retry or a release on shutdown is not a failure).
+RESCHEDULE = _ringing(
+    f"""
+WITH changed AS (
+    UPDATE {{s}}.jobs AS j
+    SET status = 'pending', run_at = now() + make_interval(secs => f.delay),
+        last_error = coalesce(f.error, j.last_error),
+        attempts = j.attempts - CASE WHEN f.refund THEN 1 ELSE 0 END,
+        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+    FROM unnest($1::bigint[], $2::integer[], $4::float8[], $5::text[], $6::boolean[])
+         AS f(id, attempt, delay, error, refund)
+    WHERE {_FENCE}
+    RETURNING j.id, j.queue, f.delay = 0 AS ready
+){_RING}
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+""",
+    7,
+)
+
+BURY = f"""
+UPDATE {{s}}.jobs AS j
+SET status = 'dead', last_error = f.error,
+    locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+FROM unnest($1::bigint[], $2::integer[], $4::text[]) AS f(id, attempt, error)
+WHERE {_FENCE}
+RETURNING j.id
+"""
+
+# Expired leases: back to pending, or dead when the attempts are spent. Bounded per pass.
+REAP = _ringing(
+    f"""
+WITH expired AS (
+    SELECT id FROM {{s}}.jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+changed AS (
+    UPDATE {{s}}.jobs AS j
+    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+        run_at = now(),
+        last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
+                            j.attempts),
+        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+    FROM expired
+    WHERE j.id = expired.id
+    RETURNING j.id, j.queue, j.status, j.status = 'pending' AS ready
+){_RING}
+SELECT id, status FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+""",
+    2,
+)
+
+# Dead jobs back to pending with fresh attempts; a job whose unique_key is live again is left.
+REPLAY_DEAD = _ringing(
+    f"""
+WITH changed AS (
+    UPDATE {{s}}.jobs AS j
+    SET status = 'pending', attempts = 0, run_at = now()
+    WHERE j.status = 'dead'
+      AND ($1::bigint[] IS NULL OR j.id = ANY($1))
+      AND ($2::text IS NULL OR j.task = $2)
+      AND ($3::text IS NULL OR j.queue = $3)
+      AND (j.unique_key IS NULL OR NOT EXISTS (
+          SELECT FROM {{s}}.jobs AS live
+          WHERE live.unique_key = j.unique_key AND live.status IN ('pending', 'running')))
+    RETURNING j.id, j.queue, true AS ready
+){_RING}
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+""",
+    4,
+)
+
+GET_JOB = """
+SELECT id, queue, task, args::text AS args, status, priority, run_at, attempts, max_attempts,
+       extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at, lease_expires_at,
+       last_error, unique_key, created_at
+FROM {s}.jobs WHERE id = $1
+"""
+
+LIST_JOBS = """
+SELECT id, queue, task, args::text AS args, status, priority, run_at, attempts, max_attempts,
+       extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at, lease_expires_at,
+       last_error, unique_key, created_at
+FROM {s}.jobs
+WHERE ($1::text IS NULL OR status = $1)
+  AND ($2::text IS NULL OR task = $2)
+  AND ($3::text IS NULL OR queue = $3)
+ORDER BY id
+LIMIT $4
+"""
+
+INSTALLED_VERSION = """
+SELECT coalesce(max(version), 0) FROM {s}.migrations
+"""
+
+SCHEMA_EXISTS = """
+SELECT to_regclass($1) IS NOT NULL
+"""
+
+LOCK_SCHEMA = """
+SELECT pg_advisory_xact_lock(hashtext($1))
+"""
+
+RECORD_MIGRATION = """
+INSERT INTO {s}.migrations (version) VALUES ($1)
+"""

@@ -1,0 +1,190 @@
+"""One method per statement of :mod:`aioq.queries`, for one schema."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from aioq import queries as q
+from aioq.job import Claim, Job
+
+__all__ = ("Connection", "Executor", "Store")
+
+Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
+"""A connection the caller owns: ``defer`` runs on it, inside its transaction."""
+
+Executor: TypeAlias = asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool
+"""Anything that runs a statement: a connection, or a pool that lends one for it."""
+
+
+class Store:
+    """The statements of one schema, rendered once."""
+
+    def __init__(self, schema: str = "aioq") -> None:
+        self.schema = schema
+        self.channel = q.channel_name(schema)
+        render = functools.partial(q.render, schema=schema)
+        self._insert = render(q.INSERT_JOB)
+        self._insert_unique = render(q.INSERT_UNIQUE_JOB)
+        self._insert_many = render(q.INSERT_JOBS)
+        self._claim_one = render(q.CLAIM_ONE_QUEUE)
+        self._claim_many = render(q.CLAIM_QUEUES)
+        self._complete = render(q.COMPLETE)
+        self._complete_archived = render(q.COMPLETE_ARCHIVED)
+        self._heartbeat = render(q.HEARTBEAT)
+        self._reschedule = render(q.RESCHEDULE)
+        self._bury = render(q.BURY)
+        self._reap = render(q.REAP)
+        self._replay = render(q.REPLAY_DEAD)
+        self._get = render(q.GET_JOB)
+        self._list = render(q.LIST_JOBS)
+
+    @staticmethod
+    @functools.cache
+    def for_schema(schema: str) -> Store:
+        """Return the shared store of a schema."""
+        return Store(schema)
+
+    async def insert(
+        self,
+        conn: Executor,
+        *,
+        queue: str,
+        task: str,
+        args: str,
+        priority: int,
+        run_at: datetime | None,
+        delay: float,
+        max_attempts: int,
+        lease: float,
+        unique_key: str | None,
+    ) -> int | None:
+        """Insert one job and return its id (with a unique_key: the live job's id, or None)."""
+        values = (queue, task, args, priority, run_at, delay, max_attempts, lease)
+        if unique_key is None:
+            return await conn.fetchval(self._insert, *values)  # type: ignore[no-any-return]
+        return await conn.fetchval(self._insert_unique, *values, unique_key)  # type: ignore[no-any-return]
+
+    async def insert_many(
+        self,
+        conn: Executor,
+        *,
+        queue: str,
+        task: str,
+        args: Sequence[str],
+        priority: int,
+        run_at: datetime | None,
+        delay: float,
+        max_attempts: int,
+        lease: float,
+    ) -> list[int]:
+        """Insert many jobs of one task in one statement and return their ids in order."""
+        rows = await conn.fetch(
+            self._insert_many, queue, task, priority, run_at, delay, max_attempts, lease, args
+        )
+        return [row[0] for row in rows]
+
+    async def claim(
+        self, conn: Executor, queues: Sequence[str], limit: int, worker_id: str
+    ) -> list[Claim]:
+        """Claim up to ``limit`` ready jobs of these queues for ``worker_id``, committed at once."""
+        if len(queues) == 1:
+            rows = await conn.fetch(self._claim_one, queues[0], limit, worker_id)
+        else:
+            rows = await conn.fetch(self._claim_many, list(queues), limit, worker_id)
+        claims = [Claim.from_row(row) for row in rows]
+        claims.sort(key=lambda c: (-c.priority, c.id))
+        return claims
+
+    async def complete(
+        self,
+        conn: Executor,
+        ids: Sequence[int],
+        attempts: Sequence[int],
+        worker_id: str,
+        *,
+        archive: bool = False,
+    ) -> set[int]:
+        """Remove finished jobs (or move them to the archive); return the ids still ours."""
+        sql = self._complete_archived if archive else self._complete
+        rows = await conn.fetch(sql, ids, attempts, worker_id)
+        return {row[0] for row in rows}
+
+    async def heartbeat(
+        self, conn: Executor, ids: Sequence[int], attempts: Sequence[int], worker_id: str
+    ) -> set[int]:
+        """Extend the leases of our running jobs; return the ids whose lease we still hold."""
+        rows = await conn.fetch(self._heartbeat, ids, attempts, worker_id)
+        return {row[0] for row in rows}
+
+    async def reschedule(
+        self,
+        conn: Executor,
+        ids: Sequence[int],
+        attempts: Sequence[int],
+        worker_id: str,
+        *,
+        delays: Sequence[float],
+        errors: Sequence[str | None],
+        refunds: Sequence[bool],
+    ) -> set[int]:
+        """Return our running jobs to pending after their delays; return the ids changed."""
+        rows = await conn.fetch(
+            self._reschedule, ids, attempts, worker_id, delays, errors, refunds, self.channel
+        )
+        return {row[0] for row in rows}
+
+    async def bury(
+        self,
+        conn: Executor,
+        ids: Sequence[int],
+        attempts: Sequence[int],
+        worker_id: str,
+        *,
+        errors: Sequence[str],
+    ) -> set[int]:
+        """Mark our running jobs dead with their errors; return the ids changed."""
+        rows = await conn.fetch(self._bury, ids, attempts, worker_id, errors)
+        return {row[0] for row in rows}
+
+    async def reap(self, conn: Executor, limit: int) -> list[tuple[int, str]]:
+        """Return up to ``limit`` expired claims to pending (or dead); return (id, status)."""
+        rows = await conn.fetch(self._reap, limit, self.channel)
+        return [(row[0], row[1]) for row in rows]
+
+    async def replay(
+        self,
+        conn: Executor,
+        *,
+        ids: Sequence[int] | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+    ) -> list[int]:
+        """Make dead jobs pending again with fresh attempts; return their ids."""
+        rows = await conn.fetch(
+            self._replay, list(ids) if ids is not None else None, task, queue, self.channel
+        )
+        return sorted(row[0] for row in rows)
+
+    async def get(self, conn: Executor, job_id: int) -> Job | None:
+        """Return one job, or None if it is not in the table."""
+        row = await conn.fetchrow(self._get, job_id)
+        return Job.from_row(row) if row is not None else None
+
+    async def list(
+        self,
+        conn: Executor,
+        *,
+        status: str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Return jobs matching the filters, oldest first."""
+        rows = await conn.fetch(self._list, status, task, queue, limit)
+        return [Job.from_row(row) for row in rows]

@@ -1,0 +1,324 @@
+"""Tasks: the ``@task`` decorator, typed ``defer``, per-call options and the registry."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar, overload
+
+from typing_extensions import ParamSpec
+
+from aioq import queries
+from aioq.codec import encode_args
+from aioq.errors import ArgumentError, ConfigError, DeferError
+from aioq.store import Connection, Store
+
+__all__ = ("Backoff", "Registry", "Task", "TaskCall", "default_registry", "task")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 0
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_LEASE = 30.0
+DEFAULT_SCHEMA = "aioq"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: ``base * factor**(attempt-1)``, capped at ``max``."""
+
+    base: float = 1.0
+    factor: float = 2.0
+    max: float = 3600.0
+    jitter: float = 0.25  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
+
+    def __post_init__(self) -> None:
+        if self.base < 0:
+            raise ConfigError("base", f"must be >= 0, got {self.base}")
+        if self.factor < 1:
+            raise ConfigError("factor", f"must be >= 1, got {self.factor}")
+        if self.max < self.base:
+            raise ConfigError("max", f"must be >= base ({self.base}), got {self.max}")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError("jitter", f"must be in [0, 1), got {self.jitter}")
+
+    def delay(self, attempt: int) -> float:
+        """Return the delay in seconds before the attempt after ``attempt`` (1-based)."""
+        exponent = min(max(attempt - 1, 0), 64)
+        raw = min(self.max, self.base * self.factor**exponent)
+        return min(self.max, raw * random.uniform(1 - self.jitter, 1 + self.jitter))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobOptions:
+    """Where and when one deferred job runs."""
+
+    queue: str = DEFAULT_QUEUE
+    priority: int = DEFAULT_PRIORITY
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    lease: float = DEFAULT_LEASE
+    delay: float = 0.0
+    run_at: datetime | None = None
+    unique_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.queue or len(self.queue) > 200:
+            raise ConfigError(
+                "queue", f"must be a non-empty name of at most 200 characters, got {self.queue!r}"
+            )
+        if not -(2**31) <= self.priority < 2**31:
+            raise ConfigError("priority", f"must fit in 32 bits, got {self.priority}")
+        if not 1 <= self.max_attempts < 2**31:
+            raise ConfigError("max_attempts", f"must be >= 1, got {self.max_attempts}")
+        if not self.lease > 0:
+            raise ConfigError("lease", f"must be > 0 seconds, got {self.lease}")
+        if self.delay < 0:
+            raise ConfigError("delay", f"must be >= 0 seconds, got {self.delay}")
+        if self.run_at is not None:
+            if self.run_at.tzinfo is None:
+                raise ConfigError("run_at", "must be an aware datetime (with tzinfo)")
+            if self.delay:
+                raise ConfigError("run_at", "give either run_at or delay, not both")
+
+
+def _seconds(name: str, value: float | timedelta) -> float:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(name, f"must be seconds or a timedelta, got {type(value).__name__}")
+    return float(value)
+
+
+class Task(Generic[P, R]):
+    """A function registered to run as a job; ``defer`` enqueues a call to it."""
+
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        name: str,
+        registry: Registry,
+        options: JobOptions,
+        timeout: float | None,
+        retry: Backoff,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.registry = registry
+        self.defaults = options
+        self.timeout = timeout
+        self.retry = retry
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.signature = inspect.signature(fn)
+        for param in self.signature.parameters.values():
+            if param.kind in (param.POSITIONAL_ONLY, param.VAR_POSITIONAL):
+                raise ConfigError(
+                    "task",
+                    f"{name!r}: parameter {param.name!r} cannot be passed by keyword;"
+                    " job arguments are stored as a JSON object of keyword arguments",
+                )
+
+    def __repr__(self) -> str:
+        return f"<aioq.Task {self.name!r} queue={self.defaults.queue!r}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the function directly, in this process (no job)."""
+        return self.fn(*args, **kwargs)
+
+    def bind(self, args: tuple[object, ...], kwargs: Mapping[str, object]) -> dict[str, object]:
+        """Check arguments against the signature; return them as keyword arguments."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ArgumentError(self.name, str(exc)) from None
+        arguments: dict[str, object] = {}
+        for name, value in bound.arguments.items():
+            if self.signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                arguments.update(value)
+            else:
+                arguments[name] = value
+        return arguments
+
+    def options(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        lease: float | None = None,
+    ) -> TaskCall[P]:
+        """Return this task with options for the jobs deferred through it."""
+        changes: dict[str, Any] = {
+            "queue": queue,
+            "priority": priority,
+            "run_at": run_at,
+            "max_attempts": max_attempts,
+            "unique_key": unique_key,
+            "lease": lease,
+        }
+        if delay is not None:
+            changes["delay"] = _seconds("delay", delay)
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return TaskCall(self, replace(self.defaults, **changes))
+
+    async def defer(self, conn: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call on the caller's connection, inside its transaction; return the job id."""
+        return await TaskCall(self, self.defaults).defer(conn, *args, **kwargs)
+
+    async def defer_many(
+        self, conn: Connection, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
+        return await TaskCall(self, self.defaults).defer_many(conn, calls)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCall(Generic[P]):
+    """A task with options applied, ready to defer."""
+
+    task: Task[P, Any]
+    opts: JobOptions
+
+    async def defer(self, conn: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call on the caller's connection, inside its transaction; return the job id."""
+        task, opts = self.task, self.opts
+        encoded = encode_args(task.name, task.bind(args, kwargs))
+        store = Store.for_schema(task.registry.schema)
+        for _ in range(10):
+            job_id = await store.insert(
+                conn,
+                queue=opts.queue,
+                task=task.name,
+                args=encoded,
+                priority=opts.priority,
+                run_at=opts.run_at,
+                delay=opts.delay,
+                max_attempts=opts.max_attempts,
+                lease=opts.lease,
+                unique_key=opts.unique_key,
+            )
+            if job_id is not None:
+                return job_id
+            # The live job holding our unique_key finished between the conflict and the read.
+        raise DeferError(task.name, f"unique_key {opts.unique_key!r} kept changing owner")
+
+    async def defer_many(
+        self, conn: Connection, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
+        task, opts = self.task, self.opts
+        if opts.unique_key is not None:
+            raise DeferError(task.name, "unique_key applies to one job; defer_many cannot use it")
+        encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
+        if not encoded:
+            return []
+        return await Store.for_schema(task.registry.schema).insert_many(
+            conn,
+            queue=opts.queue,
+            task=task.name,
+            args=encoded,
+            priority=opts.priority,
+            run_at=opts.run_at,
+            delay=opts.delay,
+            max_attempts=opts.max_attempts,
+            lease=opts.lease,
+        )
+
+
+class Registry:
+    """The tasks a worker can run, by name, and the schema their jobs live in."""
+
+    def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
+        queries.quote_schema(schema)
+        self.schema = schema
+        self._tasks: dict[str, Task[..., Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<aioq.Registry schema={self.schema!r} tasks={sorted(self._tasks)}>"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def get(self, name: str) -> Task[..., Any] | None:
+        """Return the task registered under ``name``, if any."""
+        return self._tasks.get(name)
+
+    def add(self, new: Task[P, R]) -> Task[P, R]:
+        """Register a task; a different function under a taken name is an error."""
+        old = self._tasks.get(new.name)
+        if old is not None and old.fn is not new.fn and _origin(old.fn) != _origin(new.fn):
+            raise ConfigError("name", f"a different task is already registered as {new.name!r}")
+        self._tasks[new.name] = new
+        return new
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        lease: float = DEFAULT_LEASE,
+        timeout: float | None = None,
+        retry: Backoff | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        lease: float = DEFAULT_LEASE,
+        timeout: float | None = None,
+        retry: Backoff | None = None,
+    ) -> Any:
+        """Register a function as a task (as ``@registry.task`` or ``@registry.task(...)``)."""
+        if timeout is not None and not timeout > 0:
+            raise ConfigError("timeout", f"must be > 0 seconds or None, got {timeout}")
+        options = JobOptions(queue=queue, priority=priority, max_attempts=max_attempts, lease=lease)
+
+        def register(func: Callable[..., Any]) -> Task[..., Any]:
+            return self.add(
+                Task(
+                    func,
+                    name=name or _origin(func),
+                    registry=self,
+                    options=options,
+                    timeout=timeout,
+                    retry=retry or Backoff(),
+                )
+            )
+
+        return register if fn is None else register(fn)
+
+
+def _origin(fn: Callable[..., object]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+default_registry = Registry()
+"""The registry ``@aioq.task`` registers into."""
+
+task = default_registry.task
+"""Register a function as a task in the default registry."""

@@ -1,0 +1,326 @@
+"""The worker: one supervisor, one asyncpg pool, one LISTEN connection, one anyio task group."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import anyio
+import asyncpg
+from anyio.abc import TaskGroup, TaskStatus
+
+from aioq.completer import SHUTDOWN, Completer, Running
+from aioq.consumer import Consumer
+from aioq.errors import ConfigError
+from aioq.job import Claim
+from aioq.lease import Heartbeat, Reaper
+from aioq.notifier import Listener
+from aioq.producer import Doorbell, Producer, Slots
+from aioq.queries import quote_schema
+from aioq.store import Store
+from aioq.task import Registry, default_registry
+
+__all__ = ("Worker", "WorkerConfig")
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONCURRENCY = 10
+DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_HEARTBEAT_INTERVAL = 5.0
+DEFAULT_REAPER_INTERVAL = 5.0
+DEFAULT_REAPER_BATCH = 1000
+DEFAULT_SHUTDOWN_GRACE = 30.0
+DEFAULT_CLAIM_BATCH = 100
+DEFAULT_COMPLETION_BATCH = 1000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerConfig:
+    """How a worker runs; every duration is in seconds."""
+
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = DEFAULT_CONCURRENCY
+    schema: str = "aioq"
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    reaper_interval: float = DEFAULT_REAPER_INTERVAL
+    reaper_batch: int = DEFAULT_REAPER_BATCH
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    claim_batch: int = DEFAULT_CLAIM_BATCH
+    completion_batch: int = DEFAULT_COMPLETION_BATCH
+    keep_completed: bool = False
+    listen: bool = True
+    # PgBouncer in transaction mode: no prepared-statement cache on the pool, and LISTEN
+    # through listen_dsn (a direct connection), since a pooler cannot hold a LISTEN.
+    statement_cache: bool = True
+    listen_dsn: str | None = None
+    worker_id: str = field(default_factory=lambda: _default_worker_id())
+
+    def __post_init__(self) -> None:
+        quote_schema(self.schema)
+        if not self.queues or any(not q for q in self.queues):
+            raise ConfigError("queues", f"must be non-empty queue names, got {self.queues!r}")
+        for name in ("concurrency", "reaper_batch", "claim_batch", "completion_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
+        for name in ("poll_interval", "heartbeat_interval", "reaper_interval"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.shutdown_grace < 0:
+            raise ConfigError("shutdown_grace", f"must be >= 0 seconds, got {self.shutdown_grace}")
+        if not self.worker_id:
+            raise ConfigError("worker_id", "must not be empty")
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    """Runs the jobs of a registry's tasks from the given queues.
+
+    ``await worker.run()`` serves until cancelled or :meth:`stop`; ``async with worker:``
+    serves in the background and stops gracefully on exit; ``await worker.run_until_idle()``
+    returns once no job is ready or running.
+    """
+
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        registry: Registry | None = None,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = DEFAULT_CONCURRENCY,
+        schema: str | None = None,
+        **options: Any,
+    ) -> None:
+        self.registry = registry if registry is not None else default_registry
+        if isinstance(queues, str):
+            queues = (queues,)
+        self.config = WorkerConfig(
+            queues=tuple(queues),
+            concurrency=concurrency,
+            schema=schema or self.registry.schema,
+            **options,
+        )
+        self.dsn = dsn
+        self.id = self.config.worker_id
+        self.store = Store.for_schema(self.config.schema)
+        self.in_flight: dict[int, Running] = {}
+        self.doorbell = Doorbell()
+        self.stopping = anyio.Event()
+        self.stopped = anyio.Event()
+        self.listener: Listener | None = None
+        self._producer: Producer | None = None
+        self._tg: TaskGroup | None = None
+
+    def __repr__(self) -> str:
+        return f"<aioq.Worker {self.id} queues={list(self.config.queues)}>"
+
+    def stop(self) -> None:
+        """Stop claiming; running jobs get ``shutdown_grace`` seconds, then are released."""
+        if not self.stopping.is_set():
+            logger.info("worker %s stopping", self.id)
+        self.stopping.set()
+        if self._producer is not None:
+            self._producer.stop()
+
+    async def run(self) -> None:
+        """Serve until cancelled or stopped."""
+        await self._serve(until_idle=False)
+
+    async def run_until_idle(self) -> None:
+        """Serve until no job is ready, running or waiting to be written; then stop."""
+        await self._serve(until_idle=True)
+
+    async def __aenter__(self) -> Worker:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self._serve_started)
+        except BaseException as exc:
+            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.stop()
+        assert self._tg is not None
+        tg, self._tg = self._tg, None
+        return await tg.__aexit__(exc_type, exc, tb)
+
+    async def _serve_started(self, *, task_status: TaskStatus[None]) -> None:
+        await self._serve(until_idle=False, task_status=task_status)
+
+    def _pool_kwargs(self) -> dict[str, Any]:
+        return {
+            "statement_cache_size": 100 if self.config.statement_cache else 0,
+            "server_settings": {"application_name": f"aioq worker {self.id}"[:63]},
+        }
+
+    async def _connect_listener(self) -> asyncpg.Connection:
+        return await asyncpg.connect(
+            self.config.listen_dsn or self.dsn,
+            server_settings={"application_name": f"aioq listener {self.id}"[:63]},
+            timeout=10,
+        )
+
+    async def _serve(
+        self, *, until_idle: bool, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        cfg = self.config
+        if self.stopped.is_set():
+            raise ConfigError("worker", "a worker runs once; create a new Worker to run again")
+        pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=4, **self._pool_kwargs())
+        completer = Completer(
+            store=self.store,
+            db=pool,
+            worker_id=self.id,
+            in_flight=self.in_flight,
+            keep_completed=cfg.keep_completed,
+            batch_size=cfg.completion_batch,
+            max_pending=2 * cfg.concurrency + cfg.completion_batch,
+        )
+        slots = Slots(cfg.concurrency)
+        producer = Producer(
+            store=self.store,
+            db=pool,
+            queues=cfg.queues,
+            worker_id=self.id,
+            slots=slots,
+            doorbell=self.doorbell,
+            in_flight=self.in_flight,
+            completer=completer,
+            poll_interval=cfg.poll_interval,
+            batch_size=cfg.claim_batch,
+            stopping=self.stopping,
+        )
+        self._producer = producer
+        if self.stopping.is_set():
+            producer.stop()
+        consumer = Consumer(
+            registry=self.registry,
+            worker_id=self.id,
+            in_flight=self.in_flight,
+            limiter=anyio.CapacityLimiter(cfg.concurrency),
+            stopping=self.stopping,
+            completer=completer,
+        )
+
+        def job_done() -> None:
+            slots.give()
+            if until_idle and slots.busy == 0:
+                self.doorbell.ring()  # the producer checks whether the queue is idle
+
+        try:
+            async with anyio.create_task_group() as services:
+                await services.start(completer.run)
+                if cfg.listen:
+                    self.listener = Listener(
+                        connect=self._connect_listener,
+                        channel=self.store.channel,
+                        queues=cfg.queues,
+                        ring=self.doorbell.ring,
+                    )
+                    await services.start(self.listener.run)
+                heartbeat = Heartbeat(
+                    store=self.store,
+                    db=pool,
+                    worker_id=self.id,
+                    in_flight=self.in_flight,
+                    interval=cfg.heartbeat_interval,
+                )
+                services.start_soon(heartbeat.run)
+                reaper = Reaper(
+                    store=self.store,
+                    db=pool,
+                    interval=cfg.reaper_interval,
+                    batch_size=cfg.reaper_batch,
+                )
+                services.start_soon(reaper.run)
+                logger.info(
+                    "worker %s serving queues %s with %d consumers",
+                    self.id,
+                    ",".join(cfg.queues),
+                    cfg.concurrency,
+                )
+                task_status.started()
+                async with anyio.create_task_group() as jobs:
+                    jobs.start_soon(self._enforce_grace)
+                    send, receive = anyio.create_memory_object_stream[Claim](cfg.concurrency)
+                    async with anyio.create_task_group() as consumers:
+                        consumers.start_soon(
+                            functools.partial(producer.run, send, until_idle=until_idle)
+                        )
+                        with receive:
+                            for _ in range(cfg.concurrency):
+                                consumers.start_soon(consumer.run, receive.clone(), job_done)
+                    jobs.cancel_scope.cancel()
+                self.stopping.set()
+                with anyio.move_on_after(max(cfg.shutdown_grace, 5.0)):
+                    await completer.wait_idle()
+                services.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._release_leftovers(completer, pool)
+                with anyio.move_on_after(10) as closing:
+                    await pool.close()
+                if closing.cancelled_caught:  # a connection would not close in time
+                    pool.terminate()
+                self.stopping.set()
+                self.stopped.set()
+                logger.info("worker %s stopped", self.id)
+
+    async def _enforce_grace(self) -> None:
+        """After stop(), give running jobs shutdown_grace seconds, then cancel them."""
+        await self.stopping.wait()
+        await anyio.sleep(self.config.shutdown_grace)
+        cancelled = [r for r in self.in_flight.values() if r.scope is not None]
+        if cancelled:
+            logger.warning(
+                "worker %s: %d jobs still running after %.1fs grace; releasing them",
+                self.id,
+                len(cancelled),
+                self.config.shutdown_grace,
+            )
+        for running in cancelled:
+            running.cancel(SHUTDOWN)
+
+    async def _release_leftovers(self, completer: Completer, pool: asyncpg.Pool) -> None:
+        """Write what is queued, then give back claims that have no outcome (hard cancel)."""
+        with anyio.move_on_after(10):
+            await completer.flush()
+            left = [r.claim for r in self.in_flight.values() if not r.finished]
+            if not left:
+                return
+            try:
+                released = await self.store.reschedule(
+                    pool,
+                    [c.id for c in left],
+                    [c.attempt for c in left],
+                    self.id,
+                    delays=[0.0] * len(left),
+                    errors=[None] * len(left),
+                    refunds=[True] * len(left),
+                )
+            except Exception:
+                logger.exception(
+                    "could not release %d claims; they return when their leases expire", len(left)
+                )
+                return
+            for claim in left:
+                self.in_flight.pop(claim.id, None)
+            logger.warning("worker %s released %d unfinished claims", self.id, len(released))

@@ -1,0 +1,1 @@
+aioq/schema.sql

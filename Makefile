@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: demo test lint typecheck pytest dev clean
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "aioq needs Python >= 3.11 (set PYTHON=python3.11 or newer)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Stamp files record what was installed, so each target reinstalls only when pyproject changes.
+$(VENV)/.installed-base: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[dev]'
+	@touch $@ $(VENV)/.installed-base
+
+demo: $(VENV)/.installed-base
+	$(PY) examples/quickstart.py
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check aioq examples tests
+	$(VENV)/bin/ruff format --check aioq examples tests
+
+typecheck: $(VENV)/.installed-dev
+	$(VENV)/bin/mypy --strict aioq examples
+
+pytest: $(VENV)/.installed-dev
+	$(PY) -m pytest
+
+test: lint typecheck pytest
+
+# An embedded throwaway PostgreSQL for development: prints its DSN, Ctrl-C removes it.
+dev: $(VENV)/.installed-base
+	$(VENV)/bin/aioq dev
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist build

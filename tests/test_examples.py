@@ -1,0 +1,48 @@
+"""The examples run for real: the FastAPI app through its ASGI lifespan, the quickstart as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from examples.fastapi_app import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_fastapi_lifespan_worker_processes_job_deferred_with_the_row(dsn: str) -> None:
+    # TestClient as a context manager runs the app's lifespan: pool, schema, worker.
+    with TestClient(create_app(dsn)) as client:
+        created = client.post("/users", json={"name": "ada"})
+        assert created.status_code == 201
+        job_id = created.json()["job_id"]
+        deadline = time.monotonic() + 30  # hang guard
+        state = client.get(f"/jobs/{job_id}").json()["state"]
+        while state != "done":
+            assert time.monotonic() < deadline, f"job {job_id} stuck in {state}"
+            assert state in ("pending", "running"), state
+            time.sleep(0.05)
+            state = client.get(f"/jobs/{job_id}").json()["state"]
+        assert client.post("/users", json={}).status_code == 422  # bad input: no job, no user
+        assert client.get("/jobs/999999").status_code == 404
+
+
+@pytest.mark.timeout(120)
+def test_quickstart_runs_on_the_given_database(dsn: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        env={**os.environ, "AIOQ_DSN": dsn},
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "receipts sent for orders [1, 2]; jobs left in the queue: 0" in result.stdout
+    assert "order 3 rows = 0, its jobs = 0" in result.stdout

@@ -1,0 +1,267 @@
+"""Leases, fencing, the reaper and the LISTEN connection, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import asyncpg
+import pytest
+
+import aioq
+from aioq.completer import Completer, Outcome, OutcomeKind, Running
+from aioq.lease import Heartbeat, Reaper
+from aioq.store import Store
+
+pytestmark = pytest.mark.anyio
+
+store = Store.for_schema("aioq")
+
+
+async def expire(conn: asyncpg.Connection, job_id: int) -> None:
+    """Make a lease expire now, in database time, without waiting for it."""
+    await conn.execute(
+        "UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1", job_id
+    )
+
+
+async def wait_for(conn: asyncpg.Connection, sql: str, *args: object) -> None:
+    """Poll until ``sql`` returns true (bounded by the caller's fail_after)."""
+    while not await conn.fetchval(sql, *args):
+        await anyio.sleep(0.02)
+
+
+async def test_stale_worker_is_fenced_after_rescue(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    job_id = await work.defer(conn)
+    [claim_a] = await store.claim(conn, ["default"], 10, "worker-a")
+    await expire(conn, job_id)
+    assert await Reaper(store=store, db=conn, interval=1, batch_size=10).run_once() == [
+        (job_id, "pending")
+    ]
+    [claim_b] = await store.claim(conn, ["default"], 10, "worker-b")
+    assert claim_b.attempt == claim_a.attempt + 1
+
+    # A wakes up: its heartbeat, retry, burial and completion all change nothing.
+    assert await store.heartbeat(conn, [job_id], [claim_a.attempt], "worker-a") == set()
+    assert (
+        await store.reschedule(
+            conn,
+            [job_id],
+            [claim_a.attempt],
+            "worker-a",
+            delays=[0.0],
+            errors=["x"],
+            refunds=[False],
+        )
+        == set()
+    )
+    assert await store.bury(conn, [job_id], [claim_a.attempt], "worker-a", errors=["x"]) == set()
+    # Even A's worker id with B's attempt number is not enough, nor B's id with A's attempt.
+    assert await store.complete(conn, [job_id], [claim_b.attempt], "worker-a") == set()
+    assert await store.complete(conn, [job_id], [claim_a.attempt], "worker-b") == set()
+
+    in_flight = {job_id: Running(claim_a)}
+    completer = Completer(
+        store=store,
+        db=conn,
+        worker_id="worker-a",
+        in_flight=in_flight,
+        keep_completed=False,
+        batch_size=10,
+        max_pending=10,
+    )
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        await completer.put(Outcome(claim_a, OutcomeKind.COMPLETE))
+        await completer.run_once()
+    assert "lease lost" in caplog.text
+    assert in_flight == {}
+
+    row = await conn.fetchrow(
+        "SELECT status, locked_by, attempts FROM aioq.jobs WHERE id = $1", job_id
+    )
+    assert tuple(row) == ("running", "worker-b", claim_b.attempt)
+    assert await store.complete(conn, [job_id], [claim_b.attempt], "worker-b") == {job_id}
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+
+
+async def test_heartbeat_reports_and_cancels_lost_leases(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    kept_id = await work.defer(conn)
+    lost_id = await work.defer(conn)
+    claims = await store.claim(conn, ["default"], 10, "me")
+    in_flight = {c.id: Running(c, scope=anyio.CancelScope()) for c in claims}
+    before = await conn.fetchval("SELECT lease_expires_at FROM aioq.jobs WHERE id = $1", kept_id)
+    # Another worker took lost_id over (as after a rescue and a new claim).
+    await conn.execute(
+        "UPDATE aioq.jobs SET locked_by = 'thief', attempts = attempts + 1 WHERE id = $1", lost_id
+    )
+    heartbeat = Heartbeat(store=store, db=conn, worker_id="me", in_flight=in_flight, interval=1)
+    assert await heartbeat.run_once() == [lost_id]
+    assert in_flight[lost_id].cancel_reason == "lease lost"
+    lost_scope = in_flight[lost_id].scope
+    assert lost_scope is not None
+    assert lost_scope.cancel_called
+    assert in_flight[kept_id].cancel_reason is None
+    after = await conn.fetchval("SELECT lease_expires_at FROM aioq.jobs WHERE id = $1", kept_id)
+    assert after > before
+    assert await conn.fetchval("SELECT locked_by FROM aioq.jobs WHERE id = $1", lost_id) == "thief"
+
+
+async def test_reaper_buries_jobs_out_of_attempts(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task(max_attempts=1)
+    async def once() -> None: ...
+
+    job_id = await once.defer(conn)
+    await store.claim(conn, ["default"], 10, "ghost")
+    await expire(conn, job_id)
+    assert await Reaper(store=store, db=conn, interval=1, batch_size=10).run_once() == [
+        (job_id, "dead")
+    ]
+    row = await conn.fetchrow(
+        "SELECT status, last_error, locked_by FROM aioq.jobs WHERE id = $1", job_id
+    )
+    assert row["status"] == "dead"
+    assert row["locked_by"] is None
+    assert "LeaseExpired" in row["last_error"]
+    assert "ghost" in row["last_error"]
+
+
+async def test_reaper_is_bounded_per_pass(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{} for _ in range(25)])
+    await store.claim(conn, ["default"], 100, "ghost")
+    await conn.execute("UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second'")
+    reaper = Reaper(store=store, db=conn, interval=1, batch_size=10)
+    assert [len(await reaper.run_once()) for _ in range(4)] == [10, 10, 5, 0]
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'pending'") == 25
+
+
+async def test_heartbeat_keeps_a_job_running_three_times_its_lease(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    runs: list[int] = []
+
+    @registry.task(lease=0.5)
+    async def slow() -> None:
+        runs.append(aioq.current_job().attempt)
+        await anyio.sleep(1.5)  # the behaviour under test: outliving the lease thrice
+
+    job_id = await slow.defer(conn)
+    # A second worker's reaper runs often, ready to rescue anything whose lease lapses.
+    async with (
+        make_worker(reaper_interval=0.05, heartbeat_interval=0.1),
+        make_worker(reaper_interval=0.05),
+    ):
+        with anyio.fail_after(30):
+            await wait_for(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", job_id)
+    assert runs == [1]
+
+
+async def test_vanished_workers_job_is_rescued_and_run(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    ran = anyio.Event()
+    seen: list[tuple[int, int]] = []
+
+    @registry.task(lease=0.5)
+    async def work() -> None:
+        job = aioq.current_job()
+        seen.append((job.id, job.attempt))
+        ran.set()
+
+    job_id = await work.defer(conn)
+    await store.claim(conn, ["default"], 10, "vanished")  # claimed, then the worker died
+    async with make_worker(reaper_interval=0.2):
+        with anyio.fail_after(30):
+            await ran.wait()
+    assert seen == [(job_id, 2)]  # the second attempt: the vanished worker's was the first
+
+
+async def test_lost_lease_cancels_local_execution(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    started, cancelled = anyio.Event(), anyio.Event()
+
+    @registry.task(lease=5.0)
+    async def hang() -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    job_id = await hang.defer(conn)
+    async with make_worker(heartbeat_interval=0.05):
+        with anyio.fail_after(30):
+            await started.wait()
+            # Another worker rescued and re-claimed the job.
+            await conn.execute(
+                "UPDATE aioq.jobs SET locked_by = 'rescuer', attempts = attempts + 1 WHERE id = $1",
+                job_id,
+            )
+            await cancelled.wait()
+    row = await conn.fetchrow("SELECT status, locked_by FROM aioq.jobs WHERE id = $1", job_id)
+    assert tuple(row) == ("running", "rescuer")  # the stale worker changed nothing
+
+
+async def test_listener_reconnects_after_its_backend_is_killed(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    ran = anyio.Event()
+
+    @registry.task
+    async def ping() -> None:
+        ran.set()
+
+    # Polling is slow here, so a prompt pickup can only come from the doorbell.
+    worker = make_worker(poll_interval=60.0)
+    async with worker:
+        listener = worker.listener
+        assert listener is not None
+        with anyio.fail_after(30):
+            await listener.connected.wait()
+            killed = await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'aioq listener%' AND datname = current_database()"
+            )
+            assert killed == 1
+            while listener.connections < 2:
+                await anyio.sleep(0.02)
+            await listener.connected.wait()
+            await ping.defer(conn)
+            await ran.wait()
+
+
+async def test_worker_polls_while_it_cannot_listen(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    ran = anyio.Event()
+
+    @registry.task
+    async def ping() -> None:
+        ran.set()
+
+    # Nothing listens on port 1: the LISTEN connection keeps failing, polling carries on.
+    worker = make_worker(poll_interval=0.1, listen_dsn="postgresql://postgres@127.0.0.1:1/x")
+    async with worker:
+        await ping.defer(conn)
+        with anyio.fail_after(30):
+            await ran.wait()
+        assert worker.listener is not None
+        assert worker.listener.connections == 0

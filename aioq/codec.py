@@ -38,6 +38,9 @@ def _problem(value: object, path: str, depth: int) -> tuple[str, str] | None:
     if kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
             return path, f"is {value!r}, which JSON cannot represent"
+        # orjson writes 1e16 as "1e16"; jsonb prints it as 10000000000000000, read back as an int.
+        if 1e16 <= abs(value) <= _INT_MAX:  # type: ignore[arg-type]
+            return path, f"is {value!r}, a float that jsonb would return as an int; pass an int"
         return None
     if depth > 200:
         return path, "is nested too deeply"

@@ -6,6 +6,7 @@ import enum
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
@@ -13,6 +14,9 @@ from anyio.abc import TaskStatus
 from aioq._service import StepBackoff
 from aioq.job import Claim
 from aioq.store import Executor, Store
+
+if TYPE_CHECKING:
+    from aioq.metrics import Metrics
 
 __all__ = ("Completer", "Outcome", "OutcomeKind", "Running")
 
@@ -82,6 +86,7 @@ class Completer:
         self.keep_completed = keep_completed
         self.batch_size = batch_size
         self.max_pending = max_pending
+        self.metrics: Metrics | None = None  # the worker sets it when metrics are on
         self.pending: list[Outcome] = []
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
         self._wake = anyio.Event()
@@ -106,6 +111,8 @@ class Completer:
     def lost(self, claim: Claim) -> None:
         """Forget a claim whose lease was lost: another worker owns the job now."""
         self.in_flight.pop(claim.id, None)
+        if self.metrics is not None:
+            self.metrics.observe_lease_lost(claim)
         logger.warning(
             "job %s: lease lost, local execution dropped",
             claim.id,
@@ -128,8 +135,15 @@ class Completer:
         for outcome in batch:
             claim = outcome.claim
             self.in_flight.pop(claim.id, None)
+            if self.metrics is not None:
+                if claim.id in kept:
+                    self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
+                else:
+                    self.metrics.observe_lease_lost(claim)
             if claim.id in kept:
                 level = logging.WARNING if outcome.kind is OutcomeKind.BURY else logging.INFO
+                if not logger.isEnabledFor(level):
+                    continue  # the hot path: build no message nor extras nobody reads
                 logger.log(
                     level,
                     "job %s %s %s (attempt %s/%s, %.3fs)%s",

@@ -51,7 +51,8 @@ async def database() -> AsyncIterator[str]:
 
 
 async def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="  %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="  [%(name)s] %(message)s")
+    logging.getLogger("aioq.completer").setLevel(logging.INFO)  # one line per job outcome
     async with database() as dsn:
         conn = await asyncpg.connect(dsn)
         try:

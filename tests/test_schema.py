@@ -1,0 +1,210 @@
+"""The schema: idempotent versioned install, schema names, the claim's index, CHECK constraints."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
+from typing import Any
+
+import anyio
+import asyncpg
+import orjson
+import pytest
+
+import aioq
+from aioq import queries
+from aioq.migrate import migrations
+
+pytestmark = pytest.mark.anyio
+
+LATEST = len(migrations())
+
+
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+
+
+@pytest.fixture
+async def connect_empty(admin_dsn: str) -> AsyncIterator[Connect]:
+    """Connect to a brand-new database of this test's own, with no aioq schema at all."""
+    name = f"aioq_empty_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield partial(asyncpg.connect, admin_dsn, database=name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def versions(conn: asyncpg.Connection, schema: str = "aioq") -> list[int]:
+    rows = await conn.fetch(f'SELECT version FROM "{schema}".migrations ORDER BY version')
+    return [row["version"] for row in rows]
+
+
+# --- install ------------------------------------------------------------------------------
+
+
+async def test_install_is_idempotent_and_versioned(conn: asyncpg.Connection) -> None:
+    assert LATEST >= 1
+    assert await versions(conn) == list(range(1, LATEST + 1))
+    assert await aioq.install(conn) == []
+    assert await aioq.install(conn) == []
+    assert await versions(conn) == list(range(1, LATEST + 1))
+    assert not conn.is_in_transaction()
+
+
+async def test_install_into_a_fresh_database_and_another_schema(connect_empty: Connect) -> None:
+    conn = await connect_empty()
+    try:
+        assert await aioq.install(conn, schema="other_q") == list(range(1, LATEST + 1))
+        assert await aioq.install(conn, schema="other_q") == []
+        assert await versions(conn, "other_q") == list(range(1, LATEST + 1))
+        assert await conn.fetchval("SELECT to_regnamespace('aioq')") is None
+
+        registry = aioq.Registry(schema="other_q")
+
+        @registry.task
+        async def work(n: int) -> None: ...
+
+        job_id = await work.defer(conn, n=1)
+        [many_id] = await work.defer_many(conn, [{"n": 2}])
+        rows = await conn.fetch("SELECT id, task FROM other_q.jobs ORDER BY id")
+        assert [tuple(r) for r in rows] == [(job_id, work.name), (many_id, work.name)]
+    finally:
+        await conn.close()
+
+
+async def test_other_schema_rings_its_own_channel(connect_empty: Connect) -> None:
+    heard = anyio.Event()
+    payloads: list[tuple[str, str]] = []
+
+    def on_notify(_conn: object, _pid: int, channel: str, payload: str) -> None:
+        payloads.append((channel, payload))
+        heard.set()
+
+    conn = await connect_empty()
+    try:
+        await aioq.install(conn, schema="other_q")
+        listener = await connect_empty()
+        try:
+            await listener.add_listener(queries.channel_name("other_q"), on_notify)
+            registry = aioq.Registry(schema="other_q")
+
+            @registry.task(queue="mail")
+            async def work() -> None: ...
+
+            await work.defer(conn)
+            with anyio.fail_after(10):
+                await heard.wait()
+        finally:
+            await listener.close()
+    finally:
+        await conn.close()
+    assert payloads == [("aioq:other_q", "mail")]
+
+
+async def test_concurrent_installs_both_succeed(conn: asyncpg.Connection, dsn: str) -> None:
+    schema = f"race_{secrets.token_hex(4)}"
+    other = await asyncpg.connect(dsn)
+    results: list[list[int]] = []
+
+    async def install(connection: asyncpg.Connection) -> None:
+        results.append(await aioq.install(connection, schema=schema))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(install, conn)
+            tg.start_soon(install, other)
+    finally:
+        await other.close()
+    assert sorted(results) == [[], list(range(1, LATEST + 1))]
+    assert await versions(conn, schema) == list(range(1, LATEST + 1))
+
+
+@pytest.mark.parametrize("schema", ["x; drop table", "1abc", "a" * 70, "", 'a"b', "a-b", "é"])
+async def test_invalid_schema_names_are_refused(conn: asyncpg.Connection, schema: str) -> None:
+    with pytest.raises(aioq.ConfigError, match="schema"):
+        await aioq.install(conn, schema=schema)
+    with pytest.raises(aioq.ConfigError):
+        aioq.Registry(schema=schema)
+    with pytest.raises(aioq.ConfigError):
+        aioq.schema_sql(schema)
+    with pytest.raises(aioq.ConfigError):
+        queries.render(queries.CLAIM_ONE_QUEUE, schema)
+    assert not conn.is_in_transaction()
+    schemas = await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%'")
+    assert schemas == 3  # public, information_schema, aioq
+
+
+def test_schema_sql_is_rendered_for_the_schema() -> None:
+    sql = aioq.schema_sql("q2")
+    assert '"q2".jobs' in sql
+    assert "{{schema}}" not in sql
+    assert '"aioq"' not in sql
+
+
+# --- the claim's index --------------------------------------------------------------------
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan tree."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+async def test_claim_plan_uses_the_partial_index(conn: asyncpg.Connection) -> None:
+    registry = aioq.Registry()
+
+    @registry.task
+    async def work(n: int) -> None: ...
+
+    await work.defer_many(conn, [{"n": n} for n in range(20_000)])
+    await conn.execute("UPDATE aioq.jobs SET status = 'dead'")
+    await work.defer_many(conn, [{"n": n} for n in range(2_000)])
+    await work.options(queue="other").defer_many(conn, [{"n": n} for n in range(2_000)])
+    await conn.execute("ANALYZE aioq.jobs")
+
+    sql = queries.render(queries.CLAIM_ONE_QUEUE, "aioq")
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        explained = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql, "default", 10, "w1")
+    finally:
+        await tx.rollback()
+    [root] = orjson.loads(explained)
+    nodes = list(plan_nodes(root["Plan"]))
+    scans = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
+    assert ("Index Scan", "jobs", "jobs_claim_idx") in scans, scans
+    assert not [s for s in scans if s[0] == "Seq Scan" and s[1] == "jobs"], scans
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], scans  # the index gives the order
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'running'") == 0
+
+
+# --- constraints --------------------------------------------------------------------------
+
+
+async def test_status_check_rejects_unknown_statuses(conn: asyncpg.Connection) -> None:
+    for status in ("done", "PENDING", ""):
+        with pytest.raises(asyncpg.CheckViolationError) as info:
+            await conn.execute("INSERT INTO aioq.jobs (task, status) VALUES ('t', $1)", status)
+        assert info.value.constraint_name == "jobs_status_check"
+    await conn.execute("INSERT INTO aioq.jobs (task, status) VALUES ('t', 'dead')")
+
+
+async def test_running_requires_an_owner_and_a_lease(conn: asyncpg.Connection) -> None:
+    job_id = await conn.fetchval("INSERT INTO aioq.jobs (task) VALUES ('t') RETURNING id")
+    for assignments in (
+        "status = 'running'",
+        "status = 'running', lease_expires_at = now()",
+        "status = 'running', locked_by = 'w1'",
+    ):
+        with pytest.raises(asyncpg.CheckViolationError) as info:
+            await conn.execute(f"UPDATE aioq.jobs SET {assignments} WHERE id = $1", job_id)
+        assert info.value.constraint_name == "jobs_running_locked"
+    await conn.execute(
+        "UPDATE aioq.jobs SET status = 'running', locked_by = 'w1', lease_expires_at = now()"
+        " WHERE id = $1",
+        job_id,
+    )

@@ -1,0 +1,41 @@
+"""Calls that must NOT type-check: each line marked ``# error`` is a mypy error.
+
+``test_defer.py::test_mypy_rejects_bad_defer_calls`` runs ``mypy --strict`` on this file and
+checks that exactly the marked lines are reported.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+import aioq
+
+registry = aioq.Registry()
+
+
+@registry.task
+async def send(order_id: int, note: str = "") -> None:
+    """Send an order confirmation."""
+
+
+@registry.task
+def notify(user: str) -> bool:
+    """Notify a user, synchronously."""
+    return bool(user)
+
+
+async def main(conn: asyncpg.Connection) -> None:
+    """Defer with wrong arguments."""
+    await send.defer(conn, order_id="x")  # error: [arg-type]
+    await send.defer(conn)  # error: [call-arg] missing argument
+    await send.defer(conn, order_id=1, bogus=2)  # error: [call-arg] unknown keyword
+    await send.defer(conn, orderid=1)  # error: [call-arg] misspelt keyword
+    await send.defer(conn, 1, 2)  # error: [arg-type] note is a str
+    await send.defer(order_id=1)  # error: [call-arg] no connection
+    await send.options(queue="q").defer(conn, order_id="x")  # error: [arg-type] via options
+    await send.defer_many(conn, {"order_id": 1})  # error: [dict-item] not a list of calls
+    send.options(delay="soon")  # error: [arg-type] seconds or a timedelta
+    send.options(priority=None, bogus=1)  # error: [call-arg] unknown option
+    name: str = await send.defer(conn, order_id=1)  # error: [assignment] defer returns the id
+    notify(user=1)  # error: [arg-type] a direct call is checked too
+    print(name)

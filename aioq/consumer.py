@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -27,16 +28,32 @@ _DEFAULT_RETRY = Backoff()
 
 def format_error(exc: BaseException, *, with_traceback: bool = True) -> str:
     """Describe an exception as ``Type: message`` plus a bounded traceback."""
-    head = f"{type(exc).__qualname__}: {exc}"
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not take the worker down
+        message = "<str() failed>"
+    head = _storable(f"{type(exc).__qualname__}: {message}")
     if not with_traceback or exc.__traceback__ is None:
         return head[:MAX_ERROR_CHARS]
-    tb = "".join(traceback.format_exception(exc))
+    tb = _storable("".join(traceback.format_exception(exc)))
     room = MAX_ERROR_CHARS - len(head) - 1
     if room <= 0:
         return head[:MAX_ERROR_CHARS]
     if len(tb) > room:
         tb = "...\n" + tb[-(room - 4) :]
     return f"{head}\n{tb}"
+
+
+def _storable(text: str) -> str:
+    """Escape what a PostgreSQL text column refuses (NUL, lone surrogates)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _cancel_requested() -> bool:
+    """Whether this task is being cancelled (by a scope of ours or of a caller)."""
+    current = asyncio.current_task()
+    return current is None or current.cancelling() > 0
 
 
 class Consumer:
@@ -127,16 +144,26 @@ class Consumer:
                 if running.cancel_reason is not None:
                     scope.cancel()
                 with anyio.move_on_after(task.timeout) as deadline:
-                    if task.is_async:
-                        await task.fn(**kwargs)
-                    else:
-                        # A thread cannot be stopped: on timeout or cancellation it is
-                        # abandoned and finishes in the background.
-                        await anyio.to_thread.run_sync(
-                            functools.partial(task.fn, **kwargs),
-                            abandon_on_cancel=True,
-                            limiter=self.limiter,
-                        )
+                    try:
+                        if task.is_async:
+                            await task.fn(**kwargs)
+                        else:
+                            # A thread cannot be stopped: on timeout or cancellation it is
+                            # abandoned and finishes in the background.
+                            await anyio.to_thread.run_sync(
+                                functools.partial(task.fn, **kwargs),
+                                abandon_on_cancel=True,
+                                limiter=self.limiter,
+                            )
+                    except asyncio.CancelledError as exc:
+                        if _cancel_requested():
+                            raise
+                        # The task's own code raised it (it awaited a future cancelled
+                        # elsewhere); nobody cancelled us. Letting it escape would end the
+                        # consumer's task group and release the job, attempt refunded, forever.
+                        raise RuntimeError(
+                            "the task raised CancelledError without being cancelled"
+                        ) from exc
         except Retry as exc:
             duration = time.monotonic() - started
             return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay)

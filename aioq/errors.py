@@ -37,6 +37,8 @@ __all__ = (
 
 from datetime import timedelta
 
+MAX_RETRY_DELAY = 366 * 24 * 3600.0  # a year and a day: beyond this, a retry is a mistake
+
 
 class AioqError(Exception):
     """Root of every error aioq raises."""
@@ -130,8 +132,10 @@ class Retry(JobControl):
 
     def __init__(self, delay: float | timedelta = 0.0, reason: str | None = None) -> None:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if seconds < 0:
-            raise ConfigError("delay", f"must be >= 0, got {seconds}")
+        if not 0 <= seconds <= MAX_RETRY_DELAY:
+            raise ConfigError(
+                "delay", f"must be between 0 and {MAX_RETRY_DELAY:g} seconds, got {seconds}"
+            )
         self.delay = seconds
         super().__init__(reason or f"retry requested in {seconds:g}s")
 

@@ -265,3 +265,38 @@ async def test_worker_polls_while_it_cannot_listen(
             await ran.wait()
         assert worker.listener is not None
         assert worker.listener.connections == 0
+
+
+async def test_an_outcome_the_server_refuses_does_not_block_the_others(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{}, {}])
+    good, bad = await store.claim(conn, ["default"], 10, "me")
+    in_flight = {c.id: Running(c) for c in (good, bad)}
+    completer = Completer(
+        store=store,
+        db=conn,
+        worker_id="me",
+        in_flight=in_flight,
+        keep_completed=False,
+        batch_size=10,
+        max_pending=10,
+    )
+    await completer.put(Outcome(good, OutcomeKind.COMPLETE))
+    # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
+    await completer.put(Outcome(bad, OutcomeKind.RETRY, delay=1e300, error="x"))
+    with caplog.at_level(logging.ERROR, logger="aioq"):
+        assert await completer.run_once() == 2
+    assert "cannot be stored" in caplog.text
+    assert completer.pending == []
+    rows = await conn.fetch("SELECT id, status FROM aioq.jobs")
+    assert [tuple(r) for r in rows] == [(bad.id, "running")]  # left for the reaper to rescue
+
+
+def test_retry_delay_must_be_finite_and_bounded() -> None:
+    for delay in (float("inf"), float("nan"), -1.0, 1e12):
+        with pytest.raises(aioq.ConfigError):
+            aioq.Retry(delay=delay)

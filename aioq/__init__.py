@@ -1,6 +1,16 @@
 """aioq: an asyncio-native background-job queue that lives in your PostgreSQL database."""
 
-from aioq.admin import get_job, list_jobs, retry_dead
+from aioq.admin import (
+    QueueStats,
+    Stats,
+    TableStats,
+    cancel_jobs,
+    get_job,
+    list_jobs,
+    purge_dead,
+    retry_dead,
+    stats,
+)
 from aioq.errors import (
     AioqError,
     ArgumentError,
@@ -35,11 +45,14 @@ __all__ = (
     "JobControl",
     "JobStatus",
     "PayloadError",
+    "QueueStats",
     "Registry",
     "Retry",
     "SchemaError",
     "SerializationError",
     "ServerError",
+    "Stats",
+    "TableStats",
     "Task",
     "TaskCall",
     "TaskError",
@@ -47,12 +60,15 @@ __all__ = (
     "Worker",
     "WorkerConfig",
     "__version__",
+    "cancel_jobs",
     "current_job",
     "default_registry",
     "get_job",
     "install",
     "list_jobs",
+    "purge_dead",
     "retry_dead",
     "schema_sql",
+    "stats",
     "task",
 )

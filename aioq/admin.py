@@ -3,11 +3,126 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 from aioq.job import Job, JobStatus
 from aioq.store import Executor, Store
 
-__all__ = ("get_job", "list_jobs", "retry_dead")
+__all__ = (
+    "QueueStats",
+    "Stats",
+    "TableStats",
+    "cancel_jobs",
+    "get_job",
+    "list_jobs",
+    "purge_dead",
+    "retry_dead",
+    "stats",
+)
+
+DEFAULT_PURGE_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueStats:
+    """What one queue holds now; ages in seconds of database time."""
+
+    queue: str
+    ready: int
+    scheduled: int
+    running: int
+    dead: int
+    oldest_ready_age: float
+    expired_leases: int  # running past their lease, not yet reaped
+    completed_last_minute: int | None  # None unless completed jobs are archived
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableStats:
+    """Size and vacuum health of the jobs table."""
+
+    table_bytes: int
+    index_bytes: int
+    live_tuples: int | None
+    dead_tuples: int | None
+    last_autovacuum: datetime | None
+    last_vacuum: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stats:
+    """A snapshot of every queue and of the jobs table."""
+
+    queues: tuple[QueueStats, ...]
+    table: TableStats
+    archived: bool  # whether the archive holds completed jobs (else completions are n/a)
+
+
+async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
+    """Return per-queue counts and the jobs table's size and vacuum figures."""
+    store = Store.for_schema(schema)
+    rows = await store.queue_stats(conn)
+    completed = await store.archive_stats(conn)
+    table = await store.table_stats(conn)
+    archived = bool(completed)
+    names = sorted({row["queue"] for row in rows} | set(completed))
+    by_queue = {row["queue"]: row for row in rows}
+    queues = []
+    for name in names:
+        row = by_queue.get(name)
+        queues.append(
+            QueueStats(
+                queue=name,
+                ready=row["ready"] if row else 0,
+                scheduled=row["scheduled"] if row else 0,
+                running=row["running"] if row else 0,
+                dead=row["dead"] if row else 0,
+                oldest_ready_age=row["oldest_ready_age"] if row else 0.0,
+                expired_leases=row["expired"] if row else 0,
+                completed_last_minute=completed.get(name, 0) if archived else None,
+            )
+        )
+    return Stats(
+        queues=tuple(queues),
+        table=TableStats(
+            table_bytes=table["table_bytes"],
+            index_bytes=table["index_bytes"],
+            live_tuples=table["n_live_tup"],
+            dead_tuples=table["n_dead_tup"],
+            last_autovacuum=table["last_autovacuum"],
+            last_vacuum=table["last_vacuum"],
+        ),
+        archived=archived,
+    )
+
+
+async def cancel_jobs(conn: Executor, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
+    """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
+    return list(await Store.for_schema(schema).cancel(conn, job_ids))
+
+
+async def purge_dead(
+    conn: Executor,
+    *,
+    older_than: float | None = None,
+    batch_size: int = DEFAULT_PURGE_BATCH,
+    schema: str = "aioq",
+) -> int:
+    """Delete dead jobs (whose last attempt was due over ``older_than`` seconds ago), in batches.
+
+    Each batch is its own statement, so no statement runs long or holds many row locks.
+    Returns how many were deleted.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    store = Store.for_schema(schema)
+    total = 0
+    while True:
+        deleted = await store.prune_dead(conn, older_than or 0.0, batch_size)
+        total += deleted
+        if deleted < batch_size:
+            return total
 
 
 async def retry_dead(

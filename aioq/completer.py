@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
+import asyncpg
 from anyio.abc import TaskStatus
 
 from aioq._service import StepBackoff
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ("Completer", "Outcome", "OutcomeKind", "Running")
 
 logger = logging.getLogger(__name__)
+
+# Errors about an outcome's data, not the connection: retrying the same batch cannot help.
+_REFUSED = (asyncpg.DataError, UnicodeError, OverflowError)
 
 
 class OutcomeKind(enum.Enum):
@@ -129,7 +133,7 @@ class Completer:
             batch = self.pending[: self.batch_size]
             if not batch:
                 return 0
-            kept = await self._write(batch)
+            kept = await self._write_isolating(batch)
             del self.pending[: len(batch)]
         self._room.set()
         for outcome in batch:
@@ -168,6 +172,23 @@ class Completer:
         if not self.pending:
             self._idle.set()
         return len(batch)
+
+    async def _write_isolating(self, batch: list[Outcome]) -> set[int]:
+        """Write a batch; if the server refuses its data, write one by one and drop the culprit.
+
+        A dropped outcome is not lost work: its lease expires and the job runs again.
+        Connection errors propagate, and the whole batch is retried later.
+        """
+        try:
+            return await self._write(batch)
+        except _REFUSED:
+            if len(batch) == 1:
+                logger.exception("job %s: its outcome cannot be stored; dropped", batch[0].claim.id)
+                return set()
+        kept: set[int] = set()
+        for outcome in batch:
+            kept |= await self._write_isolating([outcome])
+        return kept
 
     async def _write(self, batch: list[Outcome]) -> set[int]:
         by_kind: dict[OutcomeKind, list[Outcome]] = defaultdict(list)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -13,6 +14,9 @@ from aioq._service import StepBackoff, jittered
 from aioq.completer import Completer, Running
 from aioq.job import Claim
 from aioq.store import Executor, Store
+
+if TYPE_CHECKING:
+    from aioq.metrics import Metrics
 
 __all__ = ("Doorbell", "Producer", "Slots")
 
@@ -102,6 +106,7 @@ class Producer:
         self.batch_size = batch_size
         self.stopping = stopping
         self.last_claim_seconds = 0.0
+        self.metrics: Metrics | None = None  # the worker sets it when metrics are on
 
     async def run_once(self, send: MemoryObjectSendStream[Claim]) -> tuple[int, int]:
         """Claim up to the free slots; return (claimed, asked)."""
@@ -111,6 +116,8 @@ class Producer:
         started = time.perf_counter()
         claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
         self.last_claim_seconds = time.perf_counter() - started
+        if self.metrics is not None:
+            self.metrics.observe_claim(claims, self.last_claim_seconds)
         self.slots.take(len(claims))
         for claim in claims:
             self.in_flight[claim.id] = Running(claim)

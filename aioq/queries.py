@@ -162,7 +162,7 @@ SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
 
 BURY = f"""
 UPDATE {{s}}.jobs AS j
-SET status = 'dead', last_error = f.error,
+SET status = 'dead', last_error = f.error, run_at = now(),  -- when it died: the pruner's clock
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
 FROM unnest($1::bigint[], $2::integer[], $4::text[]) AS f(id, attempt, error)
 WHERE {_FENCE}
@@ -248,4 +248,82 @@ SELECT pg_advisory_xact_lock(hashtext($1))
 
 RECORD_MIGRATION = """
 INSERT INTO {s}.migrations (version) VALUES ($1)
+"""
+
+# Retention: archived rows finished more than $1 seconds ago, at most $2 per statement, so no
+# statement runs long or holds many locks; SKIP LOCKED lets every worker prune at once.
+PRUNE_ARCHIVE = """
+WITH deleted AS (
+    DELETE FROM {s}.archive
+    WHERE id IN (
+        SELECT id FROM {s}.archive
+        WHERE finished_at < now() - make_interval(secs => $1::float8)
+        ORDER BY finished_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+"""
+
+# Dead jobs have no finished_at: their age is counted from run_at, which is when the last
+# attempt became due (the reaper sets it to the moment it buried the job). So a dead job is
+# pruned at most its last attempt's queue wait plus run time early.
+PRUNE_DEAD = """
+WITH deleted AS (
+    DELETE FROM {s}.jobs
+    WHERE id IN (
+        SELECT id FROM {s}.jobs
+        WHERE status = 'dead' AND run_at < now() - make_interval(secs => $1::float8)
+        ORDER BY run_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+"""
+
+# Per queue: what the metrics gauges show. One scan of the hot table (the backlog plus dead
+# jobs), so it is sampled on an interval, never per scrape.
+QUEUE_STATS = """
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS ready,
+       count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now()) AS expired,
+       coalesce(extract(epoch FROM now() - min(run_at)
+                FILTER (WHERE status = 'pending' AND run_at <= now())), 0)::float8
+           AS oldest_ready_age
+FROM {s}.jobs
+GROUP BY queue
+ORDER BY queue
+"""
+
+# --- inspection and steering (admin, CLI) ---
+
+# Completions in the last minute, per queue; no rows at all when the archive is empty
+# (completed jobs are deleted unless a worker keeps them, so an empty archive says nothing).
+ARCHIVE_STATS = """
+SELECT a.queue, count(*) FILTER (WHERE a.finished_at > now() - interval '1 minute') AS completed
+FROM {s}.archive AS a
+WHERE EXISTS (SELECT FROM {s}.archive)
+GROUP BY a.queue
+"""
+
+# $1 the qualified table name. Sizes in bytes; vacuum figures from the statistics collector.
+TABLE_STATS = """
+SELECT pg_table_size(c.oid) AS table_bytes, pg_indexes_size(c.oid) AS index_bytes,
+       s.n_live_tup, s.n_dead_tup, s.last_autovacuum, s.last_vacuum, s.last_autoanalyze
+FROM pg_class AS c
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = $1::regclass
+"""
+
+CANCEL_PENDING = """
+DELETE FROM {s}.jobs
+WHERE id = ANY($1::bigint[]) AND status = 'pending'
+RETURNING id
 """

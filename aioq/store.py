@@ -188,3 +188,34 @@ class Store:
         """Return jobs matching the filters, oldest first."""
         rows = await conn.fetch(self._list, status, task, queue, limit)
         return [Job.from_row(row) for row in rows]
+
+    async def prune_archive(self, conn: Executor, older_than: float, limit: int) -> int:
+        """Delete up to ``limit`` archived jobs finished over ``older_than`` seconds ago."""
+        sql = q.render(q.PRUNE_ARCHIVE, self.schema)
+        return await conn.fetchval(sql, older_than, limit)  # type: ignore[no-any-return]
+
+    async def prune_dead(self, conn: Executor, older_than: float, limit: int) -> int:
+        """Delete up to ``limit`` dead jobs last due over ``older_than`` seconds ago."""
+        sql = q.render(q.PRUNE_DEAD, self.schema)
+        return await conn.fetchval(sql, older_than, limit)  # type: ignore[no-any-return]
+
+    async def queue_stats(self, conn: Executor) -> Sequence[asyncpg.Record]:
+        """Return per-queue counts: ready, scheduled, running, dead, expired, oldest_ready_age."""
+        return await conn.fetch(q.render(q.QUEUE_STATS, self.schema))
+
+    async def archive_stats(self, conn: Executor) -> dict[str, int]:
+        """Return jobs completed in the last minute per archived queue; empty if none archived."""
+        rows = await conn.fetch(q.render(q.ARCHIVE_STATS, self.schema))
+        return {row["queue"]: row["completed"] for row in rows}
+
+    async def table_stats(self, conn: Executor) -> asyncpg.Record:
+        """Return size and vacuum figures of the jobs table."""
+        table = f"{q.quote_schema(self.schema)}.jobs"
+        row = await conn.fetchrow(q.render(q.TABLE_STATS, self.schema), table)
+        assert row is not None  # the regclass cast raises for a missing table
+        return row
+
+    async def cancel(self, conn: Executor, ids: Sequence[int]) -> Sequence[int]:
+        """Delete these jobs if they are still pending; return the ids deleted."""
+        rows = await conn.fetch(q.render(q.CANCEL_PENDING, self.schema), list(ids))
+        return sorted(row[0] for row in rows)

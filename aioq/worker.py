@@ -21,6 +21,8 @@ from aioq.consumer import Consumer
 from aioq.errors import ConfigError
 from aioq.job import Claim
 from aioq.lease import Heartbeat, Reaper
+from aioq.maintenance import Pruner
+from aioq.metrics import Metrics, QueueSampler
 from aioq.notifier import Listener
 from aioq.producer import Doorbell, Producer, Slots
 from aioq.queries import quote_schema
@@ -39,6 +41,9 @@ DEFAULT_REAPER_BATCH = 1000
 DEFAULT_SHUTDOWN_GRACE = 30.0
 DEFAULT_CLAIM_BATCH = 100
 DEFAULT_COMPLETION_BATCH = 1000
+DEFAULT_ARCHIVE_RETENTION = 7 * 24 * 3600.0
+DEFAULT_PRUNE_INTERVAL = 60.0
+DEFAULT_PRUNE_BATCH = 1000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +61,11 @@ class WorkerConfig:
     claim_batch: int = DEFAULT_CLAIM_BATCH
     completion_batch: int = DEFAULT_COMPLETION_BATCH
     keep_completed: bool = False
+    # Retention (None keeps rows forever): archived jobs by finished_at, dead jobs by run_at.
+    archive_retention: float | None = DEFAULT_ARCHIVE_RETENTION
+    dead_retention: float | None = None
+    prune_interval: float = DEFAULT_PRUNE_INTERVAL
+    prune_batch: int = DEFAULT_PRUNE_BATCH
     listen: bool = True
     # PgBouncer in transaction mode: no prepared-statement cache on the pool, and LISTEN
     # through listen_dsn (a direct connection), since a pooler cannot hold a LISTEN.
@@ -67,13 +77,23 @@ class WorkerConfig:
         quote_schema(self.schema)
         if not self.queues or any(not q for q in self.queues):
             raise ConfigError("queues", f"must be non-empty queue names, got {self.queues!r}")
-        for name in ("concurrency", "reaper_batch", "claim_batch", "completion_batch"):
+        for name in (
+            "concurrency",
+            "reaper_batch",
+            "claim_batch",
+            "completion_batch",
+            "prune_batch",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
-        for name in ("poll_interval", "heartbeat_interval", "reaper_interval"):
+        for name in ("poll_interval", "heartbeat_interval", "reaper_interval", "prune_interval"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
+        for name in ("archive_retention", "dead_retention"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigError(name, f"must be None or >= 0 seconds, got {value!r}")
         if self.shutdown_grace < 0:
             raise ConfigError("shutdown_grace", f"must be >= 0 seconds, got {self.shutdown_grace}")
         if not self.worker_id:
@@ -100,6 +120,7 @@ class Worker:
         queues: Sequence[str] = ("default",),
         concurrency: int = DEFAULT_CONCURRENCY,
         schema: str | None = None,
+        metrics: Metrics | None = None,
         **options: Any,
     ) -> None:
         self.registry = registry if registry is not None else default_registry
@@ -121,6 +142,7 @@ class Worker:
         self.listener: Listener | None = None
         self._producer: Producer | None = None
         self._tg: TaskGroup | None = None
+        self.metrics = metrics
 
     def __repr__(self) -> str:
         return f"<aioq.Worker {self.id} queues={list(self.config.queues)}>"
@@ -209,6 +231,7 @@ class Worker:
             stopping=self.stopping,
         )
         self._producer = producer
+        completer.metrics = producer.metrics = self.metrics
         if self.stopping.is_set():
             producer.stop()
         consumer = Consumer(
@@ -251,6 +274,19 @@ class Worker:
                     batch_size=cfg.reaper_batch,
                 )
                 services.start_soon(reaper.run)
+                if cfg.archive_retention is not None or cfg.dead_retention is not None:
+                    pruner = Pruner(
+                        store=self.store,
+                        db=pool,
+                        archive_retention=cfg.archive_retention,
+                        dead_retention=cfg.dead_retention,
+                        interval=cfg.prune_interval,
+                        batch_size=cfg.prune_batch,
+                    )
+                    services.start_soon(pruner.run)
+                if self.metrics is not None:
+                    sampler = QueueSampler(store=self.store, db=pool, metrics=self.metrics)
+                    services.start_soon(sampler.run)
                 logger.info(
                     "worker %s serving queues %s with %d consumers",
                     self.id,

@@ -1,0 +1,238 @@
+"""Prometheus metrics for workers (the ``aioq-pg[prometheus]`` extra).
+
+prometheus_client is imported only when a :class:`Metrics` is built (or :func:`serve` or
+:func:`start` is called), so ``import aioq`` works without the extra. Usage::
+
+    metrics = aioq.metrics.start(9100)          # serves /metrics on :9100
+    worker = aioq.Worker(dsn=..., metrics=metrics)
+
+or mount ``metrics.asgi_app()`` in an ASGI application. Counters and histograms are updated
+by the worker's producer and completer as jobs are claimed and their outcomes written; the
+queue gauges are sampled from the database every ``stats_interval`` seconds by each worker that
+has metrics, never per scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from aioq._service import repeat
+from aioq.errors import ConfigError
+from aioq.job import Claim
+from aioq.store import Executor, Store
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from aioq.completer import OutcomeKind
+
+__all__ = ("DEFAULT_STATS_INTERVAL", "Metrics", "QueueSampler", "serve", "start")
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STATS_INTERVAL = 15.0
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_GAUGES = ("ready", "scheduled", "running", "dead", "expired", "oldest_ready_age")
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise ConfigError(
+            "metrics", "prometheus_client is not installed; install aioq-pg[prometheus]"
+        ) from None
+    return prometheus_client
+
+
+class Metrics:
+    """The worker metrics, registered in ``registry`` (a new one with process metrics if None).
+
+    One Metrics may be shared by several workers of a process; give each process its own.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        namespace: str = "aioq",
+        stats_interval: float = DEFAULT_STATS_INTERVAL,
+    ) -> None:
+        pc = _client()
+        if not stats_interval > 0:
+            raise ConfigError("stats_interval", f"must be > 0 seconds, got {stats_interval!r}")
+        if registry is None:
+            registry = pc.CollectorRegistry()
+            pc.ProcessCollector(registry=registry)
+            pc.PlatformCollector(registry=registry)
+            pc.GCCollector(registry=registry)
+        self.registry: CollectorRegistry = registry
+        self.stats_interval = stats_interval
+        ns, reg = namespace, registry
+        qt = ("queue", "task")
+
+        def counter(name: str, doc: str) -> Counter:
+            return pc.Counter(name, doc, qt, namespace=ns, registry=reg)  # type: ignore[no-any-return]
+
+        self.claimed = counter("jobs_claimed", "Jobs claimed by this process.")
+        self.succeeded = counter("jobs_succeeded", "Jobs that completed successfully.")
+        self.retried = counter("jobs_retried", "Failed attempts rescheduled for a retry.")
+        self.dead = counter("jobs_dead", "Jobs that failed for good (no attempts left, or Fail).")
+        self.snoozed = counter("jobs_snoozed", "Attempts that asked to run later (aioq.Retry).")
+        self.released = counter("jobs_released", "Claims given back unfinished on shutdown.")
+        self.lease_lost = counter(
+            "jobs_lease_lost", "Claims whose lease was lost to the reaper before their outcome."
+        )
+        self.duration: Histogram = pc.Histogram(
+            "job_duration_seconds",
+            "Run time of one attempt, by outcome.",
+            ("queue", "task", "outcome"),
+            namespace=ns,
+            registry=reg,
+            buckets=DURATION_BUCKETS,
+        )
+        self.queue_wait: Histogram = pc.Histogram(
+            "job_queue_wait_seconds",
+            "Time from a job's run_at to its claim.",
+            ("queue",),
+            namespace=ns,
+            registry=reg,
+            buckets=WAIT_BUCKETS,
+        )
+        self.claim_seconds: Histogram = pc.Histogram(
+            "claim_seconds",
+            "Round trip of one claim statement.",
+            namespace=ns,
+            registry=reg,
+            buckets=CLAIM_BUCKETS,
+        )
+        docs = {
+            "ready": "Pending jobs whose run_at has come.",
+            "scheduled": "Pending jobs due in the future.",
+            "running": "Claimed jobs.",
+            "dead": "Dead jobs kept in the table.",
+            "expired": "Running jobs whose lease expired and that are not reaped yet.",
+            "oldest_ready_age": "Seconds the oldest ready job has waited past its run_at.",
+        }
+        self.queue_gauges: dict[str, Gauge] = {
+            name: pc.Gauge(
+                f"queue_{name}_seconds" if name == "oldest_ready_age" else f"queue_{name}",
+                docs[name],
+                ("queue",),
+                namespace=ns,
+                registry=reg,
+            )
+            for name in _GAUGES
+        }
+        self._outcome_counters: dict[str, Counter] = {
+            "succeeded": self.succeeded,
+            "retried": self.retried,
+            "dead": self.dead,
+            "snoozed": self.snoozed,
+            "released": self.released,
+        }
+        self._known_queues: set[str] = set()
+        self._servers: list[tuple[Any, threading.Thread]] = []
+        self.ports: list[int] = []  # where serve() listens
+
+    def observe_claim(self, claims: Sequence[Claim], seconds: float) -> None:
+        """Record one claim statement and the jobs it returned."""
+        self.claim_seconds.observe(seconds)
+        for claim in claims:
+            self.claimed.labels(claim.queue, claim.task).inc()
+            self.queue_wait.labels(claim.queue).observe(claim.waited)
+
+    def observe_outcome(self, claim: Claim, kind: OutcomeKind, duration: float) -> None:
+        """Record an outcome written under our claim."""
+        self._outcome_counters[kind.value].labels(claim.queue, claim.task).inc()
+        self.duration.labels(claim.queue, claim.task, kind.value).observe(duration)
+
+    def observe_lease_lost(self, claim: Claim) -> None:
+        """Record a claim this worker lost before it could write the outcome."""
+        self.lease_lost.labels(claim.queue, claim.task).inc()
+
+    def set_queue_stats(self, rows: Sequence[asyncpg.Record]) -> None:
+        """Set the queue gauges from rows of the stats query; queues gone from it read 0."""
+        seen: set[str] = set()
+        for row in rows:
+            queue = row["queue"]
+            seen.add(queue)
+            for name in _GAUGES:
+                self.queue_gauges[name].labels(queue).set(row[name])
+        for queue in self._known_queues - seen:
+            for gauge in self.queue_gauges.values():
+                gauge.labels(queue).set(0)
+        self._known_queues |= seen
+
+    def asgi_app(self) -> Callable[..., Awaitable[None]]:
+        """Return an ASGI app serving this registry (mount it at ``/metrics``)."""
+        return _client().make_asgi_app(self.registry)  # type: ignore[no-any-return]
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve this registry over HTTP on ``addr:port`` (0: any free port); return the port."""
+        server, thread = _client().start_http_server(port, addr=addr, registry=self.registry)
+        self._servers.append((server, thread))
+        self.ports.append(int(server.server_port))
+        return self.ports[-1]
+
+    def close(self) -> None:
+        """Stop the HTTP servers :meth:`serve` started."""
+        while self._servers:
+            server, thread = self._servers.pop()
+            server.shutdown()
+            server.server_close()
+            thread.join()
+        self.ports.clear()
+
+
+class QueueSampler:
+    """Samples the per-queue stats into the gauges, every ``metrics.stats_interval`` seconds."""
+
+    def __init__(self, *, store: Store, db: Executor, metrics: Metrics) -> None:
+        self.store = store
+        self.db = db
+        self.metrics = metrics
+
+    async def run_once(self) -> int:
+        """Sample once; return how many queues were seen."""
+        rows = await self.store.queue_stats(self.db)
+        self.metrics.set_queue_stats(rows)
+        return len(rows)
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+
+        async def step() -> bool:
+            await self.run_once()
+            return False
+
+        await repeat("queue stats", step, lambda: self.metrics.stats_interval, logger)
+
+
+def serve(port: int, registry: CollectorRegistry | None = None, addr: str = "0.0.0.0") -> int:
+    """Serve ``registry`` (prometheus_client's default if None) on ``addr:port``; return the port."""
+    pc = _client()
+    server, _ = pc.start_http_server(
+        port, addr=addr, registry=pc.REGISTRY if registry is None else registry
+    )
+    return int(server.server_port)
+
+
+def start(
+    port: int,
+    addr: str = "0.0.0.0",
+    *,
+    registry: CollectorRegistry | None = None,
+    stats_interval: float = DEFAULT_STATS_INTERVAL,
+) -> Metrics:
+    """Build a :class:`Metrics` and serve it at ``http://addr:port/metrics``; for the CLI."""
+    metrics = Metrics(registry, stats_interval=stats_interval)
+    metrics.serve(port, addr)
+    return metrics

@@ -1,0 +1,399 @@
+"""The ``aioq`` command line, run as a subprocess against a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+TASKS = textwrap.dedent(
+    """
+    import asyncio
+    import os
+
+    import asyncpg
+
+    import aioq
+
+    registry = aioq.Registry()
+
+
+    @registry.task(name="record")
+    async def record(sleep: float = 0.0) -> None:
+        job = aioq.current_job()
+        conn = await asyncpg.connect(os.environ["AIOQ_DSN"])
+        try:
+            sql = "INSERT INTO runs (job_id, worker_id, phase) VALUES ($1, $2, $3)"
+            await conn.execute(sql, job.id, job.worker_id, "start")
+            await asyncio.sleep(sleep)
+            await conn.execute(sql, job.id, job.worker_id, "end")
+        finally:
+            await conn.close()
+    """
+)
+
+
+def aioq_cli(
+    dsn: str | None, *args: str, cwd: Path | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m aioq ARGS`` with AIOQ_DSN set (or unset for None)."""
+    env = {k: v for k, v in os.environ.items() if k != "AIOQ_DSN"}
+    if dsn is not None:
+        env["AIOQ_DSN"] = dsn
+    return subprocess.run(
+        [sys.executable, "-m", "aioq", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def defer_sql(dsn: str, count: int, sleep: float) -> list[int]:
+    rows = fetch(
+        dsn,
+        "INSERT INTO aioq.jobs (task, args) SELECT 'record', jsonb_build_object('sleep', $2::float8)"
+        " FROM generate_series(1, $1) RETURNING id",
+        count,
+        sleep,
+    )
+    return [r["id"] for r in rows]
+
+
+def children(pid: int) -> set[int]:
+    """The pids whose parent is ``pid`` (a /proc scan)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def listening_pids(dsn: str) -> set[int]:
+    """Pids of worker processes with a LISTEN connection (their id is host:pid:token)."""
+    rows = fetch(
+        dsn,
+        "SELECT application_name FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE 'aioq listener %'",
+    )
+    return {int(r[0].split(":")[-2]) for r in rows}
+
+
+def worker_pids(dsn: str, job_ids: list[int]) -> set[int]:
+    rows = fetch(
+        dsn,
+        "SELECT DISTINCT worker_id FROM runs WHERE phase = 'end' AND job_id = ANY($1)",
+        job_ids,
+    )
+    return {int(r[0].split(":")[-2]) for r in rows}
+
+
+def ended(dsn: str, job_ids: list[int]) -> int:
+    rows = fetch(dsn, "SELECT count(*) FROM runs WHERE phase = 'end' AND job_id = ANY($1)", job_ids)
+    return int(rows[0][0])
+
+
+@pytest.fixture
+def task_dir(tmp_path: Path, dsn: str) -> Path:
+    (tmp_path / "clitasks.py").write_text(TASKS)
+    fetch(dsn, "CREATE TABLE runs (job_id bigint, worker_id text, phase text)")
+    return tmp_path
+
+
+@pytest.fixture
+def spawn(dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aioq", *args],
+            env={**os.environ, "AIOQ_DSN": dsn},
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            for child in children(proc.pid):
+                os.kill(child, signal.SIGKILL)
+            proc.kill()
+            proc.communicate()
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
+    assert result.returncode == 2, result
+    assert text in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_missing_dsn_and_unreachable_database() -> None:
+    one_line_error(aioq_cli(None, "stats"), "pass --dsn or set AIOQ_DSN")
+    bad = "postgresql://nobody@127.0.0.1:1/none"
+    one_line_error(aioq_cli(None, "jobs", "list", "--dsn", bad), "cannot reach the database")
+    assert aioq_cli(None, "jobs", "frobnicate").returncode == 2  # usage
+
+
+def test_schema_sql_status_apply(dsn: str) -> None:
+    sql = aioq_cli(None, "schema", "sql", "--schema", "other")
+    assert sql.returncode == 0
+    assert 'CREATE TABLE "other".jobs' in sql.stdout
+
+    status = aioq_cli(dsn, "schema", "status")
+    assert status.returncode == 0, status
+    assert status.stdout.split("\n")[0].split() == ["SCHEMA", "INSTALLED", "LATEST", "PENDING"]
+    assert status.stdout.split("\n")[1].split()[:2] == ["aioq", "1"]
+    data = json.loads(aioq_cli(dsn, "schema", "status", "--json").stdout)
+    assert data == {"schema": "aioq", "installed": 1, "latest": 1, "pending": []}
+
+    pending = aioq_cli(dsn, "schema", "status", "--schema", "other", "--json")
+    assert pending.returncode == 1
+    assert json.loads(pending.stdout)["pending"] == [1]
+    applied = aioq_cli(dsn, "schema", "apply", "--schema", "other")
+    assert applied.returncode == 0
+    assert applied.stdout.strip() == "schema other: applied migrations 1"
+    again = aioq_cli(dsn, "schema", "apply", "--schema", "other", "--json")
+    assert json.loads(again.stdout) == {"schema": "other", "applied": [], "version": 1}
+    assert aioq_cli(dsn, "schema", "status", "--schema", "other").returncode == 0
+
+
+def test_defer_list_show(dsn: str) -> None:
+    result = aioq_cli(dsn, "defer", "shop.charge", "--args", '{"order_id": 7}', "--priority", "3")
+    assert result.returncode == 0, result
+    job_id = int(result.stdout)
+    later = aioq_cli(dsn, "defer", "shop.mail", "--queue", "mail", "--delay", "1h", "--json")
+    later_id = json.loads(later.stdout)["id"]
+
+    one_line_error(aioq_cli(dsn, "defer", "t", "--args", "[1]"), "must be a JSON object")
+    one_line_error(aioq_cli(dsn, "defer", "t", "--args", "{nope"), "not valid JSON")
+    one_line_error(aioq_cli(dsn, "defer", "t", "--args", '{"x": "\\u0000"}'), "NUL")
+
+    table = aioq_cli(dsn, "jobs", "list")
+    assert table.returncode == 0
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == [
+        "ID", "QUEUE", "TASK", "STATUS", "ATTEMPTS", "RUN_AT", "LAST_ERROR"
+    ]  # fmt: skip
+    assert lines[1].split()[:5] == [str(job_id), "default", "shop.charge", "pending", "0/5"]
+    assert lines[2].split()[:3] == [str(later_id), "mail", "shop.mail"]
+
+    listed = json.loads(aioq_cli(dsn, "jobs", "list", "--queue", "mail", "--json").stdout)
+    assert [j["id"] for j in listed] == [later_id]
+    assert listed[0]["args"] == {}
+    none = aioq_cli(dsn, "jobs", "list", "--status", "dead")
+    assert none.returncode == 0
+    assert "(none)" in none.stdout
+
+    shown = json.loads(aioq_cli(dsn, "jobs", "show", str(job_id), "--json").stdout)
+    assert shown["args"] == {"order_id": 7}
+    assert shown["priority"] == 3
+    assert shown["status"] == "pending"
+    text = aioq_cli(dsn, "jobs", "show", str(job_id))
+    assert "task:             shop.charge" in text.stdout
+    assert 'args:             {"order_id": 7}' in text.stdout
+
+    missing = aioq_cli(dsn, "jobs", "show", "999999")
+    assert missing.returncode == 1
+    assert "not found" in missing.stderr
+
+
+def test_retry_cancel_purge(dsn: str) -> None:
+    ids = [int(aioq_cli(dsn, "defer", f"t{i % 2}").stdout) for i in range(4)]
+    fetch(
+        dsn,
+        "UPDATE aioq.jobs SET status = 'dead', attempts = 5, last_error = 'boom'"
+        " WHERE id = ANY($1)",
+        ids[:3],
+    )
+    table = aioq_cli(dsn, "jobs", "list", "--status", "dead")
+    assert table.stdout.splitlines()[1].split()[3:] == ["dead", "5/5", *table.stdout.splitlines()[1].split()[5:7], "boom"]  # fmt: skip
+
+    retried = aioq_cli(dsn, "jobs", "retry", str(ids[0]))
+    assert (retried.returncode, retried.stdout.strip()) == (0, f"retried 1 jobs: {ids[0]}")
+    again = aioq_cli(dsn, "jobs", "retry", str(ids[0]), "--json")
+    assert again.returncode == 1
+    assert json.loads(again.stdout) == {"retried": [], "missing": [ids[0]]}
+    by_task = aioq_cli(dsn, "jobs", "retry", "--dead", "--task", "t1", "--json")
+    assert json.loads(by_task.stdout) == {"retried": [ids[1]], "missing": []}
+    assert aioq_cli(dsn, "jobs", "retry", "1", "--dead").returncode == 2
+
+    cancelled = aioq_cli(dsn, "jobs", "cancel", str(ids[3]), str(ids[2]))
+    assert cancelled.returncode == 1  # ids[2] is dead, not pending
+    assert f"cancelled 1 jobs: {ids[3]}" in cancelled.stdout
+    assert f"not pending jobs (or not found): {ids[2]}" in cancelled.stdout
+    ok = aioq_cli(dsn, "jobs", "cancel", str(ids[0]), "--json")
+    assert (ok.returncode, json.loads(ok.stdout)) == (0, {"cancelled": [ids[0]], "missing": []})
+
+    young = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "1h")
+    assert (young.returncode, young.stdout.strip()) == (0, "purged 0 dead jobs")
+    one_line_error(aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "soon"), "duration")
+    purged = aioq_cli(dsn, "jobs", "purge", "--dead", "--json")
+    assert json.loads(purged.stdout) == {"purged": 1}
+    assert [r["id"] for r in fetch(dsn, "SELECT id FROM aioq.jobs")] == [ids[1]]
+
+
+def test_stats_watch_until_interrupted(
+    dsn: str, tmp_path: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    proc = spawn("stats", "--watch", "0.1", cwd=tmp_path)
+    assert proc.stdout is not None
+    seen = [proc.stdout.readline() for _ in range(8)]
+    assert sum(line.startswith("--- ") for line in seen) >= 2
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=10)
+    assert proc.returncode == 0
+
+
+def test_stats_and_check(dsn: str) -> None:
+    empty = aioq_cli(dsn, "stats")
+    assert empty.returncode == 0
+    assert "(none)" in empty.stdout
+    assert "jobs table:" in empty.stdout
+    for _ in range(2):
+        aioq_cli(dsn, "defer", "t", "--queue", "q1")
+    aioq_cli(dsn, "defer", "t", "--queue", "q2", "--delay", "1h")
+    fetch(dsn, "UPDATE aioq.jobs SET run_at = now() - interval '2 minutes' WHERE queue = 'q1'")
+    fetch(dsn, "INSERT INTO aioq.jobs (queue, task, status) VALUES ('q2', 't', 'dead')")
+
+    table = aioq_cli(dsn, "stats").stdout.splitlines()
+    assert table[0].split() == [
+        "QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST_READY_S", "EXPIRED_LEASES",
+        "COMPLETED_1M",
+    ]  # fmt: skip
+    q1 = table[1].split()
+    assert q1[:5] == ["q1", "2", "0", "0", "0"]
+    assert 120 <= float(q1[5]) < 180
+    assert q1[6:] == ["0", "n/a"]
+    assert table[2].split() == ["q2", "0", "1", "0", "1", "0.0", "0", "n/a"]
+
+    data = json.loads(aioq_cli(dsn, "stats", "--json").stdout)
+    assert [q["queue"] for q in data["queues"]] == ["q1", "q2"]
+    assert data["queues"][1]["dead"] == 1
+    assert data["queues"][1]["completed_last_minute"] is None
+    assert data["table"]["table_bytes"] > 0
+    assert data["archived"] is False
+
+    ok = aioq_cli(dsn, "stats", "--check", "--max-age", "1h", "--max-dead", "1")
+    assert ok.returncode == 0
+    assert "check ok" in ok.stdout
+    bad = aioq_cli(dsn, "stats", "--check", "--max-age", "60", "--max-dead", "0")
+    assert bad.returncode == 1
+    assert "CHECK FAILED: queue q1: oldest ready job is" in bad.stdout
+    assert "CHECK FAILED: queue q2: 1 dead jobs (--max-dead 0)" in bad.stdout
+    checked = json.loads(aioq_cli(dsn, "stats", "--check", "--max-dead", "0", "--json").stdout)
+    assert checked["check"] == {"ok": False, "failures": ["queue q2: 1 dead jobs (--max-dead 0)"]}
+    assert aioq_cli(dsn, "stats", "--max-dead", "0").returncode == 2
+
+
+def test_worker_processes_drain_and_replace_a_killed_child(
+    dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    args = ("worker", "clitasks:registry", "--processes", "2", "--concurrency", "5")
+    sup = spawn(*args, "--poll-interval", "0.2", "--shutdown-grace", "5", cwd=task_dir)
+    wait_for(lambda: len(children(sup.pid)) == 2, what="two children")
+    first = children(sup.pid)
+    wait_for(lambda: listening_pids(dsn) == first, what="both children listening")
+
+    jobs = defer_sql(dsn, 20, 0.2)
+    wait_for(lambda: ended(dsn, jobs) == 20, what="20 jobs")
+    assert worker_pids(dsn, jobs) == first  # both children did work
+
+    victim = min(first)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(children(sup.pid) - first) == 1, what="a replacement child")
+    replacement = (children(sup.pid) - first).pop()
+    wait_for(lambda: replacement in listening_pids(dsn), what="the replacement listening")
+
+    more = defer_sql(dsn, 15, 0.3)
+    wait_for(lambda: ended(dsn, more) == 15, what="15 more jobs")
+    assert replacement in worker_pids(dsn, more)
+
+    sup.send_signal(signal.SIGTERM)
+    _, stderr = sup.communicate(timeout=20)
+    assert sup.returncode == 0, stderr
+    assert f"(pid {victim}) was killed by SIGKILL; restarting it" in stderr
+    assert fetch(dsn, "SELECT count(*) FROM aioq.jobs")[0][0] == 0
+
+
+def test_sigterm_lets_a_running_job_finish(
+    dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    proc = spawn("worker", "clitasks", "--log-format", "json", "--poll-interval", "0.2",
+                 cwd=task_dir)  # fmt: skip
+    (job,) = defer_sql(dsn, 1, 1.5)
+    wait_for(lambda: bool(fetch(dsn, "SELECT 1 FROM runs WHERE job_id = $1", job)), what="start")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 0, stderr
+    assert ended(dsn, [job]) == 1
+    assert fetch(dsn, "SELECT count(*) FROM aioq.jobs")[0][0] == 0
+    records = [json.loads(line) for line in stderr.splitlines()]
+    outcome = next(r for r in records if r.get("job_id") == job)
+    assert outcome["level"] == "INFO"
+    assert outcome["logger"].startswith("aioq.")
+    assert (outcome["task"], outcome["queue"], outcome["attempt"]) == ("record", "default", 1)
+    assert outcome["duration_s"] >= 1.5
+    assert {"time", "message", "outcome"} <= outcome.keys()
+
+
+def test_second_signal_stops_at_once_and_releases_the_job(
+    dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    proc = spawn("worker", "clitasks", "--shutdown-grace", "60", cwd=task_dir)
+    (job,) = defer_sql(dsn, 1, 60)
+    wait_for(lambda: bool(fetch(dsn, "SELECT 1 FROM runs WHERE job_id = $1", job)), what="start")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stopping gracefully" in (proc.stderr.readline() if proc.stderr else ""))
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=15)
+    assert proc.returncode == 0, stderr
+    row = fetch(dsn, "SELECT status, attempts FROM aioq.jobs WHERE id = $1", job)[0]
+    assert (row["status"], row["attempts"]) == ("pending", 0)
+
+
+def test_worker_usage_errors(dsn: str, tmp_path: Path) -> None:
+    one_line_error(aioq_cli(dsn, "worker", "no_such_module", cwd=tmp_path), "cannot import")
+    (tmp_path / "m.py").write_text("x = 1\n")
+    one_line_error(aioq_cli(dsn, "worker", "m:x", cwd=tmp_path), "is not an aioq.Registry")

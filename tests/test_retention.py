@@ -1,0 +1,169 @@
+"""Retention: completed jobs archived in the same statement, pruned in bounded batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import asyncpg
+import pytest
+
+import aioq
+from aioq.maintenance import Pruner
+from aioq.store import Store
+
+pytestmark = pytest.mark.anyio
+
+store = Store.for_schema("aioq")
+
+
+def pruner(
+    db: asyncpg.Connection,
+    *,
+    archive_retention: float | None = None,
+    dead_retention: float | None = None,
+    interval: float = 3600.0,
+) -> Pruner:
+    return Pruner(
+        store=store,
+        db=db,
+        archive_retention=archive_retention,
+        dead_retention=dead_retention,
+        interval=interval,
+        batch_size=10,
+    )
+
+
+async def count(conn: asyncpg.Connection, sql: str) -> int:
+    return await conn.fetchval(sql)  # type: ignore[no-any-return]
+
+
+async def archive_jobs(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    n: int,
+) -> list[int]:
+    """Run ``n`` jobs with keep_completed=True (and no pruning); return their ids."""
+
+    @registry.task
+    async def work(i: int) -> None: ...
+
+    ids = [await work.defer(conn, i=i) for i in range(n)]
+    await make_worker(keep_completed=True, archive_retention=None).run_until_idle()
+    return ids
+
+
+async def test_completed_jobs_are_archived_then_pruned_in_batches(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    ids = await archive_jobs(conn, registry, make_worker, 25)
+    assert await count(conn, "SELECT count(*) FROM aioq.jobs") == 0
+    rows = await conn.fetch("SELECT id, attempts, worker, finished_at FROM aioq.archive")
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    assert all(r["attempts"] == 1 and r["worker"] and r["finished_at"] for r in rows)
+
+    # A long retention keeps recent rows and deletes only the ones made old.
+    await conn.execute(
+        "UPDATE aioq.archive SET finished_at = now() - interval '2 hours'"
+        " WHERE id = ANY($1::bigint[])",
+        ids[:3],
+    )
+    assert await pruner(conn, archive_retention=3600).run_once() == 3
+    assert await count(conn, "SELECT count(*) FROM aioq.archive") == 22
+
+    prune = pruner(conn, archive_retention=0)
+    assert [await prune.run_once() for _ in range(4)] == [10, 10, 2, 0]
+    assert await count(conn, "SELECT count(*) FROM aioq.archive") == 0
+
+
+async def test_dead_jobs_are_pruned_by_age_in_batches(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def doomed() -> None: ...
+
+    for _ in range(25):
+        await doomed.defer(conn)
+    claims = await store.claim(conn, ["default"], 25, "w")
+    buried = await store.bury(
+        conn, [c.id for c in claims], [c.attempt for c in claims], "w", errors=["x"] * 25
+    )
+    assert len(buried) == 25
+    pending = await doomed.defer(conn)  # never pruned, however old
+    await conn.execute("UPDATE aioq.jobs SET run_at = now() - interval '2 hours'")
+
+    # Dead retention None keeps dead jobs; the archive retention alone prunes nothing here.
+    assert await pruner(conn, archive_retention=0).run_once() == 0
+    assert await pruner(conn, dead_retention=3 * 3600).run_once() == 0
+    prune = pruner(conn, dead_retention=3600)
+    assert [await prune.run_once() for _ in range(4)] == [10, 10, 5, 0]
+    rows = await conn.fetch("SELECT id, status FROM aioq.jobs")
+    assert [(r["id"], r["status"]) for r in rows] == [(pending, "pending")]
+
+
+async def test_run_repeats_at_once_while_batches_are_full(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    await archive_jobs(conn, registry, make_worker, 25)
+    prune = pruner(conn, archive_retention=0, interval=3600)  # no second pass without a full batch
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(prune.run)
+            while await count(conn, "SELECT count(*) FROM aioq.archive"):
+                await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+
+
+async def test_worker_runs_the_pruner(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    # Three archived rows from long ago, and a dead job just as old.
+    await conn.execute(
+        """
+        INSERT INTO aioq.archive (id, queue, task, args, priority, attempts, max_attempts,
+                                  created_at, started_at, finished_at)
+        SELECT -g, 'default', 'old', '{}', 0, 1, 5, now() - interval '9 days',
+               now() - interval '9 days', now() - interval '8 days'
+        FROM generate_series(1, 3) AS g
+        """
+    )
+    dead = await work.defer(conn)
+    await conn.execute(
+        "UPDATE aioq.jobs SET status = 'dead', run_at = now() - interval '2 days' WHERE id = $1",
+        dead,
+    )
+    fresh = [await work.defer(conn) for _ in range(2)]
+    worker = make_worker(keep_completed=True, dead_retention=86400.0, prune_interval=0.05)
+    assert worker.config.archive_retention == 7 * 24 * 3600
+    with anyio.fail_after(10):
+        async with worker:
+            while await conn.fetchval(
+                "SELECT (SELECT array_agg(id ORDER BY id) FROM aioq.archive) IS DISTINCT FROM $1"
+                " OR EXISTS (SELECT FROM aioq.jobs)",
+                fresh,
+            ):
+                await anyio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("archive_retention", -1.0),
+        ("dead_retention", float("nan")),
+        ("prune_interval", 0.0),
+        ("prune_batch", 0),
+    ],
+)
+def test_retention_options_are_validated(field: str, value: float) -> None:
+    with pytest.raises(aioq.ConfigError, match=field):
+        aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_retention_can_be_off() -> None:
+    cfg = aioq.WorkerConfig(archive_retention=None, dead_retention=None)
+    assert cfg.archive_retention is None
+    assert cfg.dead_retention is None

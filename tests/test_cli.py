@@ -6,10 +6,12 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -397,3 +399,39 @@ def test_worker_usage_errors(dsn: str, tmp_path: Path) -> None:
     one_line_error(aioq_cli(dsn, "worker", "no_such_module", cwd=tmp_path), "cannot import")
     (tmp_path / "m.py").write_text("x = 1\n")
     one_line_error(aioq_cli(dsn, "worker", "m:x", cwd=tmp_path), "is not an aioq.Registry")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _scrape(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
+def test_worker_serves_metrics_per_process(
+    dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    base = _free_port()
+    proc = spawn("worker", "clitasks", "--processes", "2", "--metrics-port", str(base),
+                 "--metrics-addr", "127.0.0.1", "--poll-interval", "0.2", cwd=task_dir)  # fmt: skip
+    jobs = defer_sql(dsn, 20, 0.0)
+    wait_for(lambda: ended(dsn, jobs) == 20, what="jobs to run")
+    # Child i serves on base + i; together they count every job that succeeded.
+    succeeded = 0.0
+    for port in (base, base + 1):
+        wait_for(lambda port=port: _scrape(port) is not None, what=f"metrics on {port}")
+        text = _scrape(port) or ""
+        for line in text.splitlines():
+            if line.startswith("aioq_jobs_succeeded_total{"):
+                succeeded += float(line.rsplit(" ", 1)[1])
+    assert succeeded == 20
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0

@@ -26,6 +26,21 @@ async def expire(conn: asyncpg.Connection, job_id: int) -> None:
     )
 
 
+def make_completer(
+    conn: asyncpg.Connection, worker_id: str, in_flight: dict[int, Running]
+) -> Completer:
+    """A completer writing through one connection, one batch per run_once."""
+    return Completer(
+        store=store,
+        db=conn,
+        worker_id=worker_id,
+        in_flight=in_flight,
+        keep_completed=False,
+        batch_size=10,
+        max_pending=10,
+    )
+
+
 async def wait_for(conn: asyncpg.Connection, sql: str, *args: object) -> None:
     """Poll until ``sql`` returns true (bounded by the caller's fail_after)."""
     while not await conn.fetchval(sql, *args):
@@ -67,15 +82,7 @@ async def test_stale_worker_is_fenced_after_rescue(
     assert await store.complete(conn, [job_id], [claim_a.attempt], "worker-b") == set()
 
     in_flight = {job_id: Running(claim_a)}
-    completer = Completer(
-        store=store,
-        db=conn,
-        worker_id="worker-a",
-        in_flight=in_flight,
-        keep_completed=False,
-        batch_size=10,
-        max_pending=10,
-    )
+    completer = make_completer(conn, "worker-a", in_flight)
     with caplog.at_level(logging.WARNING, logger="aioq"):
         await completer.put(Outcome(claim_a, OutcomeKind.COMPLETE))
         await completer.run_once()
@@ -275,16 +282,7 @@ async def test_an_outcome_the_server_refuses_does_not_block_the_others(
 
     await work.defer_many(conn, [{}, {}])
     good, bad = await store.claim(conn, ["default"], 10, "me")
-    in_flight = {c.id: Running(c) for c in (good, bad)}
-    completer = Completer(
-        store=store,
-        db=conn,
-        worker_id="me",
-        in_flight=in_flight,
-        keep_completed=False,
-        batch_size=10,
-        max_pending=10,
-    )
+    completer = make_completer(conn, "me", {c.id: Running(c) for c in (good, bad)})
     await completer.put(Outcome(good, OutcomeKind.COMPLETE))
     # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
     await completer.put(Outcome(bad, OutcomeKind.RETRY, delay=1e300, error="x"))

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,3 +50,42 @@ def test_quickstart_runs_on_the_given_database(dsn: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "receipts sent for orders [1, 2]; jobs left in the queue: 0" in result.stdout
     assert "order 3 rows = 0, its jobs = 0" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_interrupting_the_demo_leaves_no_server_behind() -> None:
+    # The embedded server's temp dir goes under a TMPDIR of our own, so we can see it vanish;
+    # it must be traversable by the unprivileged user the server runs as under root.
+    tmp = Path(tempfile.mkdtemp(prefix="aioq-demo-"))
+    tmp.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "AIOQ_DSN"}
+    env["TMPDIR"] = str(tmp)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = None
+        for line in proc.stdout:  # bounded by the test timeout
+            if "running at postgresql://" in line:
+                port = int(line.rsplit(":", 1)[1].split("/")[0])
+                break
+        assert port is not None
+        assert any(tmp.iterdir())  # the server's data dir exists while it runs
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        assert list(tmp.iterdir()) == []
+        with (
+            pytest.raises(ConnectionRefusedError),
+            socket.create_connection(("127.0.0.1", port), timeout=2),
+        ):
+            pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -109,7 +109,7 @@ async def purge_dead(
     batch_size: int = DEFAULT_PURGE_BATCH,
     schema: str = "aioq",
 ) -> int:
-    """Delete dead jobs (whose last attempt was due over ``older_than`` seconds ago), in batches.
+    """Delete dead jobs (that died over ``older_than`` seconds ago), in batches.
 
     Each batch is its own statement, so no statement runs long or holds many row locks.
     Returns how many were deleted.

@@ -139,12 +139,9 @@ class Completer:
         for outcome in batch:
             claim = outcome.claim
             self.in_flight.pop(claim.id, None)
-            if self.metrics is not None:
-                if claim.id in kept:
-                    self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
-                else:
-                    self.metrics.observe_lease_lost(claim)
             if claim.id in kept:
+                if self.metrics is not None:
+                    self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
                 level = logging.WARNING if outcome.kind is OutcomeKind.BURY else logging.INFO
                 if not logger.isEnabledFor(level):
                     continue  # the hot path: build no message nor extras nobody reads
@@ -161,6 +158,8 @@ class Completer:
                     extra=_extra(claim, outcome.kind.value, outcome.duration),
                 )
             else:
+                if self.metrics is not None:
+                    self.metrics.observe_lease_lost(claim)
                 logger.warning(
                     "job %s %s: lease lost before its outcome (%s) was written; the new"
                     " owner's state stands",

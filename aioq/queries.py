@@ -267,9 +267,8 @@ WITH deleted AS (
 SELECT count(*)::integer FROM deleted
 """
 
-# Dead jobs have no finished_at: their age is counted from run_at, which is when the last
-# attempt became due (the reaper sets it to the moment it buried the job). So a dead job is
-# pruned at most its last attempt's queue wait plus run time early.
+# Dead jobs have no finished_at: their age is counted from run_at, which burial (BURY, REAP)
+# sets to the moment the job died.
 PRUNE_DEAD = """
 WITH deleted AS (
     DELETE FROM {s}.jobs

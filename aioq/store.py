@@ -43,6 +43,12 @@ class Store:
         self._replay = render(q.REPLAY_DEAD)
         self._get = render(q.GET_JOB)
         self._list = render(q.LIST_JOBS)
+        self._prune_archive = render(q.PRUNE_ARCHIVE)
+        self._prune_dead = render(q.PRUNE_DEAD)
+        self._queue_stats = render(q.QUEUE_STATS)
+        self._archive_stats = render(q.ARCHIVE_STATS)
+        self._table_stats = render(q.TABLE_STATS)
+        self._cancel = render(q.CANCEL_PENDING)
 
     @staticmethod
     @functools.cache
@@ -191,31 +197,29 @@ class Store:
 
     async def prune_archive(self, conn: Executor, older_than: float, limit: int) -> int:
         """Delete up to ``limit`` archived jobs finished over ``older_than`` seconds ago."""
-        sql = q.render(q.PRUNE_ARCHIVE, self.schema)
-        return await conn.fetchval(sql, older_than, limit)  # type: ignore[no-any-return]
+        return await conn.fetchval(self._prune_archive, older_than, limit)  # type: ignore[no-any-return]
 
     async def prune_dead(self, conn: Executor, older_than: float, limit: int) -> int:
-        """Delete up to ``limit`` dead jobs last due over ``older_than`` seconds ago."""
-        sql = q.render(q.PRUNE_DEAD, self.schema)
-        return await conn.fetchval(sql, older_than, limit)  # type: ignore[no-any-return]
+        """Delete up to ``limit`` jobs that died over ``older_than`` seconds ago."""
+        return await conn.fetchval(self._prune_dead, older_than, limit)  # type: ignore[no-any-return]
 
     async def queue_stats(self, conn: Executor) -> Sequence[asyncpg.Record]:
         """Return per-queue counts: ready, scheduled, running, dead, expired, oldest_ready_age."""
-        return await conn.fetch(q.render(q.QUEUE_STATS, self.schema))
+        return await conn.fetch(self._queue_stats)
 
     async def archive_stats(self, conn: Executor) -> dict[str, int]:
         """Return jobs completed in the last minute per archived queue; empty if none archived."""
-        rows = await conn.fetch(q.render(q.ARCHIVE_STATS, self.schema))
+        rows = await conn.fetch(self._archive_stats)
         return {row["queue"]: row["completed"] for row in rows}
 
     async def table_stats(self, conn: Executor) -> asyncpg.Record:
         """Return size and vacuum figures of the jobs table."""
         table = f"{q.quote_schema(self.schema)}.jobs"
-        row = await conn.fetchrow(q.render(q.TABLE_STATS, self.schema), table)
+        row = await conn.fetchrow(self._table_stats, table)
         assert row is not None  # the regclass cast raises for a missing table
         return row
 
     async def cancel(self, conn: Executor, ids: Sequence[int]) -> Sequence[int]:
         """Delete these jobs if they are still pending; return the ids deleted."""
-        rows = await conn.fetch(q.render(q.CANCEL_PENDING, self.schema), list(ids))
+        rows = await conn.fetch(self._cancel, list(ids))
         return sorted(row[0] for row in rows)

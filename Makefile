@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint typecheck pytest dev clean
+.PHONY: demo test lint typecheck pytest chaos bench dev clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -35,6 +35,14 @@ pytest: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
 test: lint typecheck pytest
+
+# The reliability suite's long profile: longer runs, more faults (the quick one is in `make test`).
+chaos: $(VENV)/.installed-dev
+	AIOQ_CHAOS_PROFILE=long $(PY) -m pytest -m chaos tests/chaos --timeout 1800
+
+# Benchmarks against the peers, in their own venv: writes benchmarks/RESULTS.md (not part of `make test`).
+bench: $(VENV)/.installed-base
+	$(PYTHON) benchmarks/run.py
 
 # An embedded throwaway PostgreSQL for development: prints its DSN, Ctrl-C removes it.
 dev: $(VENV)/.installed-base

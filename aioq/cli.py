@@ -49,6 +49,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
 DEFAULT_SCHEMA = "aioq"
+LISTEN_DSN_ENV = "AIOQ_LISTEN_DSN"
 
 _Handler = Callable[[argparse.Namespace], int]
 _DbCommand = Callable[[asyncpg.Connection, argparse.Namespace], Awaitable[int]]
@@ -161,6 +162,18 @@ def _build_parser() -> argparse.ArgumentParser:
         "--keep-completed",
         action="store_true",
         help="move finished jobs to the archive table instead of deleting them",
+    )
+    worker.add_argument(
+        "--listen-dsn",
+        default=None,
+        help="a direct connection for LISTEN when --dsn goes through PgBouncer in transaction"
+        " mode (default: $AIOQ_LISTEN_DSN, else the DSN)",
+    )
+    worker.add_argument(
+        "--no-statement-cache",
+        dest="statement_cache",
+        action="store_false",
+        help="no prepared statements on the pool (PgBouncer in transaction mode)",
     )
     worker.set_defaults(handler=_cmd_worker)
 
@@ -324,12 +337,17 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
         command += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
     if args.keep_completed:
         command += ["--keep-completed"]
+    if not args.statement_cache:
+        command += ["--no-statement-cache"]
     for queue in args.queue or ():
         command += ["--queue", queue]
     if args.schema:
         command += ["--schema", args.schema]
     # The DSN goes through the environment, not argv, where `ps` would show a password.
-    return Supervisor(command, args.processes, env={**os.environ, "AIOQ_DSN": dsn}).run()
+    env = {**os.environ, "AIOQ_DSN": dsn}
+    if args.listen_dsn:
+        env[LISTEN_DSN_ENV] = args.listen_dsn
+    return Supervisor(command, args.processes, env=env).run()
 
 
 async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
@@ -350,6 +368,8 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         schema=args.schema,
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
+        statement_cache=args.statement_cache,
+        listen_dsn=args.listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None,
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:

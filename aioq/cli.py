@@ -37,6 +37,7 @@ from aioq.store import Store
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Registry, default_registry
 from aioq.worker import (
+    DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_SHUTDOWN_GRACE,
@@ -149,6 +150,12 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-format", choices=("text", "json"), default="text")
     worker.add_argument("--poll-interval", type=_duration, default=DEFAULT_POLL_INTERVAL)
     worker.add_argument("--shutdown-grace", type=_duration, default=DEFAULT_SHUTDOWN_GRACE)
+    worker.add_argument(
+        "--command-timeout",
+        type=_duration,
+        default=DEFAULT_COMMAND_TIMEOUT,
+        help="seconds before a statement on a silent connection gives up (default: %(default)g)",
+    )
     worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     worker.add_argument(
         "--metrics-port",
@@ -333,6 +340,7 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     command += ["--concurrency", str(args.concurrency), "--log-format", args.log_format]
     command += ["--poll-interval", str(args.poll_interval)]
     command += ["--shutdown-grace", str(args.shutdown_grace)]
+    command += ["--command-timeout", str(args.command_timeout)]
     if args.metrics_port is not None:
         command += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
     if args.keep_completed:
@@ -368,6 +376,7 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         schema=args.schema,
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
+        command_timeout=args.command_timeout,
         statement_cache=args.statement_cache,
         listen_dsn=args.listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None,
     )

@@ -44,6 +44,10 @@ DEFAULT_COMPLETION_BATCH = 1000
 DEFAULT_ARCHIVE_RETENTION = 7 * 24 * 3600.0
 DEFAULT_PRUNE_INTERVAL = 60.0
 DEFAULT_PRUNE_BATCH = 1000
+# Every statement of the worker's connections gives up after this long. Without it a
+# connection that goes silent (a stalled proxy, a network path that drops packets without a
+# reset) hangs its caller forever: the claim, the heartbeat and the completer all wait on it.
+DEFAULT_COMMAND_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,6 +75,7 @@ class WorkerConfig:
     # through listen_dsn (a direct connection), since a pooler cannot hold a LISTEN.
     statement_cache: bool = True
     listen_dsn: str | None = None
+    command_timeout: float | None = DEFAULT_COMMAND_TIMEOUT
     worker_id: str = field(default_factory=lambda: _default_worker_id())
 
     def __post_init__(self) -> None:
@@ -90,6 +95,10 @@ class WorkerConfig:
         for name in ("poll_interval", "heartbeat_interval", "reaper_interval", "prune_interval"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.command_timeout is not None and not self.command_timeout > 0:
+            raise ConfigError(
+                "command_timeout", f"must be None or > 0 seconds, got {self.command_timeout!r}"
+            )
         for name in ("archive_retention", "dead_retention"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -190,6 +199,7 @@ class Worker:
     def _pool_kwargs(self) -> dict[str, Any]:
         return {
             "statement_cache_size": 100 if self.config.statement_cache else 0,
+            "command_timeout": self.config.command_timeout,
             "server_settings": {"application_name": f"aioq worker {self.id}"[:63]},
         }
 
@@ -198,6 +208,7 @@ class Worker:
             self.config.listen_dsn or self.dsn,
             server_settings={"application_name": f"aioq listener {self.id}"[:63]},
             timeout=10,
+            command_timeout=self.config.command_timeout,
         )
 
     async def _serve(

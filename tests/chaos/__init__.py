@@ -1,0 +1,1 @@
+"""The reliability (chaos) suite: fault injection against real worker processes."""

@@ -1,0 +1,87 @@
+"""Fixtures of the chaos suite: a work directory with the tasks module, databases, fleets."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+import aioq
+from aioq.server import EmbeddedPostgres
+
+from .harness import Fleet, Sql, prepare, spawn_fleet
+
+
+def with_database(dsn: str, database: str) -> str:
+    """Return ``dsn`` pointing at another database."""
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[EmbeddedPostgres]:
+    """An embedded server of this test module's own: its scenarios restart it or proxy it."""
+    with EmbeddedPostgres(fsync=False) as pg:
+        yield pg
+
+
+@pytest.fixture
+def own_dsn(own_server: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh database on the module's own server, schema installed."""
+    name = f"aioq_chaos_{secrets.token_hex(4)}"
+    admin = Sql(own_server.dsn)
+    try:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        admin.close()
+    dsn = with_database(own_server.dsn, name)
+    sql = Sql(dsn)
+    try:
+        sql._run(aioq.install)
+    finally:
+        sql.close()
+    yield dsn
+    admin = Sql(own_server.dsn)
+    try:
+        admin.retrying(lambda: admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """The workers' working directory (the tasks module and their logs live here)."""
+    return tmp_path
+
+
+@pytest.fixture
+def fleets() -> Iterator[Callable[..., Fleet]]:
+    """Start worker fleets (``spawn_fleet``); whatever is left is killed at teardown."""
+    started: list[Fleet] = []
+
+    def start(*args: object, **kwargs: object) -> Fleet:
+        fleet = spawn_fleet(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(fleet)
+        return fleet
+
+    yield start
+    for fleet in started:
+        fleet.kill()
+
+
+@pytest.fixture
+def open_sql(workdir: Path) -> Iterator[Callable[[str], Sql]]:
+    """Open the test's connection to a database and create the executions table there."""
+    opened: list[Sql] = []
+
+    def open_(dsn: str) -> Sql:
+        sql = Sql(dsn)
+        opened.append(sql)
+        prepare(sql, workdir)
+        return sql
+
+    yield open_
+    for sql in opened:
+        sql.close()

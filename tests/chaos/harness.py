@@ -42,7 +42,7 @@ LONG = PROFILE == "long"
 
 # Leases of the chaos tasks (set per row at defer): short, so a job whose worker died is
 # rescued within seconds (the reaper runs every 5 s).
-RECORD_LEASE = 5.0
+RECORD_LEASE = 3.0
 STICKY_LEASE = 2.0
 HANG_GUARD = 600.0 if LONG else 90.0  # generous: a deadline for "never", not a timing
 
@@ -99,7 +99,7 @@ TASKS = textwrap.dedent(
                 await asyncio.sleep(0.1)
 
 
-    @registry.task(name="record", lease=5.0)
+    @registry.task(name="record", lease=3.0)
     async def record(sleep: float = 0.0) -> None:
         started = time.time()
         if sleep:

@@ -35,12 +35,12 @@ pytestmark = pytest.mark.chaos
 
 PROCESSES = 3
 CONCURRENCY = 10
-JOBS = 12000 if LONG else 3000
+JOBS = 12000 if LONG else 2000
 ROUNDS = 3 if LONG else 1
-STALL = 10.0 if LONG else 3.0
+STALL = 10.0 if LONG else 2.0
 # A blackholed connection is noticed when a statement on it times out (--command-timeout);
 # asyncpg then waits as long again for the server to acknowledge a cancel before closing it.
-COMMAND_TIMEOUT = 3.0
+COMMAND_TIMEOUT = 2.0
 RECOVER_GUARD = 120.0
 
 

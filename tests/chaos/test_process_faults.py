@@ -50,7 +50,7 @@ def test_sigkill_random_workers_mid_drain(
 ) -> None:
     """Kill a random child of the supervisor every ~0.5 s; nothing is lost, repeats are bounded."""
     sql = open_sql(dsn)
-    jobs = defer(sql, KILL_JOBS, max_sleep=0.4)
+    jobs = defer(sql, KILL_JOBS, max_sleep=0.3)
     fleet = fleets(workdir, dsn, processes=PROCESSES, concurrency=CONCURRENCY)
     wait_serving(fleet, sql)
     started = time.monotonic()

@@ -398,6 +398,23 @@ def wait_serving(fleet: Fleet, sql: Sql) -> set[int]:
     return fleet.children()
 
 
+def lease_lost_reports(fleet: Fleet, sql: Sql) -> dict[str, int]:
+    """Count the workers' "lease lost before its outcome was written" warnings, and how many
+    were spurious: the same worker's completion of that attempt is in the archive (its write
+    committed, the reply was lost with the connection, and the retried write found nothing)."""
+    reports = [
+        (r["job_id"], r["process"], r["attempt"])
+        for r in fleet.records()
+        if r.get("outcome") == "lease_lost" and "before its outcome" in r["message"]
+    ]
+    spurious = 0
+    for job, pid, attempt in reports:
+        row = sql.fetch("SELECT worker, attempts FROM aioq.archive WHERE id = $1", job)
+        if row and pid_of(row[0]["worker"]) == pid and row[0]["attempts"] == attempt:
+            spurious += 1
+    return {"lease_lost_warnings": len(reports), "spurious": spurious}
+
+
 @dataclass
 class Fault:
     """One injected fault: when, and which jobs were in flight then (may run again)."""

@@ -23,6 +23,7 @@ from .harness import (
     check_drained,
     defer,
     first_completion_after,
+    lease_lost_reports,
     listening_pids,
     log,
     pending,
@@ -104,6 +105,7 @@ def test_network_drop_stall_blackhole(
         restarted = [m for m in fleet.messages(fleet.pid) if "restarting it" in m]
         assert not restarted, restarted
         assert fleet.stop() == 0
+        lease_lost = lease_lost_reports(fleet, sql)
     lost, duplicates, bound = check_drained(sql, jobs, faults, fleet)
     Result(
         "5 network drop/stall/blackhole",
@@ -117,6 +119,7 @@ def test_network_drop_stall_blackhole(
         [t for times in recover.values() for t in times],
         wall,
         notes={
+            **lease_lost,
             "recover_by_kind": {k: [round(t, 2) for t in v] for k, v in recover.items()},
             "stall_s": STALL,
             "recover": "fault start -> first job completed after it ended",

@@ -94,6 +94,9 @@ def _seconds(name: str, value: float | timedelta) -> float:
     return float(value)
 
 
+_FITTING_NAMES_CACHED = 64
+
+
 class Task(Generic[P, R]):
     """A function registered to run as a job; ``defer`` enqueues a call to it."""
 
@@ -115,6 +118,7 @@ class Task(Generic[P, R]):
         self.retry = retry
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
+        self._fitting_names: set[frozenset[str]] = set()
         for param in self.signature.parameters.values():
             if param.kind in (param.POSITIONAL_ONLY, param.VAR_POSITIONAL):
                 raise ConfigError(
@@ -143,6 +147,17 @@ class Task(Generic[P, R]):
             else:
                 arguments[name] = value
         return arguments
+
+    def check_arguments(self, kwargs: Mapping[str, object]) -> None:
+        """Raise TypeError unless the function accepts these keyword arguments."""
+        names = frozenset(kwargs)
+        if names in self._fitting_names:
+            return
+        self.signature.bind(**kwargs)
+        # bind() judges names only, so one check per set of names is enough (bounded: a
+        # **kwargs task could see endless sets).
+        if len(self._fitting_names) < _FITTING_NAMES_CACHED:
+            self._fitting_names.add(names)
 
     def options(
         self,

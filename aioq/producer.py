@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = ("Doorbell", "Handoff", "Producer", "Slots")
 
 logger = logging.getLogger(__name__)
+
+_FASTEST_POLL = 16  # polling without NOTIFY speeds up to poll_interval / 16 while jobs come
 
 
 class Doorbell:
@@ -143,6 +145,7 @@ class Producer:
         poll_interval: float,
         batch_size: int,
         stopping: anyio.Event,
+        listening: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store = store
         self.db = db
@@ -153,6 +156,8 @@ class Producer:
         self.in_flight = in_flight
         self.completer = completer
         self.poll_interval = poll_interval
+        self.listening = listening
+        self._poll_delay = poll_interval
         self.batch_size = batch_size
         self.stopping = stopping
         self.last_claim_seconds = 0.0
@@ -203,10 +208,25 @@ class Producer:
                 if until_idle and claimed == 0 and await self._idle(handoff):
                     break
                 # Nothing more is ready: sleep until a NOTIFY (or, with until_idle, the last
-                # running job) rings, or the poll interval passes.
-                await self.doorbell.wait(jittered(self.poll_interval))
+                # running job) rings, or the poll delay passes.
+                await self.doorbell.wait(jittered(self._next_poll_delay(claimed)))
         finally:
             handoff.close()
+
+    def _next_poll_delay(self, claimed: int) -> float:
+        """The poll interval; shorter while polls without NOTIFY keep finding jobs.
+
+        Without a doorbell, jobs that trickle in would wait half an interval on average: while
+        polls find work the delay halves (down to 1/16), and each empty poll doubles it back,
+        so an idle queue still costs one query per interval.
+        """
+        if self.listening():
+            self._poll_delay = self.poll_interval
+        elif claimed:
+            self._poll_delay = max(self._poll_delay / 2, self.poll_interval / _FASTEST_POLL)
+        else:
+            self._poll_delay = min(self._poll_delay * 2, self.poll_interval)
+        return self._poll_delay
 
     async def _idle(self, handoff: Handoff) -> bool:
         """Whether nothing is ready, running or waiting to be written (for run_until_idle)."""

@@ -137,6 +137,9 @@ class Task(Generic[P, R]):
     def bind(self, args: tuple[object, ...], kwargs: Mapping[str, object]) -> dict[str, object]:
         """Check arguments against the signature; return them as keyword arguments."""
         try:
+            if not args:  # keywords only (defer_many's case): they are the arguments
+                self.check_arguments(kwargs)
+                return dict(kwargs)
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise ArgumentError(self.name, str(exc)) from None

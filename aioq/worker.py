@@ -201,6 +201,9 @@ class Worker:
             "server_settings": {"application_name": f"aioq worker {self.id}"[:63]},
         }
 
+    def _listening(self) -> bool:
+        return self.listener is not None and self.listener.connected.is_set()
+
     async def _connect_listener(self) -> asyncpg.Connection:
         return await asyncpg.connect(
             self.config.listen_dsn or self.dsn,
@@ -237,6 +240,7 @@ class Worker:
             poll_interval=cfg.poll_interval,
             batch_size=cfg.claim_batch,
             stopping=self.stopping,
+            listening=self._listening,
         )
         self._producer = producer
         completer.metrics = producer.metrics = self.metrics

@@ -298,3 +298,41 @@ def test_retry_delay_must_be_finite_and_bounded() -> None:
     for delay in (float("inf"), float("nan"), -1.0, 1e12):
         with pytest.raises(aioq.ConfigError):
             aioq.Retry(delay=delay)
+
+
+async def test_a_connection_lost_mid_batch_retries_only_what_was_not_written(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{}, {}])
+    done, failed = await store.claim(conn, ["default"], 10, "me")
+    doomed = await asyncpg.connect(dsn)
+
+    class DiesAfterFirstStatement:
+        """A real connection whose backend is terminated before its second statement."""
+
+        statements = 0
+
+        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+            self.statements += 1
+            if self.statements == 2:
+                await conn.execute("SELECT pg_terminate_backend($1)", doomed.get_server_pid())
+            return await doomed.fetch(sql, *args)
+
+    completer = make_completer(conn, "me", {c.id: Running(c) for c in (done, failed)})
+    completer.db = DiesAfterFirstStatement()  # type: ignore[assignment]
+    await completer.put(Outcome(done, OutcomeKind.COMPLETE))
+    await completer.put(Outcome(failed, OutcomeKind.RETRY, delay=0, error="boom"))
+    with pytest.raises((asyncpg.PostgresConnectionError, ConnectionError, OSError)):
+        await completer.run_once()
+    assert [o.claim.id for o in completer.pending] == [failed.id]  # the completion is done
+
+    completer.db = conn
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        assert await completer.run_once() == 1
+    assert "lease lost" not in caplog.text
+    rows = await conn.fetch("SELECT id, status, last_error FROM aioq.jobs")
+    assert [tuple(r) for r in rows] == [(failed.id, "pending", "boom")]
+    await doomed.close()

@@ -15,6 +15,7 @@ import pytest
 import aioq
 from aioq import queries
 from aioq.migrate import migrations
+from aioq.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -154,7 +155,14 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-async def test_claim_plan_uses_the_partial_index(conn: asyncpg.Connection) -> None:
+@pytest.mark.parametrize(
+    ("statement", "queues"),
+    [(queries.CLAIM_ONE_QUEUE, "default"), (queries.CLAIM_QUEUES, ["default", "other"])],
+    ids=["one queue", "two queues"],
+)
+async def test_claim_plan_uses_the_partial_index(
+    conn: asyncpg.Connection, statement: str, queues: object
+) -> None:
     registry = aioq.Registry()
 
     @registry.task
@@ -166,11 +174,11 @@ async def test_claim_plan_uses_the_partial_index(conn: asyncpg.Connection) -> No
     await work.options(queue="other").defer_many(conn, [{"n": n} for n in range(2_000)])
     await conn.execute("ANALYZE aioq.jobs")
 
-    sql = queries.render(queries.CLAIM_ONE_QUEUE, "aioq")
+    sql = queries.render(statement, "aioq")
     tx = conn.transaction()
     await tx.start()
     try:
-        explained = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql, "default", 10, "w1")
+        explained = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, queues, 10, "w1")
     finally:
         await tx.rollback()
     [root] = orjson.loads(explained)
@@ -178,8 +186,33 @@ async def test_claim_plan_uses_the_partial_index(conn: asyncpg.Connection) -> No
     scans = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
     assert ("Index Scan", "jobs", "jobs_claim_idx") in scans, scans
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1] == "jobs"], scans
-    assert not [n for n in nodes if n["Node Type"] == "Sort"], scans  # the index gives the order
+    # The index gives the order: no row of the backlog is sorted; each scan stops at the limit.
+    sorted_rows = [n["Actual Rows"] * n["Actual Loops"] for n in nodes if n["Node Type"] == "Sort"]
+    assert sum(sorted_rows) <= 10 * len(queues if isinstance(queues, list) else [queues])
+    claim_scans = [n for n in nodes if n.get("Index Name") == "jobs_claim_idx"]
+    assert all(n["Actual Rows"] <= 10 for n in claim_scans), claim_scans
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'running'") == 0
+
+
+async def test_a_claim_across_queues_takes_priority_then_fifo(conn: asyncpg.Connection) -> None:
+    registry = aioq.Registry()
+
+    @registry.task
+    async def work(n: int) -> None: ...
+
+    low = await work.options(queue="q1").defer_many(conn, [{"n": n} for n in range(3)])
+    [high_q2_a, high_q2_b] = await work.options(queue="q2", priority=5).defer_many(
+        conn, [{"n": 0}, {"n": 1}]
+    )
+    high_q1 = await work.options(queue="q1", priority=5).defer(conn, n=0)
+    await work.options(queue="q3", priority=9).defer(conn, n=0)  # not served
+
+    store = Store.for_schema("aioq")
+    claims = await store.claim(conn, ["q1", "q2"], 4, "w1")
+    assert [c.id for c in claims] == [high_q2_a, high_q2_b, high_q1, low[0]]
+    assert [c.id for c in await store.claim(conn, ["q1", "q2"], 4, "w1")] == low[1:]
+    pending = await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'pending'")
+    assert pending == 1  # q3's
 
 
 # --- constraints --------------------------------------------------------------------------

@@ -84,12 +84,15 @@ ORDER BY a.n
 RETURNING id
 """
 
+# `id = ANY(ARRAY(...))` rather than a join with picked: the prepared statement's generic
+# plan guesses LIMIT $2 at a tenth of the ready rows, and with a join it then hashes a
+# sequential scan of the whole table on every claim (6 ms at a 30 000-job backlog, against
+# 0.1 ms). The array is looked up in the primary key whatever the estimate.
 _CLAIM_SET = """
 UPDATE {s}.jobs AS j
 SET status = 'running', attempts = j.attempts + 1, locked_by = $3, locked_at = now(),
     lease_expires_at = now() + j.lease
-FROM picked
-WHERE j.id = picked.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, extract(epoch FROM j.lease)::float8 AS lease,
           extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited

@@ -35,7 +35,7 @@ from aioq.logs import formatter
 from aioq.server import EmbeddedPostgres
 from aioq.store import Store
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
-from aioq.task import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Registry, default_registry
+from aioq.task import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Registry, check_text, default_registry
 from aioq.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
@@ -657,6 +657,8 @@ def _cmd_defer(args: argparse.Namespace) -> int:
         raise _UsageError(f"--args is not valid JSON: {exc}") from None
     if not isinstance(values, dict):
         raise _UsageError(f"--args must be a JSON object, got {type(values).__name__}")
+    check_text("task", args.task)
+    check_text("queue", args.queue)
     encoded = encode_args(args.task, values)
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:

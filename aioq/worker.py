@@ -131,7 +131,7 @@ class Worker:
         self.config = WorkerConfig(
             queues=tuple(queues),
             concurrency=concurrency,
-            schema=schema or self.registry.schema,
+            schema=self.registry.schema if schema is None else schema,
             **options,
         )
         self.dsn = dsn

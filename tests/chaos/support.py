@@ -22,6 +22,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -176,6 +177,22 @@ def run_counts(dsn: str, outcome: str = "ok") -> dict[int, int]:
         outcome,
     )
     return {r[0]: r[1] for r in rows}
+
+
+def run_times(dsn: str, outcome: str = "ok") -> dict[int, datetime]:
+    """When each job id was first recorded with ``outcome`` (database time)."""
+    rows = fetch(
+        dsn,
+        "SELECT job_id, min(at) FROM public.chaos_runs WHERE outcome = $1 GROUP BY job_id",
+        outcome,
+    )
+    return {r[0]: r[1] for r in rows}
+
+
+def db_now(dsn: str) -> datetime:
+    """The database's clock (the one run times are recorded with)."""
+    now: datetime = value(dsn, "SELECT clock_timestamp()")
+    return now
 
 
 # --- worker processes ----------------------------------------------------------------------

@@ -29,8 +29,10 @@ from support import (
     WorkerProcess,
     aioq_cli,
     assert_one_line_error,
+    db_now,
     fetch,
     run_counts,
+    run_times,
     scaled,
     value,
     wait_for,
@@ -352,6 +354,7 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
     ) as worker:  # fmt: skip
         worker.wait_listening(dsn)
         # Good jobs deferred after the bad ones, in two batches: the worker keeps serving.
+        deferred = db_now(dsn)
         good = aioq_cli("defer", "bad.good", "--args", '{"n": 1}', dsn=dsn)
         assert good.returncode == 0, good.stderr
         good_ids = [int(good.stdout)]
@@ -389,6 +392,11 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
     log = worker.log()
     assert "failed; retrying" not in log, log[-3000:]
     assert log.count(" dead (attempt 1/1") == len(CORRUPTED) - 1
+    served = (run_times(dsn)[good_ids[0]] - deferred).total_seconds()
+    print(
+        f"\ncorrupted rows: {len(CORRUPTED) - 1} dead with a clear last_error, 0 retried;"
+        f" a good job deferred behind them ran {served:.2f}s later"
+    )
 
 
 # --- hostile names ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import asyncpg
@@ -24,6 +25,7 @@ from support import (
     chaos_seed,
     fetch,
     run_counts,
+    run_times,
     scaled,
     until,
     value,
@@ -49,6 +51,9 @@ registry = aioq.Registry()
 
 @registry.task(name="sp.work", queue="sp")
 async def work(n: int) -> None: ...
+
+
+NOW = "SELECT clock_timestamp()"
 
 
 class Boom(Exception):
@@ -130,6 +135,7 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
     vanished: set[int] = set()
     notified: list[str] = []
     outcomes = {"commit": 0, "rollback": 0}
+    committed_at: dict[int, datetime] = {}
 
     async def quiet_until_sentinel(other: asyncpg.Connection, name: str) -> list[str]:
         """Every payload received up to a sentinel notified now from another connection."""
@@ -156,6 +162,7 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
                 committed = rng.random() >= 0.25
                 if committed:
                     await tx.commit()
+                    committed_at.update(dict.fromkeys(alive, await other.fetchval(NOW)))
                     expected.update(alive)
                     vanished.update(gone)
                 else:
@@ -182,9 +189,12 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
     assert set(ran) == expected, f"seed {seed}"
     assert set(ran.values()) == {1}, f"seed {seed}"
     assert not expected & vanished
+    started = run_times(dsn)
+    latency = max((started[i] - committed_at[i]).total_seconds() for i in expected)
     print(
         f"\nsavepoints (seed {seed}): {rounds} transactions ({outcomes['commit']} committed),"
-        f" {len(expected)} jobs kept and run once, {len(vanished)} rolled back and never run"
+        f" {len(expected)} jobs kept and run once, {len(vanished)} rolled back and never run;"
+        f" commit to run at most {latency:.2f}s"
     )
     if LONG:
         assert outcomes["rollback"] > 0

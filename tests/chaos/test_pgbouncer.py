@@ -104,25 +104,26 @@ def test_defer_through_pgbouncer_is_transactional(dsn: str, bouncer: PgBouncer) 
     clients, rounds = scaled(8, 16), scaled(30, 150)
     notified: list[str] = []
 
-    async def client(conn: asyncpg.Connection, k: int) -> tuple[set[int], set[int]]:
+    async def client(conn: asyncpg.Connection) -> tuple[set[int], set[int]]:
+        """Autocommit, commit, roll back, in turn; return (ids kept, ids rolled back)."""
         kept: set[int] = set()
         gone: set[int] = set()
         for i in range(rounds):
-            if i % 3 == 0:  # autocommit
-                kept.add(await work.options(queue="kept").defer(conn, n=i))
+            rolled_back = i % 3 == 2
+            call = work.options(queue="gone" if rolled_back else "kept")
+            if i % 3 == 0:
+                kept.add(await call.defer(conn, n=i))
                 continue
             tx = conn.transaction()
             await tx.start()
-            ids = {await work.options(queue="kept" if i % 3 == 1 else "gone").defer(conn, n=i)}
-            ids |= set(await work.options(queue="kept" if i % 3 == 1 else "gone").defer_many(
-                conn, [{"n": j} for j in range(4)]
-            ))  # fmt: skip
-            if i % 3 == 1:
-                await tx.commit()
-                kept |= ids
-            else:
+            ids = {await call.defer(conn, n=i)}
+            ids.update(await call.defer_many(conn, [{"n": j} for j in range(4)]))
+            if rolled_back:
                 await tx.rollback()
                 gone |= ids
+            else:
+                await tx.commit()
+                kept |= ids
         return kept, gone
 
     async def scenario() -> None:
@@ -130,7 +131,7 @@ def test_defer_through_pgbouncer_is_transactional(dsn: str, bouncer: PgBouncer) 
         await listener.add_listener("aioq:aioq", lambda *args: notified.append(args[-1]))
         conns = [await bounced(bouncer) for _ in range(clients)]
         try:
-            results = await asyncio.gather(*(client(c, k) for k, c in enumerate(conns)))
+            results = await asyncio.gather(*(client(c) for c in conns))
             kept = set().union(*(r[0] for r in results))
             gone = set().union(*(r[1] for r in results))
             rows = await conns[0].fetch("SELECT id, queue FROM aioq.jobs")
@@ -147,15 +148,6 @@ def test_defer_through_pgbouncer_is_transactional(dsn: str, bouncer: PgBouncer) 
                 await conn.close()
 
     asyncio.run(scenario())
-
-
-def listener_ids(dsn: str) -> list[str]:
-    rows = fetch(
-        dsn,
-        "SELECT substr(application_name, 15) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'aioq listener %'",
-    )
-    return [r[0] for r in rows]
 
 
 def test_worker_processes_drain_retry_and_bury_through_pgbouncer(
@@ -184,8 +176,8 @@ def test_worker_processes_drain_retry_and_bury_through_pgbouncer(
         )
         worker_conns = set().union(*(tcp_connections(pid) for pid in pids))
         direct = [r[0] for r in backends if (r["client_port"], r["server_port"]) in worker_conns]
-        assert sorted(direct) == sorted(f"aioq listener {n}" for n in listener_ids(dsn))
         assert len(direct) == 2
+        assert all(name.startswith("aioq listener ") for name in direct), direct
         bouncer_conns = tcp_connections(bouncer.pid)
         assert any((r["client_port"], r["server_port"]) in bouncer_conns for r in backends)
 

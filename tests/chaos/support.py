@@ -52,11 +52,6 @@ def chaos_seed() -> int:
 # --- the database, from synchronous test code ------------------------------------------------
 
 
-def with_database(dsn: str, database: str) -> str:
-    """Return ``dsn`` pointing at another database."""
-    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
-
-
 def with_user(dsn: str, user: str, password: str | None = None) -> str:
     """Return ``dsn`` logging in as another role."""
     parts = urlsplit(dsn)
@@ -64,10 +59,6 @@ def with_user(dsn: str, user: str, password: str | None = None) -> str:
     host = parts.hostname or "127.0.0.1"
     netloc = f"{auth}@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
-
-
-def database_of(dsn: str) -> str:
-    return urlsplit(dsn).path.lstrip("/")
 
 
 async def _fetch(dsn: str, statement: str, args: Sequence[Any]) -> list[asyncpg.Record]:
@@ -90,13 +81,20 @@ def value(dsn: str, statement: str, *args: Any) -> Any:
 
 
 def wait_for(
-    predicate: Callable[[], object], what: str, timeout: float = HANG_GUARD, *, on_timeout: str = ""
+    predicate: Callable[[], object],
+    what: str,
+    *,
+    on_timeout: Callable[[], str] = lambda: "",
 ) -> None:
-    """Poll ``predicate`` until it is true; fail naming ``what`` after the hang guard."""
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until it is true; fail naming ``what`` after the hang guard.
+
+    ``on_timeout`` adds context to that failure, e.g. a worker's log (its tail).
+    """
+    deadline = time.monotonic() + HANG_GUARD
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{on_timeout}")
+            tail = on_timeout()[-4000:]
+            raise AssertionError(f"timed out after {HANG_GUARD:g}s waiting for {what}\n{tail}")
         time.sleep(0.1)
 
 
@@ -122,7 +120,7 @@ CREATE TABLE IF NOT EXISTS public.chaos_runs (
 )
 """
 
-# Tasks record each execution in chaos_runs through RECORD_DSN (a direct connection that is
+# Tasks record each execution in chaos_runs through CHAOS_RECORD_DSN (a direct connection that is
 # not under test), one pool per worker process.
 RECORDER = textwrap.dedent(
     '''
@@ -276,7 +274,7 @@ class WorkerProcess:
             pids = children(self.pid) if processes > 1 else {self.pid}
             return len(pids) == processes and listening_pids(dsn) >= pids
 
-        wait_for(ready, f"{processes} worker process(es) listening", on_timeout=self.log())
+        wait_for(ready, f"{processes} worker process(es) listening", on_timeout=self.log)
         return self.workers()
 
     def stop(self) -> int:

@@ -206,7 +206,7 @@ def test_worker_processes_drain_retry_and_bury_through_pgbouncer(
             dead = value(dsn, "SELECT count(*) FROM aioq.jobs WHERE status = 'dead'")
             return len(done) >= jobs + flaky_jobs and dead == doomed_jobs
 
-        wait_for(settled, "every job to finish or die", on_timeout=worker.log()[-3000:])
+        wait_for(settled, "every job to finish or die", on_timeout=worker.log)
         drained = time.monotonic() - started
         assert worker.stop() == 0, worker.log()[-3000:]
 

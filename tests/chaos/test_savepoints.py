@@ -182,7 +182,7 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
             value(dsn, "SELECT count(*) FROM aioq.jobs") == 0 and set(run_counts(dsn)) >= expected
         ),
         f"the worker to run the {len(expected)} committed jobs (seed {seed})",
-        on_timeout=worker.log()[-3000:],
+        on_timeout=worker.log,
     )
     assert worker.stop() == 0, worker.log()[-3000:]
     ran = run_counts(dsn)
@@ -246,7 +246,7 @@ def test_savepoints_with_unique_keys_errors_and_a_pool(dsn: str, worker: WorkerP
             set(run_counts(dsn)) >= expected and value(dsn, "SELECT count(*) FROM aioq.jobs") == 0
         ),
         "the three committed jobs",
-        on_timeout=worker.log()[-3000:],
+        on_timeout=worker.log,
     )
     assert worker.stop() == 0, worker.log()[-3000:]
     assert run_counts(dsn) == dict.fromkeys(expected, 1)

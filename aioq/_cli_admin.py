@@ -28,7 +28,7 @@ from aioq._cli_common import (
 )
 from aioq.codec import encode_args
 from aioq.store import Store
-from aioq.task import DEFAULT_LEASE
+from aioq.task import DEFAULT_LEASE, check_text
 
 
 def cmd_schema_apply(args: argparse.Namespace) -> int:
@@ -292,6 +292,8 @@ def cmd_defer(args: argparse.Namespace) -> int:
         raise UsageError(f"--args is not valid JSON: {exc}") from None
     if not isinstance(values, dict):
         raise UsageError(f"--args must be a JSON object, got {type(values).__name__}")
+    check_text("task", args.task)
+    check_text("queue", args.queue)
     encoded = encode_args(args.task, values)
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:

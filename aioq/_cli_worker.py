@@ -106,7 +106,7 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         registry=registry,
         queues=args.queue or ("default",),
         concurrency=args.concurrency,
-        schema=args.schema,
+        schema=args.schema or None,  # "" means unset, as in every command
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
         statement_cache=args.statement_cache,

@@ -54,6 +54,20 @@ class Backoff:
         return min(self.max, raw * random.uniform(1 - self.jitter, 1 + self.jitter))
 
 
+def check_text(field: str, value: str) -> None:
+    """Raise ConfigError unless a name is text PostgreSQL stores as given (no NUL, valid UTF-8)."""
+    if "\x00" in value:
+        raise ConfigError(
+            field, f"{value!r} contains a NUL character, which PostgreSQL cannot store"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            field, f"{value!r} contains a lone surrogate, which is not valid Unicode text"
+        ) from None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobOptions:
     """Where and when one deferred job runs."""
@@ -71,6 +85,9 @@ class JobOptions:
             raise ConfigError(
                 "queue", f"must be a non-empty name of at most 200 characters, got {self.queue!r}"
             )
+        check_text("queue", self.queue)
+        if self.unique_key is not None:
+            check_text("unique_key", self.unique_key)
         if not -(2**31) <= self.priority < 2**31:
             raise ConfigError("priority", f"must fit in 32 bits, got {self.priority}")
         if not 1 <= self.max_attempts < 2**31:
@@ -110,6 +127,7 @@ class Task(Generic[P, R]):
         timeout: float | None,
         retry: Backoff,
     ) -> None:
+        check_text("name", name)
         self.fn = fn
         self.name = name
         self.registry = registry

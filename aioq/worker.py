@@ -26,7 +26,7 @@ from aioq.notifier import Listener
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 from aioq.queries import quote_schema
 from aioq.store import Store
-from aioq.task import Registry, default_registry
+from aioq.task import Registry, check_text, default_registry
 
 __all__ = ("Worker", "WorkerConfig")
 
@@ -76,6 +76,8 @@ class WorkerConfig:
         quote_schema(self.schema)
         if not self.queues or any(not q for q in self.queues):
             raise ConfigError("queues", f"must be non-empty queue names, got {self.queues!r}")
+        for queue in self.queues:
+            check_text("queues", queue)
         for name in (
             "concurrency",
             "reaper_batch",
@@ -136,7 +138,7 @@ class Worker:
         self.config = WorkerConfig(
             queues=tuple(queues),
             concurrency=concurrency,
-            schema=schema or self.registry.schema,
+            schema=self.registry.schema if schema is None else schema,
             **options,
         )
         self.dsn = dsn

@@ -3,7 +3,9 @@
 Arguments are stored as a jsonb object. Only values that come back unchanged are accepted:
 ``None``, ``bool``, ``int`` within 64 bits, finite ``float``, ``str`` (no NUL, valid
 Unicode), ``list`` and ``dict`` with ``str`` keys, nested. Tuples, datetimes, bytes, sets and
-other objects are refused rather than silently turned into something else.
+other objects are refused rather than silently turned into something else. One exception,
+on purpose: ``-0.0`` comes back as ``0.0`` (jsonb numbers have no negative zero); the two
+compare equal, and refusing it would make ordinary arithmetic results fail at ``defer``.
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ class Completer:
         self.max_pending = max_pending
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
         self.pending: list[Outcome] = []
+        self._unsure: set[tuple[int, int]] = set()  # (job id, attempt) whose write failed
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
         self._wake = anyio.Event()
         self._room = anyio.Event()
@@ -144,7 +145,13 @@ class Completer:
             written: list[Outcome] = []
             try:
                 for kind, group in by_kind.items():
-                    kept = await self._write_isolating(kind, group)
+                    try:
+                        kept = await self._write_isolating(kind, group)
+                    except BaseException:
+                        # The statement may have committed with only its reply lost: when the
+                        # retry finds these rows gone, that is no proof of a lost lease.
+                        self._unsure.update((o.claim.id, o.claim.attempt) for o in group)
+                        raise
                     written += group
                     self._settle(group, kept)
             finally:
@@ -164,6 +171,10 @@ class Completer:
         for outcome in outcomes:
             claim = outcome.claim
             self.in_flight.pop(claim.id, None)
+            unsure = False
+            if self._unsure:
+                unsure = (claim.id, claim.attempt) in self._unsure
+                self._unsure.discard((claim.id, claim.attempt))
             if claim.id in kept:
                 if self.metrics is not None:
                     self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
@@ -181,6 +192,15 @@ class Completer:
                     outcome.duration,
                     f": {outcome.error.splitlines()[0]}" if outcome.error else "",
                     extra=_extra(claim, outcome.kind.value, outcome.duration),
+                )
+            elif unsure:
+                logger.info(
+                    "job %s %s: its outcome (%s) was found already gone on retry: written"
+                    " before the connection dropped, or taken over by another worker",
+                    claim.id,
+                    claim.task,
+                    outcome.kind.value,
+                    extra=_extra(claim, "unconfirmed", outcome.duration),
                 )
             else:
                 if self.metrics is not None:

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint typecheck pytest chaos bench dev clean
+.PHONY: demo test lint typecheck pytest chaos bench dev clean pgbouncer
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -31,18 +31,35 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy --strict aioq examples
 
-pytest: $(VENV)/.installed-dev
+pytest: $(VENV)/.installed-dev pgbouncer
 	$(PY) -m pytest
 
 test: lint typecheck pytest
 
 # The reliability suite's long profile: longer runs, more faults (the quick one is in `make test`).
-chaos: $(VENV)/.installed-dev
+chaos: $(VENV)/.installed-dev pgbouncer
 	AIOQ_CHAOS_PROFILE=long $(PY) -m pytest -m chaos tests/chaos --timeout 1800
 
 # Benchmarks against the peers, in their own venv: writes benchmarks/RESULTS.md (not part of `make test`).
 bench: $(VENV)/.installed-base
 	$(PYTHON) benchmarks/run.py
+
+# PgBouncer for the transaction-mode chaos scenario: installed with apt-get when missing and we
+# are root. Never fails the build: without it that one scenario skips and says why.
+PGBOUNCER_LOG := /tmp/aioq-pgbouncer-install.log
+pgbouncer:
+	@if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then :; \
+	elif [ "$$(id -u)" != 0 ]; then \
+		echo "pgbouncer: not installed and not root; its chaos scenario will skip"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "pgbouncer: not installed and no apt-get; its chaos scenario will skip"; \
+	elif { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		  apt-get install -y -q --no-install-recommends pgbouncer; }; } >$(PGBOUNCER_LOG) 2>&1; then \
+		echo "pgbouncer: installed with apt-get"; \
+	else \
+		echo "pgbouncer: apt-get install failed ($$(tail -n 1 $(PGBOUNCER_LOG))); its chaos scenario will skip"; \
+	fi
 
 # An embedded throwaway PostgreSQL for development: prints its DSN, Ctrl-C removes it.
 dev: $(VENV)/.installed-base

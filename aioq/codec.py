@@ -3,7 +3,9 @@
 Arguments are stored as a jsonb object. Only values that come back unchanged are accepted:
 ``None``, ``bool``, ``int`` within 64 bits, finite ``float``, ``str`` (no NUL, valid
 Unicode), ``list`` and ``dict`` with ``str`` keys, nested. Tuples, datetimes, bytes, sets and
-other objects are refused rather than silently turned into something else.
+other objects are refused rather than silently turned into something else. One exception,
+on purpose: ``-0.0`` comes back as ``0.0`` (jsonb numbers have no negative zero); the two
+compare equal, and refusing it would make ordinary arithmetic results fail at ``defer``.
 """
 
 from __future__ import annotations
@@ -68,10 +70,21 @@ def _problem(value: object, path: str, depth: int) -> tuple[str, str] | None:
     )
 
 
+def _name_problem(name: str) -> tuple[str, str] | None:
+    """Return (name, problem) if a keyword argument's name cannot be a jsonb object key."""
+    if "\x00" in name:
+        return name, "has a NUL character in its name, which PostgreSQL's jsonb cannot store"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name, "has a lone surrogate in its name, which is not valid Unicode"
+    return None
+
+
 def encode_args(task_name: str, args: Mapping[str, object]) -> str:
     """Encode keyword arguments as a JSON object, or raise naming the task and argument."""
     for name, value in args.items():
-        found = _problem(value, name, 0)
+        found = _name_problem(name) or _problem(value, name, 0)
         if found:
             path, problem = found
             raise SerializationError(task_name, path, problem)

@@ -92,6 +92,7 @@ class Completer:
         self.max_pending = max_pending
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
         self.pending: list[Outcome] = []
+        self._unsure: set[tuple[int, int]] = set()  # (job id, attempt) whose write failed
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
         self._wake = anyio.Event()
         self._room = anyio.Event()
@@ -128,17 +129,52 @@ class Completer:
         await self._idle.wait()
 
     async def run_once(self) -> int:
-        """Write up to ``batch_size`` queued outcomes; return how many were written."""
+        """Write up to ``batch_size`` queued outcomes; return how many were written.
+
+        One statement per kind of outcome. If one fails (the connection broke), the kinds
+        written before it leave the queue and only the rest is tried again: rewriting them
+        would find their rows gone and report leases as lost.
+        """
         async with self._lock:
             batch = self.pending[: self.batch_size]
             if not batch:
                 return 0
-            kept = await self._write_isolating(batch)
-            del self.pending[: len(batch)]
-        self._room.set()
-        for outcome in batch:
+            by_kind: dict[OutcomeKind, list[Outcome]] = defaultdict(list)
+            for outcome in batch:
+                by_kind[outcome.kind].append(outcome)
+            written: list[Outcome] = []
+            try:
+                for kind, group in by_kind.items():
+                    try:
+                        kept = await self._write_isolating(kind, group)
+                    except BaseException:
+                        # The statement may have committed with only its reply lost: when the
+                        # retry finds these rows gone, that is no proof of a lost lease.
+                        self._unsure.update((o.claim.id, o.claim.attempt) for o in group)
+                        raise
+                    written += group
+                    self._settle(group, kept)
+            finally:
+                if len(written) == len(batch):
+                    del self.pending[: len(batch)]
+                elif written:
+                    done = {id(o) for o in written}
+                    self.pending[: len(batch)] = [o for o in batch if id(o) not in done]
+                if written:
+                    self._room.set()
+                if not self.pending:
+                    self._idle.set()
+        return len(batch)
+
+    def _settle(self, outcomes: list[Outcome], kept: set[int]) -> None:
+        """Forget written claims; count and log each (kept, or found lost)."""
+        for outcome in outcomes:
             claim = outcome.claim
             self.in_flight.pop(claim.id, None)
+            unsure = False
+            if self._unsure:
+                unsure = (claim.id, claim.attempt) in self._unsure
+                self._unsure.discard((claim.id, claim.attempt))
             if claim.id in kept:
                 if self.metrics is not None:
                     self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
@@ -157,6 +193,15 @@ class Completer:
                     f": {outcome.error.splitlines()[0]}" if outcome.error else "",
                     extra=_extra(claim, outcome.kind.value, outcome.duration),
                 )
+            elif unsure:
+                logger.info(
+                    "job %s %s: its outcome (%s) was found already gone on retry: written"
+                    " before the connection dropped, or taken over by another worker",
+                    claim.id,
+                    claim.task,
+                    outcome.kind.value,
+                    extra=_extra(claim, "unconfirmed", outcome.duration),
+                )
             else:
                 if self.metrics is not None:
                     self.metrics.observe_lease_lost(claim)
@@ -168,52 +213,43 @@ class Completer:
                     outcome.kind.value,
                     extra=_extra(claim, "lease_lost", outcome.duration),
                 )
-        if not self.pending:
-            self._idle.set()
-        return len(batch)
 
-    async def _write_isolating(self, batch: list[Outcome]) -> set[int]:
-        """Write a batch; if the server refuses its data, write one by one and drop the culprit.
+    async def _write_isolating(self, kind: OutcomeKind, group: list[Outcome]) -> set[int]:
+        """Write outcomes of one kind; if the server refuses their data, write one by one.
 
-        A dropped outcome is not lost work: its lease expires and the job runs again.
-        Connection errors propagate, and the whole batch is retried later.
+        The one refused is dropped: not lost work, since its lease expires and the job runs
+        again. Connection errors propagate, and the group is tried again later.
         """
         try:
-            return await self._write(batch)
+            return await self._write(kind, group)
         except _REFUSED:
-            if len(batch) == 1:
-                logger.exception("job %s: its outcome cannot be stored; dropped", batch[0].claim.id)
+            if len(group) == 1:
+                logger.exception("job %s: its outcome cannot be stored; dropped", group[0].claim.id)
                 return set()
         kept: set[int] = set()
-        for outcome in batch:
-            kept |= await self._write_isolating([outcome])
+        for outcome in group:
+            kept |= await self._write_isolating(kind, [outcome])
         return kept
 
-    async def _write(self, batch: list[Outcome]) -> set[int]:
-        by_kind: dict[OutcomeKind, list[Outcome]] = defaultdict(list)
-        for outcome in batch:
-            by_kind[outcome.kind].append(outcome)
-        kept: set[int] = set()
+    async def _write(self, kind: OutcomeKind, group: list[Outcome]) -> set[int]:
         store, db, me = self.store, self.db, self.worker_id
-        for kind, group in by_kind.items():
-            ids = [o.claim.id for o in group]
-            attempts = [o.claim.attempt for o in group]
-            if kind is OutcomeKind.COMPLETE:
-                kept |= await store.complete(db, ids, attempts, me, archive=self.keep_completed)
-            elif kind is OutcomeKind.BURY:
-                errors = [o.error or "dead" for o in group]
-                kept |= await store.bury(db, ids, attempts, me, errors=errors)
-            else:
-                kept |= await store.reschedule(
-                    db,
-                    ids,
-                    attempts,
-                    me,
-                    delays=[o.delay for o in group],
-                    errors=[o.error if kind is OutcomeKind.RETRY else None for o in group],
-                    refunds=[kind is not OutcomeKind.RETRY for o in group],
-                )
-        return kept
+        ids = [o.claim.id for o in group]
+        attempts = [o.claim.attempt for o in group]
+        if kind is OutcomeKind.COMPLETE:
+            return await store.complete(db, ids, attempts, me, archive=self.keep_completed)
+        if kind is OutcomeKind.BURY:
+            return await store.bury(
+                db, ids, attempts, me, errors=[o.error or "dead" for o in group]
+            )
+        return await store.reschedule(
+            db,
+            ids,
+            attempts,
+            me,
+            delays=[o.delay for o in group],
+            errors=[o.error if kind is OutcomeKind.RETRY else None for o in group],
+            refunds=[kind is not OutcomeKind.RETRY for o in group],
+        )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write outcomes as they come, batching whatever queued up during the last write."""

@@ -5,18 +5,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import ObjectReceiveStream
 
 from aioq.codec import decode_args
 from aioq.completer import LEASE_LOST, SHUTDOWN, Completer, Outcome, OutcomeKind, Running
 from aioq.errors import Fail, PayloadError, Retry, UnknownTaskError
 from aioq.job import Claim, JobContext, _current
 from aioq.task import Backoff, Registry
+
+if TYPE_CHECKING:
+    from aioq.producer import Handoff
 
 __all__ = ("Consumer", "format_error")
 
@@ -76,14 +80,13 @@ class Consumer:
         self.limiter = limiter
         self.stopping = stopping
 
-    async def run(self, claims: ObjectReceiveStream[Claim], on_done: Callable[[], None]) -> None:
-        """Run claims from the stream until it closes; call ``on_done`` after each."""
-        async with claims:
-            async for claim in claims:
-                try:
-                    await self.handle(claim)
-                finally:
-                    on_done()
+    async def run(self, handoff: Handoff, on_done: Callable[[], None]) -> None:
+        """Run claims from the handoff until it closes; call ``on_done`` after each."""
+        while (claim := await handoff.get()) is not None:
+            try:
+                await self.handle(claim)
+            finally:
+                on_done()
 
     async def handle(self, claim: Claim) -> None:
         """Run one claim (or release it when stopping) and hand its outcome to the completer."""
@@ -121,7 +124,7 @@ class Consumer:
             return failed(format_error(unknown, with_traceback=False))
         try:
             kwargs = decode_args(claim.args)
-            task.signature.bind(**kwargs)
+            task.check_arguments(kwargs)
         except (ValueError, TypeError) as exc:
             err = PayloadError(
                 claim.task, claim.id, f"cannot call {claim.task!r} with its stored arguments: {exc}"
@@ -138,32 +141,34 @@ class Consumer:
                 worker_id=self.worker_id,
             )
         )
+        # One scope serves the timeout (its deadline), a lost lease and a shutdown (both set
+        # running.cancel_reason before they cancel it).
+        deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
         try:
-            with anyio.CancelScope() as scope:
+            with anyio.CancelScope(deadline=deadline) as scope:
                 running.scope = scope
                 if running.cancel_reason is not None:
                     scope.cancel()
-                with anyio.move_on_after(task.timeout) as deadline:
-                    try:
-                        if task.is_async:
-                            await task.fn(**kwargs)
-                        else:
-                            # A thread cannot be stopped: on timeout or cancellation it is
-                            # abandoned and finishes in the background.
-                            await anyio.to_thread.run_sync(
-                                functools.partial(task.fn, **kwargs),
-                                abandon_on_cancel=True,
-                                limiter=self.limiter,
-                            )
-                    except asyncio.CancelledError as exc:
-                        if _cancel_requested():
-                            raise
-                        # The task's own code raised it (it awaited a future cancelled
-                        # elsewhere); nobody cancelled us. Letting it escape would end the
-                        # consumer's task group and release the job, attempt refunded, forever.
-                        raise RuntimeError(
-                            "the task raised CancelledError without being cancelled"
-                        ) from exc
+                try:
+                    if task.is_async:
+                        await task.fn(**kwargs)
+                    else:
+                        # A thread cannot be stopped: on timeout or cancellation it is
+                        # abandoned and finishes in the background.
+                        await anyio.to_thread.run_sync(
+                            functools.partial(task.fn, **kwargs),
+                            abandon_on_cancel=True,
+                            limiter=self.limiter,
+                        )
+                except asyncio.CancelledError as exc:
+                    if _cancel_requested():
+                        raise
+                    # The task's own code raised it (it awaited a future cancelled
+                    # elsewhere); nobody cancelled us. Letting it escape would end the
+                    # consumer's task group and release the job, attempt refunded, forever.
+                    raise RuntimeError(
+                        "the task raised CancelledError without being cancelled"
+                    ) from exc
         except Retry as exc:
             duration = time.monotonic() - started
             return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay)
@@ -179,7 +184,7 @@ class Consumer:
         if scope.cancelled_caught:
             if running.cancel_reason == SHUTDOWN:
                 return Outcome(claim, OutcomeKind.RELEASE, duration)
-            return None
-        if deadline.cancelled_caught:
+            if running.cancel_reason is not None:
+                return None  # the lease is lost
             return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
         return Outcome(claim, OutcomeKind.COMPLETE, duration)

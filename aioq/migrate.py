@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
+import asyncpg
+
 from aioq import queries as q
 from aioq.errors import SchemaError
 from aioq.store import Connection
@@ -77,16 +79,24 @@ async def install(conn: Connection, schema: str = "aioq") -> list[int]:
     """Apply ``schema.sql`` to a schema; return the migration versions applied now.
 
     Safe to run concurrently and repeatedly: it takes a transaction-level advisory lock
-    and applies only the migrations not yet recorded.
+    and applies only the migrations not yet recorded. Raises :class:`SchemaError` when the
+    role may not create or alter the schema (it needs the owner, not the application's grants).
     """
     prologue, found = _split(schema)
     applied: list[int] = []
-    async with conn.transaction():
-        await conn.fetchval(q.LOCK_SCHEMA, q.channel_name(schema))
-        await conn.execute(prologue)
-        current = await _installed(conn, schema)
-        for migration in found[current:]:
-            await conn.execute(migration.sql)
-            await conn.execute(q.render(q.RECORD_MIGRATION, schema), migration.version)
-            applied.append(migration.version)
+    try:
+        async with conn.transaction():
+            await conn.fetchval(q.LOCK_SCHEMA, q.channel_name(schema))
+            await conn.execute(prologue)
+            current = await _installed(conn, schema)
+            for migration in found[current:]:
+                await conn.execute(migration.sql)
+                await conn.execute(q.render(q.RECORD_MIGRATION, schema), migration.version)
+                applied.append(migration.version)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        # An application role with only the DML grants lands here; say who can do it.
+        raise SchemaError(
+            f"cannot install or upgrade schema {schema!r}: {exc}; run it as the schema's owner"
+            " (or, for a first install, a role that may create schemas in this database)"
+        ) from exc
     return applied

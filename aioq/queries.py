@@ -84,28 +84,52 @@ ORDER BY a.n
 RETURNING id
 """
 
-_CLAIM = """
-WITH picked AS (
-    SELECT id FROM {s}.jobs
-    WHERE status = 'pending' AND {queue_filter} AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
+# `id = ANY(ARRAY(...))` rather than a join with picked: the prepared statement's generic
+# plan guesses LIMIT $2 at a tenth of the ready rows, and with a join it then hashes a
+# sequential scan of the whole table on every claim (6 ms at a 30 000-job backlog, against
+# 0.1 ms). The array is looked up in the primary key whatever the estimate.
+_CLAIM_SET = """
 UPDATE {s}.jobs AS j
 SET status = 'running', attempts = j.attempts + 1, locked_by = $3, locked_at = now(),
     lease_expires_at = now() + j.lease
-FROM picked
-WHERE j.id = picked.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, extract(epoch FROM j.lease)::float8 AS lease,
           extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited
 """
 
 # One queue: the index's leading column is an equality, so the scan reads in claim order.
-CLAIM_ONE_QUEUE = _CLAIM.replace("{queue_filter}", "queue = $1")
-# Several queues: the same index, then a top-N sort of the ready rows of those queues.
-CLAIM_QUEUES = _CLAIM.replace("{queue_filter}", "queue = ANY($1::text[])")
+CLAIM_ONE_QUEUE = (
+    """
+WITH picked AS (
+    SELECT id FROM {s}.jobs
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)"""
+    + _CLAIM_SET
+)
+
+# Several queues: the same ordered index scan per queue (each reads at most $2 rows), then a
+# sort of those few. `queue = ANY(...)` instead would sort every ready row of the queues.
+# Rows locked here but cut by the outer LIMIT stay pending; their locks end with the statement.
+CLAIM_QUEUES = (
+    """
+WITH picked AS (
+    SELECT p.id FROM unnest($1::text[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {s}.jobs
+        WHERE status = 'pending' AND queue = q.queue AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+    ORDER BY p.priority DESC, p.run_at, p.id
+    LIMIT $2
+)"""
+    + _CLAIM_SET
+)
 
 # $1 ids, $2 attempts (the claimed attempt of each), $3 worker id.
 _FENCE = "j.id = f.id AND j.attempts = f.attempt AND j.locked_by = $3 AND j.status = 'running'"

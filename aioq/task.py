@@ -54,6 +54,20 @@ class Backoff:
         return min(self.max, raw * random.uniform(1 - self.jitter, 1 + self.jitter))
 
 
+def check_text(field: str, value: str) -> None:
+    """Raise ConfigError unless a name is text PostgreSQL stores as given (no NUL, valid UTF-8)."""
+    if "\x00" in value:
+        raise ConfigError(
+            field, f"{value!r} contains a NUL character, which PostgreSQL cannot store"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            field, f"{value!r} contains a lone surrogate, which is not valid Unicode text"
+        ) from None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobOptions:
     """Where and when one deferred job runs."""
@@ -71,6 +85,9 @@ class JobOptions:
             raise ConfigError(
                 "queue", f"must be a non-empty name of at most 200 characters, got {self.queue!r}"
             )
+        check_text("queue", self.queue)
+        if self.unique_key is not None:
+            check_text("unique_key", self.unique_key)
         if not -(2**31) <= self.priority < 2**31:
             raise ConfigError("priority", f"must fit in 32 bits, got {self.priority}")
         if not 1 <= self.max_attempts < 2**31:
@@ -94,6 +111,9 @@ def _seconds(name: str, value: float | timedelta) -> float:
     return float(value)
 
 
+_FITTING_NAMES_CACHED = 64
+
+
 class Task(Generic[P, R]):
     """A function registered to run as a job; ``defer`` enqueues a call to it."""
 
@@ -107,6 +127,7 @@ class Task(Generic[P, R]):
         timeout: float | None,
         retry: Backoff,
     ) -> None:
+        check_text("name", name)
         self.fn = fn
         self.name = name
         self.registry = registry
@@ -115,6 +136,7 @@ class Task(Generic[P, R]):
         self.retry = retry
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
+        self._fitting_names: set[frozenset[str]] = set()
         for param in self.signature.parameters.values():
             if param.kind in (param.POSITIONAL_ONLY, param.VAR_POSITIONAL):
                 raise ConfigError(
@@ -133,6 +155,9 @@ class Task(Generic[P, R]):
     def bind(self, args: tuple[object, ...], kwargs: Mapping[str, object]) -> dict[str, object]:
         """Check arguments against the signature; return them as keyword arguments."""
         try:
+            if not args:  # keywords only (defer_many's case): they are the arguments
+                self.check_arguments(kwargs)
+                return dict(kwargs)
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise ArgumentError(self.name, str(exc)) from None
@@ -143,6 +168,17 @@ class Task(Generic[P, R]):
             else:
                 arguments[name] = value
         return arguments
+
+    def check_arguments(self, kwargs: Mapping[str, object]) -> None:
+        """Raise TypeError unless the function accepts these keyword arguments."""
+        names = frozenset(kwargs)
+        if names in self._fitting_names:
+            return
+        self.signature.bind(**kwargs)
+        # bind() judges names only, so one check per set of names is enough (bounded: a
+        # **kwargs task could see endless sets).
+        if len(self._fitting_names) < _FITTING_NAMES_CACHED:
+            self._fitting_names.add(names)
 
     def options(
         self,

@@ -19,15 +19,14 @@ from anyio.abc import TaskGroup, TaskStatus
 from aioq.completer import SHUTDOWN, Completer, Running
 from aioq.consumer import Consumer
 from aioq.errors import ConfigError
-from aioq.job import Claim
 from aioq.lease import Heartbeat, Reaper
 from aioq.maintenance import Pruner
 from aioq.metrics import Metrics, QueueSampler
 from aioq.notifier import Listener
-from aioq.producer import Doorbell, Producer, Slots
+from aioq.producer import Doorbell, Handoff, Producer, Slots
 from aioq.queries import quote_schema
 from aioq.store import Store
-from aioq.task import Registry, default_registry
+from aioq.task import Registry, check_text, default_registry
 
 __all__ = ("Worker", "WorkerConfig")
 
@@ -82,6 +81,8 @@ class WorkerConfig:
         quote_schema(self.schema)
         if not self.queues or any(not q for q in self.queues):
             raise ConfigError("queues", f"must be non-empty queue names, got {self.queues!r}")
+        for queue in self.queues:
+            check_text("queues", queue)
         for name in (
             "concurrency",
             "reaper_batch",
@@ -107,6 +108,14 @@ class WorkerConfig:
             raise ConfigError("shutdown_grace", f"must be >= 0 seconds, got {self.shutdown_grace}")
         if not self.worker_id:
             raise ConfigError("worker_id", "must not be empty")
+
+
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset on release: a second round trip per statement.
+
+    The pool runs only aioq's statements, which leave no session state behind (no LISTEN,
+    advisory locks, cursors or SET); asyncpg still rolls back a transaction left open.
+    """
 
 
 def _default_worker_id() -> str:
@@ -138,7 +147,7 @@ class Worker:
         self.config = WorkerConfig(
             queues=tuple(queues),
             concurrency=concurrency,
-            schema=schema or self.registry.schema,
+            schema=self.registry.schema if schema is None else schema,
             **options,
         )
         self.dsn = dsn
@@ -198,10 +207,14 @@ class Worker:
 
     def _pool_kwargs(self) -> dict[str, Any]:
         return {
+            "reset": _keep_session,
             "statement_cache_size": 100 if self.config.statement_cache else 0,
             "command_timeout": self.config.command_timeout,
             "server_settings": {"application_name": f"aioq worker {self.id}"[:63]},
         }
+
+    def _listening(self) -> bool:
+        return self.listener is not None and self.listener.connected.is_set()
 
     async def _connect_listener(self) -> asyncpg.Connection:
         return await asyncpg.connect(
@@ -240,6 +253,7 @@ class Worker:
             poll_interval=cfg.poll_interval,
             batch_size=cfg.claim_batch,
             stopping=self.stopping,
+            listening=self._listening,
         )
         self._producer = producer
         completer.metrics = producer.metrics = self.metrics
@@ -307,14 +321,13 @@ class Worker:
                 task_status.started()
                 async with anyio.create_task_group() as jobs:
                     jobs.start_soon(self._enforce_grace)
-                    send, receive = anyio.create_memory_object_stream[Claim](cfg.concurrency)
+                    handoff = Handoff()
                     async with anyio.create_task_group() as consumers:
                         consumers.start_soon(
-                            functools.partial(producer.run, send, until_idle=until_idle)
+                            functools.partial(producer.run, handoff, until_idle=until_idle)
                         )
-                        with receive:
-                            for _ in range(cfg.concurrency):
-                                consumers.start_soon(consumer.run, receive.clone(), job_done)
+                        for _ in range(cfg.concurrency):
+                            consumers.start_soon(consumer.run, handoff, job_done)
                     jobs.cancel_scope.cancel()
                 self.stopping.set()
                 with anyio.move_on_after(max(cfg.shutdown_grace, 5.0)):

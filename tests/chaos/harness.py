@@ -412,7 +412,10 @@ def lease_lost_reports(fleet: Fleet, sql: Sql) -> dict[str, int]:
         row = sql.fetch("SELECT worker, attempts FROM aioq.archive WHERE id = $1", job)
         if row and pid_of(row[0]["worker"]) == pid and row[0]["attempts"] == attempt:
             spurious += 1
-    return {"lease_lost_warnings": len(reports), "spurious": spurious}
+    # Outcomes the completer could not confirm (its write may have committed before the
+    # connection dropped): logged at INFO, not as a lost lease.
+    unconfirmed = sum(1 for r in fleet.records() if r.get("outcome") == "unconfirmed")
+    return {"lease_lost_warnings": len(reports), "spurious": spurious, "unconfirmed": unconfirmed}
 
 
 @dataclass

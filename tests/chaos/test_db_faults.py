@@ -8,10 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from aioq.server import EmbeddedPostgres
-
-from .harness import (
+from harness import (
     LONG,
     Fault,
     Fleet,
@@ -30,6 +27,8 @@ from .harness import (
     wait_for,
     wait_serving,
 )
+
+from aioq.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.chaos
 

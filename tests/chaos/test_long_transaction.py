@@ -10,11 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from aioq import queries
-from aioq.server import EmbeddedPostgres
-
-from .harness import (
+from harness import (
     LONG,
     Fault,
     Fleet,
@@ -27,6 +23,9 @@ from .harness import (
     wait_for,
     wait_serving,
 )
+
+from aioq import queries
+from aioq.server import EmbeddedPostgres
 
 pytestmark = [
     pytest.mark.chaos,

@@ -9,10 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from aioq.server import EmbeddedPostgres
-
-from .harness import (
+from harness import (
     LONG,
     Fault,
     Fleet,
@@ -31,6 +28,8 @@ from .harness import (
     wait_for,
     wait_serving,
 )
+
+from aioq.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.chaos
 

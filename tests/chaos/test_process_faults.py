@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from .harness import (
+from harness import (
     HANG_GUARD,
     LONG,
     Fault,

@@ -1,0 +1,318 @@
+"""``aioq schema``, ``stats``, ``jobs`` and ``defer``: look after the queue from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import asyncpg
+
+from aioq import admin, migrate
+from aioq._cli_common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    format_ints,
+    format_size,
+    format_time,
+    job_dict,
+    print_json,
+    print_table,
+    schema_from,
+    with_db,
+)
+from aioq.codec import encode_args
+from aioq.store import Store
+from aioq.task import DEFAULT_LEASE, check_text
+
+
+def cmd_schema_apply(args: argparse.Namespace) -> int:
+    """Install or upgrade the schema."""
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        applied = await migrate.install(conn, schema_from(args))
+        state = await migrate.status(conn, schema_from(args))
+        if args.json:
+            print_json({"schema": state.schema, "applied": applied, "version": state.installed})
+        elif applied:
+            print(f"schema {state.schema}: applied migrations {format_ints(applied)}")
+        else:
+            print(f"schema {state.schema}: up to date (version {state.installed})")
+        return EXIT_OK
+
+    return with_db(args, run)
+
+
+def cmd_schema_sql(args: argparse.Namespace) -> int:
+    """Print the DDL."""
+    sql = migrate.schema_sql(schema_from(args))
+    if args.json:
+        print_json({"schema": schema_from(args), "sql": sql})
+    else:
+        print(sql, end="")
+    return EXIT_OK
+
+
+def cmd_schema_status(args: argparse.Namespace) -> int:
+    """Print the installed version and pending migrations; exit 1 when some are pending."""
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        state = await migrate.status(conn, schema_from(args))
+        if args.json:
+            print_json(
+                {
+                    "schema": state.schema,
+                    "installed": state.installed,
+                    "latest": state.latest,
+                    "pending": state.pending,
+                }
+            )
+        else:
+            print_table(
+                ("SCHEMA", "INSTALLED", "LATEST", "PENDING"),
+                [
+                    (
+                        state.schema,
+                        state.installed,
+                        state.latest,
+                        format_ints(state.pending) or "none",
+                    )
+                ],
+            )
+        return EXIT_FAILED if state.pending else EXIT_OK
+
+    return with_db(args, run)
+
+
+# --- stats ---
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Print queue counts and table health; with --check, exit 1 when a threshold is crossed."""
+    if args.watch is not None and args.check:
+        raise UsageError("--watch and --check do not go together")
+    if (args.max_age is not None or args.max_dead is not None) and not args.check:
+        raise UsageError("--max-age and --max-dead need --check")
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        while True:
+            snapshot = await admin.stats(conn, schema=schema_from(args))
+            failures = _check(snapshot, args) if args.check else []
+            _print_stats(snapshot, args, failures)
+            sys.stdout.flush()  # a pipe (| tee, a log collector) sees each sample at once
+            if args.watch is None:
+                return EXIT_FAILED if failures else EXIT_OK
+            await anyio.sleep(args.watch)
+
+    try:
+        return with_db(args, run)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _check(snapshot: admin.Stats, args: argparse.Namespace) -> list[str]:
+    failures = []
+    for q in snapshot.queues:
+        if args.max_age is not None and q.oldest_ready_age > args.max_age:
+            failures.append(
+                f"queue {q.queue}: oldest ready job is {q.oldest_ready_age:.1f}s old"
+                f" (--max-age {args.max_age:g})"
+            )
+        if args.max_dead is not None and q.dead > args.max_dead:
+            failures.append(f"queue {q.queue}: {q.dead} dead jobs (--max-dead {args.max_dead})")
+    return failures
+
+
+def _print_stats(snapshot: admin.Stats, args: argparse.Namespace, failures: list[str]) -> None:
+    if args.json:
+        out: dict[str, Any] = dataclasses.asdict(snapshot)
+        if args.check:
+            out["check"] = {"ok": not failures, "failures": failures}
+        print_json(out)
+        return
+    if args.watch is not None:
+        print(f"--- {datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}")
+    rows = [
+        (
+            q.queue,
+            q.ready,
+            q.scheduled,
+            q.running,
+            q.dead,
+            f"{q.oldest_ready_age:.1f}",
+            q.expired_leases,
+            "n/a" if q.completed_last_minute is None else q.completed_last_minute,
+        )
+        for q in snapshot.queues
+    ]
+    headers = ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST_READY_S")
+    print_table((*headers, "EXPIRED_LEASES", "COMPLETED_1M"), rows)
+    t = snapshot.table
+    print(
+        f"jobs table: {format_size(t.table_bytes)}, indexes {format_size(t.index_bytes)},"
+        f" dead tuples {t.dead_tuples if t.dead_tuples is not None else 'n/a'},"
+        f" last autovacuum {format_time(t.last_autovacuum) or 'never'}"
+    )
+    for failure in failures:
+        print(f"CHECK FAILED: {failure}")
+    if args.check and not failures:
+        print("check ok")
+
+
+# --- jobs ---
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    """List jobs, oldest first."""
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        found = await admin.list_jobs(
+            conn,
+            status=args.status,
+            task=args.task,
+            queue=args.queue,
+            limit=args.limit,
+            schema=schema_from(args),
+        )
+        if args.json:
+            print_json([job_dict(job) for job in found])
+            return EXIT_OK
+        rows = [
+            (
+                job.id,
+                job.queue,
+                job.task,
+                job.status.value,
+                f"{job.attempts}/{job.max_attempts}",
+                format_time(job.run_at),
+                (job.last_error or "").split("\n", 1)[0][:60],
+            )
+            for job in found
+        ]
+        headers = ("ID", "QUEUE", "TASK", "STATUS", "ATTEMPTS", "RUN_AT", "LAST_ERROR")
+        print_table(headers, rows)
+        return EXIT_OK
+
+    return with_db(args, run)
+
+
+def cmd_jobs_show(args: argparse.Namespace) -> int:
+    """Show one job; exit 1 if it is not in the table."""
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        job = await admin.get_job(conn, args.id, schema=schema_from(args))
+        if job is None:
+            print(f"aioq: job {args.id} not found (finished, cancelled or never existed)",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_FAILED
+        values = job_dict(job)
+        if args.json:
+            print_json(values)
+            return EXIT_OK
+        for key, value in values.items():
+            if key == "args":
+                value = json.dumps(value)
+            elif value is None:
+                value = "-"
+            print(f"{key + ':':<18}{value}")
+        return EXIT_OK
+
+    return with_db(args, run)
+
+
+def cmd_jobs_retry(args: argparse.Namespace) -> int:
+    """Make dead jobs pending again; exit 1 if a given id was not a dead job."""
+    if bool(args.ids) == args.dead:
+        raise UsageError("jobs retry: give job ids or --dead (not both)")
+    if args.ids and (args.task or args.queue):
+        raise UsageError("jobs retry: --task and --queue go with --dead")
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        retried = await admin.retry_dead(
+            conn,
+            job_id=args.ids or None,
+            task=args.task,
+            queue=args.queue,
+            all=args.dead,
+            schema=schema_from(args),
+        )
+        return _report(args, "retried", retried, "not dead jobs")
+
+    return with_db(args, run)
+
+
+def cmd_jobs_cancel(args: argparse.Namespace) -> int:
+    """Delete pending jobs; exit 1 if a given id was not pending."""
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        cancelled = await admin.cancel_jobs(conn, args.ids, schema=schema_from(args))
+        return _report(args, "cancelled", cancelled, "not pending jobs")
+
+    return with_db(args, run)
+
+
+def _report(args: argparse.Namespace, verb: str, done: list[int], missing_are: str) -> int:
+    missing = sorted(set(args.ids) - set(done))
+    if args.json:
+        print_json({verb: done, "missing": missing})
+    else:
+        print(f"{verb} {len(done)} jobs" + (f": {format_ints(done)}" if done else ""))
+        if missing:
+            print(f"{missing_are} (or not found): {format_ints(missing)}")
+    return EXIT_FAILED if missing else EXIT_OK
+
+
+def cmd_jobs_purge(args: argparse.Namespace) -> int:
+    """Delete dead jobs, optionally only old ones, in bounded batches."""
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        count = await admin.purge_dead(conn, older_than=args.older_than, schema=schema_from(args))
+        if args.json:
+            print_json({"purged": count})
+        else:
+            print(f"purged {count} dead jobs")
+        return EXIT_OK
+
+    return with_db(args, run)
+
+
+# --- defer ---
+
+
+def cmd_defer(args: argparse.Namespace) -> int:
+    """Enqueue a job by task name (the task need not be importable); print its id."""
+    try:
+        values = json.loads(args.args)
+    except ValueError as exc:
+        raise UsageError(f"--args is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"--args must be a JSON object, got {type(values).__name__}")
+    check_text("task", args.task)
+    check_text("queue", args.queue)
+    encoded = encode_args(args.task, values)
+
+    async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+        job_id = await Store.for_schema(schema_from(args)).insert(
+            conn,
+            queue=args.queue,
+            task=args.task,
+            args=encoded,
+            priority=args.priority,
+            run_at=None,
+            delay=args.delay,
+            max_attempts=args.max_attempts,
+            lease=DEFAULT_LEASE,
+            unique_key=None,
+        )
+        if args.json:
+            print_json({"id": job_id})
+        else:
+            print(job_id)
+        return EXIT_OK
+
+    return with_db(args, run)

@@ -1,0 +1,115 @@
+"""What the ``aioq`` commands share: exit codes, argument types, the database, output."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import asyncpg
+
+from aioq.job import Job
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ERROR = 2
+DEFAULT_SCHEMA = "aioq"
+LISTEN_DSN_ENV = "AIOQ_LISTEN_DSN"
+
+DbCommand = Callable[[asyncpg.Connection, argparse.Namespace], Awaitable[int]]
+
+
+class UsageError(Exception):
+    """A bad command line or environment: one line on stderr, exit status 2."""
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d*)?)\s*(s|m|h|d)?$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Parse ``30``, ``30s``, ``15m``, ``2h`` or ``7d`` into seconds."""
+    found = _DURATION.fullmatch(text.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 15m, 2h, 7d")
+    return float(found[1]) * _UNITS[found[2] or "s"]
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def dsn_from(args: argparse.Namespace) -> str:
+    dsn: str | None = args.dsn or os.environ.get("AIOQ_DSN")
+    if not dsn:
+        raise UsageError("no database: pass --dsn or set AIOQ_DSN")
+    return dsn
+
+
+def schema_from(args: argparse.Namespace) -> str:
+    return args.schema or DEFAULT_SCHEMA
+
+
+def with_db(args: argparse.Namespace, command: DbCommand) -> int:
+    dsn = dsn_from(args)
+
+    async def run() -> int:
+        conn = await asyncpg.connect(dsn, timeout=10)
+        try:
+            return await command(conn, args)
+        finally:
+            await conn.close()
+
+    return anyio.run(run)
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    values = dataclasses.asdict(job)
+    values["status"] = job.status.value
+    values["args"] = json.loads(job.args)
+    return values
+
+
+def print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, default=_json_default))
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("(none)")
+
+
+def format_time(value: datetime | None) -> str:
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}" if value is not None else ""
+
+
+def format_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_ints(values: Sequence[int]) -> str:
+    return " ".join(str(v) for v in values)

@@ -1,1 +1,0 @@
-"""The reliability (chaos) suite: fault injection against real worker processes."""

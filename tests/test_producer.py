@@ -1,0 +1,101 @@
+"""The producer's pieces without a database: the claim handoff and the poll delay."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+from aioq.job import Claim
+from aioq.producer import Doorbell, Handoff, Producer, Slots
+
+pytestmark = pytest.mark.anyio
+
+
+def claim(job_id: int) -> Claim:
+    return Claim(
+        id=job_id,
+        queue="default",
+        task="t",
+        args="{}",
+        priority=0,
+        attempt=1,
+        max_attempts=3,
+        lease=60.0,
+        waited=0.0,
+    )
+
+
+async def test_handoff_is_fifo_and_ends_after_close() -> None:
+    handoff = Handoff()
+    handoff.put([claim(1), claim(2)])
+    handoff.put([claim(3)])
+    handoff.close()
+    got = [await handoff.get() for _ in range(4)]
+    assert [c.id if c else None for c in got] == [1, 2, 3, None]
+
+
+async def test_handoff_wakes_waiting_consumers_and_close_ends_them() -> None:
+    handoff = Handoff()
+    received: list[int | None] = []
+
+    async def consume() -> None:
+        while (c := await handoff.get()) is not None:
+            received.append(c.id)
+        received.append(None)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(consume)
+            await anyio.wait_all_tasks_blocked()
+            handoff.put([claim(i) for i in range(5)])
+            await anyio.wait_all_tasks_blocked()
+            assert sorted(x for x in received if x is not None) == list(range(5))
+            handoff.close()
+    assert received.count(None) == 3
+
+
+async def test_a_cancelled_waiter_passes_its_wakeup_on() -> None:
+    handoff = Handoff()
+    first = asyncio.ensure_future(handoff.get())
+    second = asyncio.ensure_future(handoff.get())
+    await asyncio.sleep(0)  # both wait now
+    # Wake the first waiter for one claim and cancel it before it runs: the claim must reach
+    # the second waiter instead of sitting in the queue.
+    handoff.put([claim(7)])
+    first.cancel()
+    with anyio.fail_after(10):
+        got = await second
+    assert got is not None
+    assert got.id == 7
+    assert first.cancelled()
+
+
+def producer(poll_interval: float, listening: bool) -> Producer:
+    return Producer(
+        store=None,  # type: ignore[arg-type]  # never claims here
+        db=None,  # type: ignore[arg-type]
+        queues=["default"],
+        worker_id="w",
+        slots=Slots(1),
+        doorbell=Doorbell(),
+        in_flight={},
+        completer=None,  # type: ignore[arg-type]
+        poll_interval=poll_interval,
+        batch_size=10,
+        stopping=anyio.Event(),
+        listening=lambda: listening,
+    )
+
+
+async def test_polls_without_notify_speed_up_while_they_find_jobs() -> None:
+    p = producer(poll_interval=1.6, listening=False)
+    assert [p._next_poll_delay(claimed=1) for _ in range(6)] == [0.8, 0.4, 0.2, 0.1, 0.1, 0.1]
+    assert [p._next_poll_delay(claimed=0) for _ in range(6)] == [0.2, 0.4, 0.8, 1.6, 1.6, 1.6]
+
+
+async def test_polls_keep_the_interval_while_notify_rings() -> None:
+    p = producer(poll_interval=1.6, listening=True)
+    assert {p._next_poll_delay(claimed=1) for _ in range(6)} == {1.6}

@@ -93,16 +93,18 @@ async def drain(system: systems.System, args: argparse.Namespace) -> dict[str, A
                 done.set()
 
         systems.hook = count
-        pg = await PgCpu.connect(args.dsn)
+        pg = await PgCpu.connect(args.dsn) if system.backend == "postgres" else None
         cpu0, t0 = rusage(), time.perf_counter()
-        await pg.start()
+        if pg is not None:
+            await pg.start()
         async with system.worker(args.concurrency, poll_interval=args.poll):
             finished = await wait_done(system, done, t0 + args.limit)
             seconds = time.perf_counter() - t0
             worker_cpu = rusage() - cpu0
-            pg_cpu = await pg.stop()
+            pg_cpu = await pg.stop() if pg is not None else None
         left = await system.remaining()
-        await pg.close()
+        if pg is not None:
+            await pg.close()
         jobs = args.n - left
         return {
             "rate": jobs / seconds,

@@ -9,10 +9,10 @@ Result = dict[str, Any]
 PEERS = ("pgqueuer", "procrastinate", "chancy", "saq", "arq")
 
 
-def _med(rows: list[Result], field: str = "rate", **match: Any) -> float | None:
+def _med(results: list[Result], field: str = "rate", **match: Any) -> float | None:
     vals = [
         r[field]
-        for r in rows
+        for r in results
         if "error" not in r
         and r.get(field) is not None
         and all(r.get(k) == v for k, v in match.items())

@@ -49,9 +49,15 @@ def plan(
     """The cells of one scenario, in interleaving order (one of each system per round)."""
     base = ["--scenario", scenario]
     if scenario == "defer_one":
-        n = 2_000 if quick else 10_000
+        n, limit = (2_000, 5) if quick else (10_000, 15)
         return [
-            Cell(scenario, s, ["--system", s, *base, "--n", str(n)], 180, db=_db(s))
+            Cell(
+                scenario,
+                s,
+                ["--system", s, *base, "--n", str(n), "--limit", str(limit)],
+                120,
+                db=_db(s),
+            )
             for s in [*names, systems.REFERENCE]
         ]
     if scenario == "defer_many":
@@ -68,7 +74,7 @@ def plan(
             if systems.load(s).bulk_api  # saq and arq have no bulk enqueue call
         ]
     if scenario == "drain":
-        limit = 15 if quick else 30
+        limit = 8 if quick else 10
         cells = []
         for c in DRAIN_CONCURRENCY:
             n = (1_000 if quick else 5_000) if c == 1 else (3_000 if quick else 10_000)
@@ -85,7 +91,7 @@ def plan(
         cells.append(Cell(scenario, "aioq", argv, limit + 90, params))
         return cells
     if scenario == "latency":
-        n = 50 if quick else 200
+        n = 50 if quick else 150
         cells = []
         for s in names:
             argv = ["--system", s, *base, "--n", str(n), "--concurrency", "10", "--poll", "1.0"]
@@ -116,7 +122,7 @@ def plan(
         argv += ["--concurrency", "50"]
         return [Cell(scenario, "aioq", argv, seconds + 120, {"rate": round(rate)})]
     if scenario == "ceiling":
-        n = 20_000 if quick else 50_000
+        n = 20_000 if quick else 30_000
         cells = [
             Cell(
                 scenario,
@@ -126,11 +132,11 @@ def plan(
                 {"tool": "asyncpg loop", "clients": k, "batch": 50},
                 script="ceiling.py",
             )
-            for k in (1, 2, 4)
+            for k in (1, 4)
         ]
-        for batch in (50, 1):
+        for batch in (50,):
             for k in (1, 4, 8):
-                total = (n if batch == 50 else n // 5) // k * k
+                total = n // k * k
                 argv = ["--mode", "pgbench", "--connections", str(k), "--batch", str(batch)]
                 cells.append(
                     Cell(

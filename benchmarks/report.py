@@ -106,8 +106,19 @@ def enqueue_section(name: str, rows: list[Result], apis: dict[str, str]) -> list
         system = dict(key)["system"]
         s = stat(rs)
         vs = f"{s[0] / bare[0]:.0%}" if s and bare else "—"
-        body.append([system, f"`{apis.get(system, '')}`", fmt(s) + errors(rs), vs])
-    out = table(["system", "call", "jobs/s median (min–max)", "vs bare INSERT"], body)
+        cpu = stat(rs, "client_cpu_ms_per_1000")
+        capped = " (capped)" if any(r.get("capped") for r in rs) else ""
+        body.append(
+            [system, f"`{apis.get(system, '')}`", fmt(s) + capped + errors(rs), vs, fmt(cpu)]
+        )
+    head = [
+        "system",
+        "call",
+        "jobs/s median (min–max)",
+        "vs bare INSERT",
+        "client CPU ms / 1 000 jobs",
+    ]
+    out = table(head, body)
     if missing:
         out += [f"Not measured: {', '.join(missing)} (no bulk enqueue call in the library).", ""]
     return out
@@ -279,7 +290,7 @@ def write(data: dict[str, Any], out: str) -> None:
         f"- Machine: {meta['machine']}",
         "- PostgreSQL: " + ", ".join(f"{k} {v}" for k, v in meta["server"].items()),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
-        *(f"- {n}" for n in meta["notes"]),
+        *(f"- {n}" for n in meta["notes"]),  # where the server and Redis came from
         *(f"- Skipped **{k}**: {v}" for k, v in meta["skipped"].items()),
         "",
         "## Targets",

@@ -252,7 +252,7 @@ def main() -> int:
     began = time.time()
     with postgres(args) as (admin_dsn, pg_source):
         env = Env(admin_dsn=admin_dsn, redis_url=None)
-        env.notes.append(f"PostgreSQL: {pg_source}")
+        env.notes.append(f"Server used: {pg_source}")
         with redis(env):
             asyncio.run(provision(env, [*names, systems.REFERENCE]))
             for name, why in env.skipped.items():

@@ -144,8 +144,8 @@ def targets(res: dict[str, list[Result]]) -> list[tuple[str, str, bool | None]]:
                 x = a_lo / a_hi if inverse else a_hi / a_lo
                 out.append(
                     (
-                        f"history {hi:.0e} ≤ 1.3x {lo:.0e}: {label}",
-                        f"{a_hi:,.3f} vs {a_lo:,.3f} = {x:.2f}x worse",
+                        f"history {hi:,} rows ≤ 1.3x {lo:,} rows: {label}",
+                        f"{a_hi:,.3f} vs {a_lo:,.3f}: cost ratio {x:.2f}x",
                         x <= 1.3,
                     )
                 )

@@ -56,7 +56,11 @@ def _drain(rows: list[Result], outdir: str) -> str:
 def _latency(rows: list[Result], outdir: str) -> str:
     samples: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        label = r["system"] if r.get("mode") == "notify" else f"{r['system']} ({r.get('mode')})"
+        label = (
+            r["system"]
+            if r.get("mode") in ("notify", "default")
+            else f"{r['system']} ({r.get('mode')})"
+        )
         samples[label] += [max(x, 0.01) for x in r.get("samples_ms", [])]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, s in samples.items():

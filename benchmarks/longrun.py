@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import statistics
 import time
 from typing import Any
@@ -114,6 +115,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         all_ms.append(ms)
 
     systems.hook = started
+    warnings = Warnings()
+    logging.getLogger("aioq").addHandler(warnings)
     series: list[dict[str, Any]] = []
     stop = asyncio.Event()
 
@@ -164,5 +167,31 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "enqueued": enqueued,
         "p50_ms": pct(all_ms, 0.5),
         "p99_ms": pct(all_ms, 0.99),
+        "runs_per_job": done / max(enqueued, 1),
+        "autovacuum": await autovacuum(args.dsn),
+        "warnings": warnings.counts,
         "series": series,
     }
+
+
+class Warnings(logging.Handler):
+    """Counts aioq's warnings and errors by message shape (reaper rescues, lost leases)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = f"{record.name}: {record.msg}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
+async def autovacuum(dsn: str) -> dict[str, str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('autovacuum', 'autovacuum_naptime')"
+        )
+        return {r["name"]: r["setting"] for r in rows}
+    finally:
+        await conn.close()

@@ -49,7 +49,7 @@ def plan(
     """The cells of one scenario, in interleaving order (one of each system per round)."""
     base = ["--scenario", scenario]
     if scenario == "defer_one":
-        n, limit = (2_000, 5) if quick else (10_000, 15)
+        n, limit = (2_000, 5) if quick else (10_000, 12)
         return [
             Cell(
                 scenario,
@@ -74,7 +74,7 @@ def plan(
             if systems.load(s).bulk_api  # saq and arq have no bulk enqueue call
         ]
     if scenario == "drain":
-        limit = 8 if quick else 10
+        limit = 8
         cells = []
         for c in DRAIN_CONCURRENCY:
             n = (1_000 if quick else 5_000) if c == 1 else (3_000 if quick else 10_000)
@@ -95,7 +95,7 @@ def plan(
         cells = []
         for s in names:
             argv = ["--system", s, *base, "--n", str(n), "--concurrency", "10", "--poll", "1.0"]
-            cells.append(Cell(scenario, s, argv, 90, {"mode": "notify"}, db=_db(s)))
+            cells.append(Cell(scenario, s, argv, 90, {"mode": "default"}, db=_db(s)))
         argv = ["--system", "aioq", *base, "--n", str(n), "--concurrency", "10"]
         argv += ["--no-listen", "--poll", str(LATENCY_POLL)]
         cells.append(Cell(scenario, "aioq", argv, 90, {"mode": f"poll {LATENCY_POLL:g}s"}))

@@ -88,6 +88,32 @@ def errors(rs: list[Result]) -> str:
     return f" ⚠ {len(errs)} failed: {errs[0]}" if errs else ""
 
 
+PEERS = ("pgqueuer", "procrastinate", "chancy", "saq", "arq")
+
+
+def ratio_line(rows: list[Result], field: str = "rate", lower_is_better: bool = False) -> list[str]:
+    """'aioq / best peer' over the per-cell medians (aioq's best cell vs the best peer cell)."""
+    meds: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        s = stat(rs, field)
+        if s is not None:
+            label = k["system"] + (f" c{k['concurrency']}" if "concurrency" in k else "")
+            if k.get("processes", 1) > 1:
+                label = f"{k['system']} {k['processes']}xc{k['concurrency']}"
+            meds[k["system"]].append((s[0], label))
+    pick = min if lower_is_better else max
+    ours = pick(meds["aioq"]) if meds.get("aioq") else None
+    peers = [m for p in PEERS for m in meds.get(p, [])]
+    if not ours or not peers:
+        return []
+    best = pick(peers)
+    return [
+        f"**aioq / best peer: {ours[0] / best[0]:.2f}x** ({ours[1]} {ours[0]:,.2f} vs {best[1]} {best[0]:,.2f}).",
+        "",
+    ]
+
+
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(head) + " |",
@@ -118,7 +144,7 @@ def enqueue_section(name: str, rows: list[Result], apis: dict[str, str]) -> list
         "vs bare INSERT",
         "client CPU ms / 1 000 jobs",
     ]
-    out = table(head, body)
+    out = table(head, body) + ratio_line(rows)
     if missing:
         out += [f"Not measured: {', '.join(missing)} (no bulk enqueue call in the library).", ""]
     return out
@@ -144,7 +170,7 @@ def drain_section(rows: list[Result]) -> list[str]:
         body.append(
             [system, *(fmt(stat(cells[c])) + errors(cells[c]) if c in cells else "—" for c in cols)]
         )
-    out = table(["system (jobs/s)", *cols], body)
+    out = table(["system (jobs/s)", *cols], body) + ratio_line(rows)
     cpu = []
     for system, cells in by_system.items():
         for c in cols:
@@ -183,10 +209,17 @@ def latency_section(rows: list[Result]) -> list[str]:
                 f"{len(s)}" + (f" ({lost} lost)" if lost else "") + errors(rs),
             ]
         )
-    return table(
+    out = table(
         ["system", "wake-up", "p50 ms", "p95 ms", "p99 ms", "max ms", "p50 per repeat", "samples"],
         body,
     )
+    return [
+        *out,
+        "Wake-up `default` is each library's own: LISTEN/NOTIFY for aioq, pgqueuer, procrastinate "
+        "and chancy (with their polling as the fallback, 1 s here where configurable); saq's "
+        "blocking Redis pop; arq polls Redis (`poll_delay=0.05`, its default is 0.5 s).",
+        "",
+    ]
 
 
 def history_section(rows: list[Result]) -> list[str]:
@@ -228,7 +261,16 @@ def soak_section(rows: list[Result]) -> list[str]:
             f"achieved enqueue {r['enqueue_rate']:,.0f}/s; {r['done']:,} of {r['enqueued']:,} ran; "
             f"latency over the whole run p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms.",
             "",
+            f"Server: {r.get('server', 'the main server')}; autovacuum settings "
+            + ", ".join(f"{k} = {v}" for k, v in r.get("autovacuum", {}).items())
+            + f". Task runs per enqueued job: {r.get('runs_per_job', 1):.4f}.",
+            "",
         ]
+        if r.get("warnings"):
+            out += ["aioq warnings during the soak:", ""]
+            out += table(
+                ["logger: message", "count"], [[f"`{k}`", str(v)] for k, v in r["warnings"].items()]
+            )
         pick = [x for i, x in enumerate(r["series"]) if i % 10 == 9 or i == len(r["series"]) - 1]
         out += table(
             [

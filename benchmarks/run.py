@@ -177,6 +177,8 @@ def run_cell(env: Env, cell: Cell) -> dict[str, Any]:
         assert env.redis_url is not None
         flush_redis(env.redis_url, cell.redis_db)
         dsn = f"{env.redis_url}/{cell.redis_db}"
+    elif cell.db == "embedded":
+        return run_embedded(env, cell)
     elif cell.db == "keep":  # the history databases persist across repeats (made once per run)
         db = f"bench_{cell.system}_{cell.label}"
         if db not in env.kept:
@@ -209,6 +211,30 @@ def apis(names: list[str]) -> dict[str, dict[str, str]]:
     }
 
 
+def autovacuum_on(dsn: str) -> bool:
+    async def ask() -> bool:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetchval("SHOW autovacuum") == "on"  # type: ignore[no-any-return]
+        finally:
+            await conn.close()
+
+    return asyncio.run(ask())
+
+
+def run_embedded(env: Env, cell: Cell) -> dict[str, Any]:
+    """Run a cell on a throwaway stock server (the soak, when the main one has autovacuum off)."""
+    from aioq.server import EmbeddedPostgres
+
+    with EmbeddedPostgres() as server:
+        admin = Env(admin_dsn=server.dsn, redis_url=None)
+        asyncio.run(provision(admin, [cell.system]))
+        cell = Cell(**{**cell.__dict__, "db": "fresh"})
+        result = run_cell(admin, cell)
+    result["server"] = "aioq.server.EmbeddedPostgres (stock settings: autovacuum on)"
+    return result
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -223,7 +249,13 @@ async def server_info(env: Env) -> dict[str, str]:
     conn = await asyncpg.connect(env.admin_dsn)
     try:
         info = {"postgres": await conn.fetchval("SHOW server_version")}
-        for name in ("shared_buffers", "synchronous_commit", "fsync", "max_connections"):
+        for name in (
+            "shared_buffers",
+            "synchronous_commit",
+            "fsync",
+            "autovacuum",
+            "max_connections",
+        ):
             info[name] = await conn.fetchval(f"SHOW {name}")
         return info
     finally:
@@ -262,6 +294,14 @@ def main() -> int:
             results: dict[str, list[dict[str, Any]]] = {}
             for scenario in scenarios:
                 cells = plan(scenario, active, quick=args.quick, prior=results)
+                if scenario == "soak" and not autovacuum_on(env.admin_dsn):
+                    # A soak shows whether autovacuum keeps up: not on a server that has it off.
+                    for cell in cells:
+                        cell.db = "embedded"
+                    env.notes.append(
+                        "The soak ran on a throwaway stock server (aioq.server.EmbeddedPostgres):"
+                        " the main server has autovacuum = off"
+                    )
                 t0 = time.perf_counter()
                 for rep in range(repeats if scenario != "soak" else 1):
                     for cell in cells:

@@ -103,7 +103,7 @@ def targets(res: dict[str, list[Result]]) -> list[tuple[str, str, bool | None]]:
     notify = [
         x
         for r in lat
-        if r.get("system") == "aioq" and r.get("mode") == "notify"
+        if r.get("system") == "aioq" and r.get("mode") in ("notify", "default")
         for x in r.get("samples_ms", [])
     ]
     poll = [

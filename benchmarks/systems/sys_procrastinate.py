@@ -28,7 +28,8 @@ class Adapter(System):
 
     async def open(self, dsn: str) -> None:
         self.dsn = dsn
-        self.app = App(connector=PsycopgConnector(conninfo=dsn))
+        # psycopg_pool's default is 4 connections; let it grow to serve a worker at c50.
+        self.app = App(connector=PsycopgConnector(conninfo=dsn, min_size=4, max_size=60))
         self.task = self.app.task(name="noop")(noop)
         await self.app.open_async()
         self.conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)

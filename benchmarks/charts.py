@@ -22,8 +22,9 @@ def draw(res: dict[str, list[Result]], outdir: str) -> dict[str, str]:
         out["drain"] = _drain(res["drain"], outdir)
     if res.get("latency"):
         out["latency"] = _latency(res["latency"], outdir)
-    if any("series" in r for r in res.get("soak", [])):
-        out["soak"] = _soak(res["soak"], outdir)
+    soaks = [r for r in res.get("soak", []) if "series" in r]
+    if soaks:
+        out["soak"] = ", ".join(_soak(r, outdir) for r in soaks)
     return out
 
 
@@ -79,8 +80,7 @@ def _latency(rows: list[Result], outdir: str) -> str:
     return "latency_cdf.png"
 
 
-def _soak(rows: list[Result], outdir: str) -> str:
-    r = next(x for x in rows if "series" in x)
+def _soak(r: Result, outdir: str) -> str:
     s = r["series"]
     t = [x["t"] for x in s]
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
@@ -104,6 +104,7 @@ def _soak(rows: list[Result], outdir: str) -> str:
     a2.grid(True, alpha=0.3)
     fig.suptitle(f"soak: aioq at {r['target_rate']:,.0f} jobs/s")
     fig.tight_layout()
-    fig.savefig(os.path.join(outdir, "soak.png"), dpi=100)
+    name = f"soak_{r['target_rate']:.0f}.png"
+    fig.savefig(os.path.join(outdir, name), dpi=100)
     plt.close(fig)
-    return "soak.png"
+    return name

@@ -110,7 +110,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     def started(i: int) -> None:
         nonlocal done
         done += 1
-        ms = (time.perf_counter() - committed[i]) * 1000
+        # The NOTIFY can start a job before the enqueuer's defer_many call has returned.
+        t = committed.get(i)
+        ms = (time.perf_counter() - t) * 1000 if t is not None else 0.0
         window.append(ms)
         all_ms.append(ms)
 
@@ -162,6 +164,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     await watch.close()
     return {
         "target_rate": args.rate,
+        "c50_rate": args.c50_rate,
         "enqueue_rate": enqueued / elapsed,
         "done": done,
         "enqueued": enqueued,

@@ -252,6 +252,7 @@ async def main() -> None:
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=2000.0)
+    parser.add_argument("--c50-rate", type=float, default=None, help="for the report (soak)")
     args = parser.parse_args()
     if args.scenario in ("history", "soak"):
         import longrun

@@ -13,6 +13,8 @@ CLI_PROCESSES = 2
 CLI_CONCURRENCY = 50
 LATENCY_POLL = 0.1  # the poll interval of aioq's poll-only latency run (LISTEN off)
 HISTORY_ROWS = (1_000, 1_000_000)
+# Soak rates as fractions of aioq's c50 drain rate; the enqueuer shares the worker's process.
+SOAK_FRACTIONS = (0.25, 0.5)
 REDIS_DB = {"saq": 1, "arq": 2}
 
 
@@ -117,10 +119,14 @@ def plan(
         ]
     if scenario == "soak":
         seconds = 15 if quick else 60
-        rate = soak_rate(prior)
-        argv = ["--system", "aioq", *base, "--seconds", str(seconds), "--rate", f"{rate:.0f}"]
-        argv += ["--concurrency", "50"]
-        return [Cell(scenario, "aioq", argv, seconds + 120, {"rate": round(rate)})]
+        cells = []
+        for fraction in SOAK_FRACTIONS:
+            rate = fraction * c50_rate(prior)
+            argv = ["--system", "aioq", *base, "--seconds", str(seconds), "--rate", f"{rate:.0f}"]
+            argv += ["--concurrency", "50"]
+            argv += ["--c50-rate", f"{c50_rate(prior):.0f}"] if prior.get("drain") else []
+            cells.append(Cell(scenario, "aioq", argv, seconds + 120, {"target_rate": round(rate)}))
+        return cells
     if scenario == "ceiling":
         n = 20_000 if quick else 30_000
         cells = [
@@ -155,11 +161,8 @@ def plan(
     raise ValueError(scenario)
 
 
-def soak_rate(prior: dict[str, list[dict[str, Any]]]) -> float:
-    """Half of aioq's c50 drain rate measured in this run (2 000/s if drain did not run).
-
-    The enqueuer shares the worker's process, so half its drain rate is near its capacity.
-    """
+def c50_rate(prior: dict[str, list[dict[str, Any]]]) -> float:
+    """aioq's c50 drain median measured in this run (4 000/s if drain did not run)."""
     rates = [
         r["rate"]
         for r in prior.get("drain", [])
@@ -168,4 +171,4 @@ def soak_rate(prior: dict[str, list[dict[str, Any]]]) -> float:
         and r.get("processes") == 1
         and "rate" in r
     ]
-    return 0.5 * statistics.median(rates) if rates else 2000.0
+    return statistics.median(rates) if rates else 4000.0

@@ -151,8 +151,11 @@ async def drain_cli(system: systems.System, args: argparse.Namespace) -> dict[st
         str(args.concurrency),
         "--poll-interval",
         str(args.poll),
+        # As the in-process runs (no logging configured): no INFO line per job.
+        "--log-level",
+        "warning",
     ]
-    # The CLI logs one line per job: to a file, never to an unread pipe (it would block).
+    # Warnings go to a file, never to an unread pipe (it would block).
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

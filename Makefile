@@ -40,9 +40,19 @@ test: lint typecheck pytest
 chaos: $(VENV)/.installed-dev pgbouncer
 	AIOQ_CHAOS_PROFILE=long $(PY) -m pytest -m chaos tests/chaos --timeout 1800
 
-# Benchmarks against the peers, in their own venv: writes benchmarks/RESULTS.md (not part of `make test`).
-bench: $(VENV)/.installed-base
-	$(PYTHON) benchmarks/run.py
+# Benchmarks against the peers, in their own venv (pinned peers + aioq): writes
+# benchmarks/RESULTS.md and charts (not part of `make test`). BENCH_ARGS="--quick --only drain".
+BENCH_VENV := benchmarks/.venv
+$(BENCH_VENV)/.installed: benchmarks/requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "aioq needs Python >= 3.11 (set PYTHON=python3.11 or newer)"; exit 1; }
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r benchmarks/requirements.txt -e .
+	@touch $@
+
+bench: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
 
 # PgBouncer for the transaction-mode chaos scenario: installed with apt-get when missing and we
 # are root. Never fails the build: without it that one scenario skips and says why.

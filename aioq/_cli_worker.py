@@ -72,6 +72,7 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     command = [sys.executable, "-m", "aioq", *(["--debug"] if args.debug else []), "worker"]
     command += [args.target, "--processes", "1", "--parent-pid", str(os.getpid())]
     command += ["--concurrency", str(args.concurrency), "--log-format", args.log_format]
+    command += ["--log-level", args.log_level]
     command += ["--poll-interval", str(args.poll_interval)]
     command += ["--shutdown-grace", str(args.shutdown_grace)]
     command += ["--command-timeout", str(args.command_timeout)]

@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     handler_ = logging.StreamHandler(sys.stderr)
     handler_.setFormatter(formatter(getattr(args, "log_format", "text")))
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, handlers=[handler_])
+    level = "DEBUG" if args.debug else getattr(args, "log_level", "info").upper()
+    logging.basicConfig(level=level, handlers=[handler_])
     handler: _Handler = args.handler
     try:
         return handler(args)
@@ -136,6 +137,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--processes", type=positive_int, default=1, help="worker processes under a supervisor"
     )
     worker.add_argument("--log-format", choices=("text", "json"), default="text")
+    worker.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="info logs one line per job outcome; warning keeps failures, dead jobs and lost"
+        " leases (default: %(default)s)",
+    )
     worker.add_argument("--poll-interval", type=duration, default=DEFAULT_POLL_INTERVAL)
     worker.add_argument("--shutdown-grace", type=duration, default=DEFAULT_SHUTDOWN_GRACE)
     worker.add_argument(

@@ -345,6 +345,17 @@ LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 WHERE c.oid = $1::regclass
 """
 
+# Dead tuples of the jobs table, and whether this role may vacuum it (owner or member).
+JOBS_DEAD_TUPLES = """
+SELECT coalesce(s.n_dead_tup, 0) AS dead, pg_has_role(c.relowner, 'USAGE') AS owner
+FROM pg_class AS c
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = '{s}.jobs'::regclass
+"""
+
+# SKIP_LOCKED: when another worker (or autovacuum) is vacuuming the table, skip it at once.
+VACUUM_JOBS = "VACUUM (SKIP_LOCKED) {s}.jobs"
+
 CANCEL_PENDING = """
 DELETE FROM {s}.jobs
 WHERE id = ANY($1::bigint[]) AND status = 'pending'

@@ -49,6 +49,8 @@ class Store:
         self._archive_stats = render(q.ARCHIVE_STATS)
         self._table_stats = render(q.TABLE_STATS)
         self._cancel = render(q.CANCEL_PENDING)
+        self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
+        self._vacuum_jobs = render(q.VACUUM_JOBS)
 
     @staticmethod
     @functools.cache
@@ -202,6 +204,16 @@ class Store:
     async def prune_dead(self, conn: Executor, older_than: float, limit: int) -> int:
         """Delete up to ``limit`` jobs that died over ``older_than`` seconds ago."""
         return await conn.fetchval(self._prune_dead, older_than, limit)  # type: ignore[no-any-return]
+
+    async def jobs_dead_tuples(self, conn: Executor) -> tuple[int, bool]:
+        """Return the jobs table's dead tuples and whether this role may vacuum it."""
+        row = await conn.fetchrow(self._jobs_dead_tuples)
+        assert row is not None
+        return row["dead"], row["owner"]
+
+    async def vacuum_jobs(self, conn: Executor) -> None:
+        """VACUUM the jobs table, unless another session is vacuuming it."""
+        await conn.execute(self._vacuum_jobs)
 
     async def queue_stats(self, conn: Executor) -> Sequence[asyncpg.Record]:
         """Return per-queue counts: ready, scheduled, running, dead, expired, oldest_ready_age."""

@@ -20,7 +20,7 @@ from aioq.completer import SHUTDOWN, Completer, Running
 from aioq.consumer import Consumer
 from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
-from aioq.maintenance import Pruner
+from aioq.maintenance import Pruner, Vacuumer
 from aioq.metrics import Metrics, QueueSampler
 from aioq.notifier import Listener
 from aioq.producer import Doorbell, Handoff, Producer, Slots
@@ -47,6 +47,10 @@ DEFAULT_PRUNE_BATCH = 1000
 # connection that goes silent (a stalled proxy, a network path that drops packets without a
 # reset) hangs its caller forever: the claim, the heartbeat and the completer all wait on it.
 DEFAULT_COMMAND_TIMEOUT = 30.0
+# Vacuum the jobs table past this many dead tuples (about half as many jobs: a claim and a
+# completion each leave one), checked every DEFAULT_VACUUM_INTERVAL seconds.
+DEFAULT_VACUUM_THRESHOLD = 50_000
+DEFAULT_VACUUM_INTERVAL = 5.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,6 +73,9 @@ class WorkerConfig:
     dead_retention: float | None = None
     prune_interval: float = DEFAULT_PRUNE_INTERVAL
     prune_batch: int = DEFAULT_PRUNE_BATCH
+    # None leaves the jobs table to autovacuum alone.
+    vacuum_threshold: int | None = DEFAULT_VACUUM_THRESHOLD
+    vacuum_interval: float = DEFAULT_VACUUM_INTERVAL
     listen: bool = True
     # PgBouncer in transaction mode: no prepared-statement cache on the pool, and LISTEN
     # through listen_dsn (a direct connection), since a pooler cannot hold a LISTEN.
@@ -93,7 +100,20 @@ class WorkerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
-        for name in ("poll_interval", "heartbeat_interval", "reaper_interval", "prune_interval"):
+        if self.vacuum_threshold is not None and (
+            not isinstance(self.vacuum_threshold, int) or self.vacuum_threshold < 1
+        ):
+            raise ConfigError(
+                "vacuum_threshold",
+                f"must be None or an integer >= 1, got {self.vacuum_threshold!r}",
+            )
+        for name in (
+            "poll_interval",
+            "heartbeat_interval",
+            "reaper_interval",
+            "prune_interval",
+            "vacuum_interval",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
         if self.command_timeout is not None and not self.command_timeout > 0:
@@ -309,6 +329,14 @@ class Worker:
                         batch_size=cfg.prune_batch,
                     )
                     services.start_soon(pruner.run)
+                if cfg.vacuum_threshold is not None:
+                    vacuumer = Vacuumer(
+                        store=self.store,
+                        db=pool,
+                        threshold=cfg.vacuum_threshold,
+                        interval=cfg.vacuum_interval,
+                    )
+                    services.start_soon(vacuumer.run)
                 if self.metrics is not None:
                     sampler = QueueSampler(store=self.store, db=pool, metrics=self.metrics)
                     services.start_soon(sampler.run)

@@ -380,6 +380,28 @@ def test_sigterm_lets_a_running_job_finish(
     assert {"time", "message", "outcome"} <= outcome.keys()
 
 
+def test_log_level_warning_drops_the_per_job_lines_but_keeps_dead_jobs(
+    dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    proc = spawn("worker", "clitasks", "--processes", "2", "--log-format", "json",
+                 "--log-level", "warning", "--poll-interval", "0.2", cwd=task_dir)  # fmt: skip
+    jobs = defer_sql(dsn, 5, 0.0)
+    [unknown] = fetch(
+        dsn,
+        "INSERT INTO aioq.jobs (task, args, max_attempts) VALUES ('nope', '{}', 1) RETURNING id",
+    )
+    wait_for(lambda: ended(dsn, jobs) == 5, what="jobs to run")
+    wait_for(lambda: bool(fetch(dsn, "SELECT 1 FROM aioq.jobs WHERE status = 'dead'")), what="dead")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert {r["level"] for r in records} <= {"WARNING", "ERROR"}, records
+    assert not [r for r in records if r.get("outcome") == "succeeded"]
+    [dead] = [r for r in records if r.get("outcome") == "dead"]
+    assert dead["job_id"] == unknown["id"]
+
+
 def test_second_signal_stops_at_once_and_releases_the_job(
     dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
 ) -> None:

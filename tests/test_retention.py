@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import secrets
 from collections.abc import Callable
 
 import anyio
@@ -9,7 +11,7 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.maintenance import Pruner
+from aioq.maintenance import Pruner, Vacuumer
 from aioq.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -167,3 +169,67 @@ def test_retention_can_be_off() -> None:
     cfg = aioq.WorkerConfig(archive_retention=None, dead_retention=None)
     assert cfg.archive_retention is None
     assert cfg.dead_retention is None
+
+
+async def dead_tuples(conn: asyncpg.Connection) -> int:
+    """The jobs table's dead tuples, with this session's statistics flushed first."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    return await count(
+        conn, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'aioq.jobs'::regclass"
+    )
+
+
+async def test_the_vacuumer_vacuums_the_jobs_table_past_its_threshold(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def work(i: int) -> None: ...
+
+    await work.defer_many(conn, [{"i": i} for i in range(300)])
+    claims = await store.claim(conn, ["default"], 300, "w1")
+    await store.complete(conn, [c.id for c in claims], [c.attempt for c in claims], "w1")
+    dead = await dead_tuples(conn)
+    assert dead >= 300  # each claim and each delete left one
+
+    vacuumer = Vacuumer(store=store, db=conn, threshold=dead + 1, interval=3600)
+    assert await vacuumer.run_once() is False  # below the threshold
+    assert (
+        await count(
+            conn, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'aioq.jobs'::regclass"
+        )
+        == 0
+    )
+
+    vacuumer.threshold = dead
+    assert await vacuumer.run_once() is True
+    assert (
+        await count(
+            conn, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'aioq.jobs'::regclass"
+        )
+        == 1
+    )
+    assert await dead_tuples(conn) == 0
+
+
+async def test_the_vacuumer_leaves_a_table_it_does_not_own_to_autovacuum(
+    conn: asyncpg.Connection, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    role = f"aioq_vacuum_{secrets.token_hex(4)}"  # roles are cluster-wide
+    await conn.execute(f"DROP ROLE IF EXISTS {role}")
+    await conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        await conn.execute(f"GRANT USAGE ON SCHEMA aioq TO {role}")
+        await conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON aioq.jobs TO {role}")
+        app = await asyncpg.connect(dsn, user=role)
+        try:
+            vacuumer = Vacuumer(store=store, db=app, threshold=1, interval=3600)
+            with caplog.at_level(logging.INFO, logger="aioq"):
+                assert await vacuumer.run_once() is False
+                assert await vacuumer.run_once() is False
+            assert caplog.text.count("does not own aioq.jobs") == 1
+        finally:
+            await app.close()
+    finally:
+        await conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA aioq FROM {role}")
+        await conn.execute(f"REVOKE ALL ON SCHEMA aioq FROM {role}")
+        await conn.execute(f"DROP ROLE {role}")

@@ -1,0 +1,200 @@
+"""aioq's history and soak scenarios (called from measure.py in a fresh process)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import statistics
+import time
+from typing import Any
+
+import asyncpg
+from aioq.store import Store
+
+import systems
+from systems.sys_aioq import Adapter, noop
+
+TABLE = """
+SELECT s.n_live_tup, s.n_dead_tup, s.autovacuum_count, pg_table_size('aioq.jobs') AS table_bytes,
+       pg_indexes_size('aioq.jobs') AS index_bytes
+FROM pg_stat_user_tables AS s WHERE s.relid = 'aioq.jobs'::regclass
+"""
+
+ADD_HISTORY = """
+INSERT INTO aioq.jobs (queue, task, args, status, run_at, attempts, last_error, created_at)
+SELECT 'default', 'noop', jsonb_build_object('i', g), 'dead', now() - interval '1 day', 5,
+       'RuntimeError: a failure kept as history', now() - interval '1 day'
+FROM generate_series(1, $1) AS g
+"""
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def history(args: argparse.Namespace) -> dict[str, Any]:
+    """Claim round trip and drain rate with ``--rows`` dead jobs in the hot table."""
+    conn = await asyncpg.connect(args.dsn)
+    have = await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'dead'")
+    if have < args.rows:  # built once per run; the database persists across repeats
+        await conn.execute(ADD_HISTORY, args.rows - have)
+        await conn.execute("VACUUM ANALYZE aioq.jobs")
+        # The bulk insert's WAL triggers checkpoints; without one now, the timed updates below
+        # would pay full-page writes that the small-history run does not.
+        with contextlib.suppress(asyncpg.PostgresError):
+            await conn.execute("CHECKPOINT")
+    store = Store.for_schema("aioq")
+    claims = 500
+    for start in range(0, args.n + claims, 1000):
+        await noop.defer_many(
+            conn, [{"i": i} for i in range(start, min(start + 1000, args.n + claims))]
+        )
+    await conn.execute("ANALYZE aioq.jobs")
+    plan = await conn.fetch("EXPLAIN " + store._claim_one, "default", 1, "bench")
+    plan_text = "\n".join(r[0] for r in plan)
+    claim_ms, complete_ms = [], []
+    for _ in range(claims):
+        t0 = time.perf_counter()
+        (c,) = await store.claim(conn, ["default"], 1, "bench")
+        t1 = time.perf_counter()
+        await store.complete(conn, [c.id], [c.attempt], "bench")
+        complete_ms.append((time.perf_counter() - t1) * 1000)
+        claim_ms.append((t1 - t0) * 1000)
+    adapter = Adapter()
+    await adapter.open(args.dsn)
+    ran = 0
+    done = asyncio.Event()
+
+    def count(i: int) -> None:
+        nonlocal ran
+        ran += 1
+        if ran >= args.n:
+            done.set()
+
+    systems.hook = count
+    t0 = time.perf_counter()
+    async with adapter.worker(args.concurrency):
+        await asyncio.wait_for(done.wait(), 120)
+        while await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status <> 'dead'"):
+            await asyncio.sleep(0.005)
+        seconds = time.perf_counter() - t0
+    await adapter.close()
+    await conn.close()
+    return {
+        "claim_ms_p50": statistics.median(claim_ms),
+        "claim_ms_p95": pct(claim_ms, 0.95),
+        "complete_ms_p50": statistics.median(complete_ms),
+        "rate": args.n / seconds,
+        "uses_claim_index": "jobs_claim_idx" in plan_text,
+        "plan": plan_text,
+    }
+
+
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    """``--rate`` jobs/s for ``--seconds`` (a bulk defer every 20 ms) into an in-process worker."""
+    adapter = Adapter()
+    await adapter.open(args.dsn)
+    watch = await asyncpg.connect(args.dsn)
+    tick = 0.02
+    per_tick = max(1, round(args.rate * tick))
+    committed: dict[int, float] = {}
+    window: list[float] = []
+    all_ms: list[float] = []
+    done = 0
+
+    def started(i: int) -> None:
+        nonlocal done
+        done += 1
+        # The NOTIFY can start a job before the enqueuer's defer_many call has returned.
+        t = committed.get(i)
+        ms = (time.perf_counter() - t) * 1000 if t is not None else 0.0
+        window.append(ms)
+        all_ms.append(ms)
+
+    systems.hook = started
+    warnings = Warnings()
+    logging.getLogger("aioq").addHandler(warnings)
+    series: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+
+    async def enqueue() -> None:
+        start, k = time.perf_counter(), 0
+        while not stop.is_set():
+            await noop.defer_many(adapter.conn, [{"i": k}] * per_tick)
+            committed[k] = time.perf_counter()
+            k += 1
+            await asyncio.sleep(max(0.0, start + k * tick - time.perf_counter()))
+
+    async def sample(t: float, enq: int) -> None:
+        row = await watch.fetchrow(TABLE)
+        backlog = await watch.fetchval("SELECT count(*) FROM aioq.jobs")
+        series.append(
+            {
+                "t": round(t, 1),
+                "enqueued": enq,
+                "done": done,
+                "backlog": backlog,
+                "p50_ms": pct(window, 0.5),
+                "p99_ms": pct(window, 0.99),
+                **dict(row),
+            }
+        )
+        window.clear()
+
+    async with adapter.worker(args.concurrency):
+        t0 = time.perf_counter()
+        producer = asyncio.create_task(enqueue())
+        for s in range(1, int(args.seconds) + 1):
+            await asyncio.sleep(max(0.0, t0 + s - time.perf_counter()))
+            await sample(time.perf_counter() - t0, len(committed) * per_tick)
+        stop.set()
+        await producer
+        enqueued = len(committed) * per_tick
+        elapsed = time.perf_counter() - t0
+        deadline = time.perf_counter() + 30
+        while done < enqueued and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        await sample(time.perf_counter() - t0, enqueued)
+    await adapter.close()
+    await watch.close()
+    return {
+        "target_rate": args.rate,
+        "c50_rate": args.c50_rate,
+        "enqueue_rate": enqueued / elapsed,
+        "done": done,
+        "enqueued": enqueued,
+        "p50_ms": pct(all_ms, 0.5),
+        "p99_ms": pct(all_ms, 0.99),
+        "runs_per_job": done / max(enqueued, 1),
+        "autovacuum": await autovacuum(args.dsn),
+        "warnings": warnings.counts,
+        "series": series,
+    }
+
+
+class Warnings(logging.Handler):
+    """Counts aioq's warnings and errors by message shape (reaper rescues, lost leases)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = f"{record.name}: {record.msg}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
+async def autovacuum(dsn: str) -> dict[str, str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('autovacuum', 'autovacuum_naptime')"
+        )
+        return {r["name"]: r["setting"] for r in rows}
+    finally:
+        await conn.close()

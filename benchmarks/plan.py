@@ -1,0 +1,174 @@
+"""What each scenario measures: the list of cells (one measurement process each) per repeat."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import systems
+
+DRAIN_CONCURRENCY = (1, 10, 50)
+CLI_PROCESSES = 2
+CLI_CONCURRENCY = 50
+LATENCY_POLL = 0.1  # the poll interval of aioq's poll-only latency run (LISTEN off)
+HISTORY_ROWS = (1_000, 1_000_000)
+# Soak rates as fractions of aioq's c50 drain rate; the enqueuer shares the worker's process.
+SOAK_FRACTIONS = (0.25, 0.5)
+REDIS_DB = {"saq": 1, "arq": 2}
+
+
+@dataclass
+class Cell:
+    scenario: str
+    system: str
+    argv: list[str]
+    timeout: float
+    params: dict[str, Any] = field(default_factory=dict)
+    script: str = "measure.py"
+    db: str = "fresh"  # fresh copy of the template | keep (history) | redis
+    label: str = ""
+
+    @property
+    def redis_db(self) -> int:
+        return REDIS_DB.get(self.system, 3)
+
+    def key(self) -> dict[str, Any]:
+        return {"system": self.system, **self.params}
+
+    def title(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.system} {extra}".strip()
+
+
+def _db(name: str) -> str:
+    return "redis" if name in systems.REDIS else "fresh"
+
+
+def plan(
+    scenario: str, names: list[str], *, quick: bool, prior: dict[str, list[dict[str, Any]]]
+) -> list[Cell]:
+    """The cells of one scenario, in interleaving order (one of each system per round)."""
+    base = ["--scenario", scenario]
+    if scenario == "defer_one":
+        n, limit = (2_000, 5) if quick else (10_000, 12)
+        return [
+            Cell(
+                scenario,
+                s,
+                ["--system", s, *base, "--n", str(n), "--limit", str(limit)],
+                120,
+                db=_db(s),
+            )
+            for s in [*names, systems.REFERENCE]
+        ]
+    if scenario == "defer_many":
+        n = 5_000 if quick else 20_000
+        return [
+            Cell(
+                scenario,
+                s,
+                ["--system", s, *base, "--n", str(n), "--batch", "1000"],
+                180,
+                db=_db(s),
+            )
+            for s in [*names, systems.REFERENCE]
+            if systems.load(s).bulk_api  # saq and arq have no bulk enqueue call
+        ]
+    if scenario == "drain":
+        limit = 8
+        cells = []
+        for c in DRAIN_CONCURRENCY:
+            n = (1_000 if quick else 5_000) if c == 1 else (3_000 if quick else 10_000)
+            for s in names:
+                argv = ["--system", s, *base, "--n", str(n), "--concurrency", str(c)]
+                params = {"concurrency": c, "processes": 1, "n": n}
+                cells.append(
+                    Cell(scenario, s, [*argv, "--limit", str(limit)], limit + 90, params, db=_db(s))
+                )
+        n = 5_000 if quick else 20_000
+        argv = ["--system", "aioq", *base, "--n", str(n), "--concurrency", str(CLI_CONCURRENCY)]
+        argv += ["--processes", str(CLI_PROCESSES), "--limit", str(limit)]
+        params = {"concurrency": CLI_CONCURRENCY, "processes": CLI_PROCESSES, "n": n}
+        cells.append(Cell(scenario, "aioq", argv, limit + 90, params))
+        return cells
+    if scenario == "latency":
+        n = 50 if quick else 150
+        cells = []
+        for s in names:
+            argv = ["--system", s, *base, "--n", str(n), "--concurrency", "10", "--poll", "1.0"]
+            cells.append(Cell(scenario, s, argv, 90, {"mode": "default"}, db=_db(s)))
+        argv = ["--system", "aioq", *base, "--n", str(n), "--concurrency", "10"]
+        argv += ["--no-listen", "--poll", str(LATENCY_POLL)]
+        cells.append(Cell(scenario, "aioq", argv, 90, {"mode": f"poll {LATENCY_POLL:g}s"}))
+        return cells
+    if scenario == "history":
+        rows = (1_000, 100_000) if quick else HISTORY_ROWS
+        n = 2_000 if quick else 5_000
+        return [
+            Cell(
+                scenario,
+                "aioq",
+                ["--system", "aioq", *base, "--rows", str(r), "--n", str(n), "--concurrency", "10"],
+                600,
+                {"rows": r},
+                db="keep",
+                label=f"hist{r}",
+            )
+            for r in rows
+        ]
+    if scenario == "soak":
+        seconds = 15 if quick else 60
+        cells = []
+        for fraction in SOAK_FRACTIONS:
+            rate = fraction * c50_rate(prior)
+            argv = ["--system", "aioq", *base, "--seconds", str(seconds), "--rate", f"{rate:.0f}"]
+            argv += ["--concurrency", "50"]
+            argv += ["--c50-rate", f"{c50_rate(prior):.0f}"] if prior.get("drain") else []
+            cells.append(Cell(scenario, "aioq", argv, seconds + 120, {"target_rate": round(rate)}))
+        return cells
+    if scenario == "ceiling":
+        n = 20_000 if quick else 30_000
+        cells = [
+            Cell(
+                scenario,
+                "ceiling",
+                ["--mode", "loop", "--connections", str(k), "--batch", "50", "--n", str(n)],
+                180,
+                {"tool": "asyncpg loop", "clients": k, "batch": 50},
+                script="ceiling.py",
+            )
+            for k in (1, 4)
+        ]
+        for batch in (50,):
+            for k in (1, 4, 8):
+                total = n // k * k
+                argv = ["--mode", "pgbench", "--connections", str(k), "--batch", str(batch)]
+                cells.append(
+                    Cell(
+                        scenario,
+                        "ceiling",
+                        [*argv, "--n", str(total)],
+                        180,
+                        {"tool": "pgbench", "clients": k, "batch": batch},
+                        script="ceiling.py",
+                    )
+                )
+        for cell in cells:
+            cell.system = "aioq"  # the ceiling runs on a fresh copy of aioq's database
+            cell.params = {"system": "ceiling", **cell.params}
+        return cells
+    raise ValueError(scenario)
+
+
+def c50_rate(prior: dict[str, list[dict[str, Any]]]) -> float:
+    """aioq's c50 drain median measured in this run (4 000/s if drain did not run)."""
+    rates = [
+        r["rate"]
+        for r in prior.get("drain", [])
+        if r.get("system") == "aioq"
+        and r.get("concurrency") == 50
+        and r.get("processes") == 1
+        and "rate" in r
+    ]
+    return statistics.median(rates) if rates else 4000.0

@@ -1,0 +1,429 @@
+"""RESULTS.md and the charts, from results.json (``python report.py`` rewrites them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+from collections import defaultdict
+from typing import Any
+
+from targets import targets
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHARTS = os.path.join(HERE, "charts")
+PARAMS = (
+    "system",
+    "concurrency",
+    "processes",
+    "n",
+    "mode",
+    "rows",
+    "tool",
+    "clients",
+    "batch",
+)
+
+Result = dict[str, Any]
+
+
+def brief(r: Result) -> str:
+    """One line per measurement for the console."""
+    if "error" in r:
+        return "ERROR " + r["error"]
+    if "samples_ms" in r:
+        s = r["samples_ms"]
+        return f"p50 {pct(s, 0.5):.2f} ms  p99 {pct(s, 0.99):.2f} ms  ({len(s)} samples)"
+    if "claim_ms_p50" in r:
+        return f"claim p50 {r['claim_ms_p50']:.3f} ms, drain {r['rate']:,.0f}/s"
+    if "series" in r:
+        return f"{r['enqueue_rate']:,.0f}/s in, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+    extra = " (capped)" if r.get("capped") else ""
+    return f"{r['rate']:,.0f} jobs/s{extra}"
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def groups(rows: list[Result]) -> dict[tuple[Any, ...], list[Result]]:
+    """Results of the same cell (all repeats), keyed by their parameters, in first-seen order."""
+    out: dict[tuple[Any, ...], list[Result]] = defaultdict(list)
+    for r in rows:
+        out[tuple((k, r[k]) for k in PARAMS if k in r)].append(r)
+    return out
+
+
+def stat(rs: list[Result], field: str = "rate") -> tuple[float, float, float] | None:
+    """(median, min, max) of a field over the repeats that have it."""
+    vals = [r[field] for r in rs if r.get(field) is not None and "error" not in r]
+    return (statistics.median(vals), min(vals), max(vals)) if vals else None
+
+
+def fmt(s: tuple[float, float, float] | None, digits: int = 0, unit: str = "") -> str:
+    if s is None:
+        return "—"
+    med, lo, hi = s
+    f = f"{{:,.{digits}f}}"
+    return f"**{f.format(med)}**{unit} ({f.format(lo)}–{f.format(hi)})"
+
+
+def errors(rs: list[Result]) -> str:
+    errs = [r["error"] for r in rs if "error" in r]
+    return f" ⚠ {len(errs)} failed: {errs[0]}" if errs else ""
+
+
+PEERS = ("pgqueuer", "procrastinate", "chancy", "saq", "arq")
+PG_PEERS = ("pgqueuer", "procrastinate", "chancy")
+
+
+def ratio_line(rows: list[Result], field: str = "rate", lower_is_better: bool = False) -> list[str]:
+    """'aioq / best peer' over the per-cell medians (aioq's best cell vs the best peer cell)."""
+    meds: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        s = stat(rs, field)
+        if s is not None:
+            label = k["system"] + (f" c{k['concurrency']}" if "concurrency" in k else "")
+            if k.get("processes", 1) > 1:
+                label = f"{k['system']} {k['processes']}xc{k['concurrency']}"
+            meds[k["system"]].append((s[0], label))
+    pick = min if lower_is_better else max
+    ours = pick(meds["aioq"]) if meds.get("aioq") else None
+    out = []
+    for title, group in (("best peer", PEERS), ("best PostgreSQL peer", PG_PEERS)):
+        peers = [m for p in group for m in meds.get(p, [])]
+        if not ours or not peers:
+            continue
+        best = pick(peers)
+        line = f"**aioq / {title}: {ours[0] / best[0]:.2f}x** ({ours[1]} {ours[0]:,.0f} vs {best[1]} {best[0]:,.0f})."
+        if not out or line.split("(")[1] != out[-2].split("(")[1]:
+            out += [line, ""]
+    return out
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]
+
+
+def enqueue_section(name: str, rows: list[Result], apis: dict[str, str]) -> list[str]:
+    missing = [s for s, api in apis.items() if not api]
+    g = groups(rows)
+    bare = next((stat(rs) for k, rs in g.items() if dict(k)["system"] == "bare"), None)
+    body = []
+    for key, rs in g.items():
+        system = dict(key)["system"]
+        s = stat(rs)
+        vs = f"{s[0] / bare[0]:.0%}" if s and bare else "—"
+        cpu = stat(rs, "client_cpu_ms_per_1000")
+        capped = " (capped)" if any(r.get("capped") for r in rs) else ""
+        body.append(
+            [system, f"`{apis.get(system, '')}`", fmt(s) + capped + errors(rs), vs, fmt(cpu)]
+        )
+    head = [
+        "system",
+        "call",
+        "jobs/s median (min–max)",
+        "vs bare INSERT",
+        "client CPU ms / 1 000 jobs",
+    ]
+    out = table(head, body) + ratio_line(rows)
+    if missing:
+        out += [f"Not measured: {', '.join(missing)} (no bulk enqueue call in the library).", ""]
+    return out
+
+
+def drain_section(rows: list[Result]) -> list[str]:
+    g = groups(rows)
+    by_system: dict[str, dict[str, list[Result]]] = defaultdict(dict)
+    for key, rs in g.items():
+        k = dict(key)
+        col = (
+            f"c{k['concurrency']}"
+            if k["processes"] == 1
+            else f"{k['processes']}xc{k['concurrency']}"
+        )
+        by_system[k["system"]][col] = rs
+    cols = sorted(
+        {c for v in by_system.values() for c in v},
+        key=lambda c: (c.count("x"), int(c.split("c")[-1])),
+    )
+    body = []
+    for system, cells in by_system.items():
+        body.append(
+            [system, *(fmt(stat(cells[c])) + errors(cells[c]) if c in cells else "—" for c in cols)]
+        )
+    out = table(["system (jobs/s)", *cols], body) + ratio_line(rows)
+    cpu = []
+    for system, cells in by_system.items():
+        for c in cols:
+            if c in cells:
+                w, p = stat(cells[c], "worker_cpu_per_1000"), stat(cells[c], "pg_cpu_per_1000")
+                cpu.append([system, c, fmt(w, 3, " s"), fmt(p, 3, " s")])
+    out += ["CPU seconds (user+sys) per 1 000 jobs during the drain:", ""]
+    out += table(["system", "run", "worker process", "PostgreSQL backends"], cpu)
+    capped = [
+        f"{dict(k)['system']} c{dict(k)['concurrency']}"
+        for k, rs in g.items()
+        if any(r.get("capped") for r in rs)
+    ]
+    if capped:
+        out += [
+            f"Capped in at least one repeat (the time limit ended the drain; rate = jobs done / time): {', '.join(capped)}.",
+            "",
+        ]
+    return out
+
+
+def latency_section(rows: list[Result]) -> list[str]:
+    body = []
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        s = [x for r in rs for x in r.get("samples_ms", [])]
+        per = stat([{"p50": pct(r["samples_ms"], 0.5)} for r in rs if r.get("samples_ms")], "p50")
+        lost = sum(r.get("lost", 0) for r in rs)
+        cells = [f"{pct(s, q):.2f}" for q in (0.5, 0.95, 0.99)] + [f"{max(s):.2f}" if s else "—"]
+        body.append(
+            [
+                k["system"],
+                k["mode"],
+                *cells,
+                fmt(per, 2),
+                f"{len(s)}" + (f" ({lost} lost)" if lost else "") + errors(rs),
+            ]
+        )
+    out = table(
+        ["system", "wake-up", "p50 ms", "p95 ms", "p99 ms", "max ms", "p50 per repeat", "samples"],
+        body,
+    )
+    return [
+        *out,
+        "Wake-up `default` is each library's own: LISTEN/NOTIFY for aioq, pgqueuer, procrastinate "
+        "and chancy (with their polling as the fallback, 1 s here where configurable); saq's "
+        "blocking Redis pop; arq polls Redis (`poll_delay=0.05`, its default is 0.5 s).",
+        "",
+    ]
+
+
+def history_section(rows: list[Result]) -> list[str]:
+    body = []
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        idx = all(r.get("uses_claim_index") for r in rs if "error" not in r)
+        body.append(
+            [
+                f"{k['rows']:,}",
+                fmt(stat(rs, "claim_ms_p50"), 3),
+                fmt(stat(rs, "claim_ms_p95"), 3),
+                fmt(stat(rs, "complete_ms_p50"), 3),
+                fmt(stat(rs)) + errors(rs),
+                "yes" if idx else "NO",
+            ]
+        )
+    return table(
+        [
+            "dead rows in aioq.jobs",
+            "claim p50 ms",
+            "claim p95 ms",
+            "complete p50 ms",
+            "drain c10 jobs/s",
+            "claim plan uses jobs_claim_idx",
+        ],
+        body,
+    )
+
+
+def soak_section(rows: list[Result]) -> list[str]:
+    out = []
+    for r in rows:
+        if "error" in r:
+            out += [f"soak failed: {r['error']}", ""]
+            continue
+        share = (
+            f"{r['target_rate'] / r['c50_rate']:.0%} of aioq's c50 drain median in this run;"
+            " the enqueuer runs in the worker's process"
+            if r.get("c50_rate")
+            else "aioq's drain did not run: a fixed rate"
+        )
+        out += [
+            f"### {r['target_rate']:,.0f} jobs/s",
+            "",
+            f"Target {r['target_rate']:,.0f} jobs/s ({share}), "
+            f"achieved enqueue {r['enqueue_rate']:,.0f}/s; {r['done']:,} of {r['enqueued']:,} ran; "
+            f"latency over the whole run p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms.",
+            "",
+            f"Server: {r.get('server', 'the main server')}; autovacuum settings "
+            + ", ".join(f"{k} = {v}" for k, v in r.get("autovacuum", {}).items())
+            + f". Task runs per enqueued job: {r.get('runs_per_job', 1):.4f}.",
+            "",
+        ]
+        if r.get("warnings"):
+            out += ["aioq warnings during the soak:", ""]
+            out += table(
+                ["logger: message", "count"], [[f"`{k}`", str(v)] for k, v in r["warnings"].items()]
+            )
+        pick = [x for i, x in enumerate(r["series"]) if i % 10 == 9 or i == len(r["series"]) - 1]
+        out += table(
+            [
+                "t s",
+                "enqueued",
+                "done",
+                "backlog",
+                "p50 ms",
+                "p99 ms",
+                "dead tuples",
+                "live tuples",
+                "table kB",
+                "index kB",
+                "autovacuums",
+            ],
+            [
+                [
+                    f"{x['t']:.0f}",
+                    f"{x['enqueued']:,}",
+                    f"{x['done']:,}",
+                    f"{x['backlog']:,}",
+                    f"{x['p50_ms']:.1f}" if x["p50_ms"] is not None else "—",
+                    f"{x['p99_ms']:.1f}" if x["p99_ms"] is not None else "—",
+                    f"{x['n_dead_tup']:,}",
+                    f"{x['n_live_tup']:,}",
+                    f"{x['table_bytes'] // 1024:,}",
+                    f"{x['index_bytes'] // 1024:,}",
+                    str(x["autovacuum_count"]),
+                ]
+                for x in pick
+            ],
+        )
+    return out
+
+
+def ceiling_section(rows: list[Result]) -> list[str]:
+    body = []
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        body.append([k["tool"], str(k["clients"]), str(k["batch"]), fmt(stat(rs)) + errors(rs)])
+    return table(["tool", "clients", "claim batch", "jobs/s median (min–max)"], body)
+
+
+def write(data: dict[str, Any], out: str) -> None:
+    import charts
+
+    meta, res = data["meta"], data["results"]
+    os.makedirs(CHARTS, exist_ok=True)
+    images = charts.draw(res, CHARTS)
+    drawn = {f for v in images.values() for f in v.split(", ")}
+    for stale in set(os.listdir(CHARTS)) - drawn:  # charts of scenarios this run did not draw
+        if stale.endswith(".png"):
+            os.remove(os.path.join(CHARTS, stale))
+    apis = meta.get("apis", {})
+    lines = [
+        "# aioq benchmarks",
+        "",
+        f"Written by `{meta['command']}` on {meta['started']} in {meta['minutes']:.1f} min; "
+        f"{meta['repeats']} repeat(s) per cell{' (--quick)' if meta['quick'] else ''}, each a fresh "
+        "process on a fresh copy of the system's database, systems interleaved. Figures are "
+        "medians with min–max over the repeats. Re-run with `make bench`.",
+        "",
+        f"- Machine: {meta['machine']}",
+        "- PostgreSQL: " + ", ".join(f"{k} {v}" for k, v in meta["server"].items()),
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        *(f"- {n}" for n in meta["notes"]),  # where the server and Redis came from
+        *(f"- Skipped **{k}**: {v}" for k, v in meta["skipped"].items()),
+        "",
+        "## Targets",
+        "",
+    ]
+    lines += table(
+        ["target", "measured", "result"],
+        [
+            [t, m, "met" if ok else "**missed**"] if ok is not None else [t, m, "not measured"]
+            for t, m, ok in targets(res)
+        ],
+    )
+    sections = [
+        (
+            "defer_one",
+            "defer_one: one job per transaction",
+            lambda r: enqueue_section("defer_one", r, apis.get("single", {})),
+        ),
+        (
+            "defer_many",
+            "defer_many: bulk API, 1 000 jobs per call",
+            lambda r: enqueue_section("defer_many", r, apis.get("bulk", {})),
+        ),
+        ("drain", "drain: preloaded no-op jobs, the library's own worker", drain_section),
+        (
+            "latency",
+            "latency: commit to task start, idle worker, one job every 20 ms",
+            latency_section,
+        ),
+        ("history", "history: aioq with dead rows in the hot table", history_section),
+        ("soak", "soak: steady enqueue near capacity (aioq)", soak_section),
+        ("ceiling", "ceiling: aioq's claim/complete SQL with no worker", ceiling_section),
+    ]
+    for name, title, fn in sections:
+        if name in res:
+            lines += [f"## {title}", "", *fn(res[name])]
+            for image in images.get(name, "").split(", "):
+                if image:
+                    lines += [f"![{name}](charts/{image})", ""]
+    lines += ["## Method", "", *METHOD]
+    with open(out, "w") as f:
+        f.write("\n".join(lines))
+
+
+METHOD = [
+    "- Each measurement is `benchmarks/.venv/bin/python benchmarks/measure.py` (or `ceiling.py`) in "
+    "its own process under a timeout; asyncio's default event loop for every system.",
+    "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction per job; "
+    "50 warm-up calls first. The reference is a bare asyncpg `INSERT ... RETURNING id` of the same "
+    "row into aioq's jobs table.",
+    "- drain: jobs preloaded through the bulk API (not timed); the clock starts as the worker starts "
+    "and stops when the in-process task counter reached N and the database shows no job left "
+    "(pending or running). aioq `2xc50` is the CLI, `aioq worker --processes 2 --concurrency 50`: "
+    "the jobs are inserted in a transaction that commits once both workers listen; the clock starts at "
+    "that commit. Drains stop at a time limit (marked capped).",
+    "- CPU: the worker's user+sys from `getrusage(RUSAGE_SELF)` (psutil over the process tree for the "
+    "CLI); PostgreSQL's from psutil (`/proc/<pid>/stat`) of the client backends connected to the "
+    "measured database (from `pg_stat_activity`), start-to-stop deltas, not counting WAL writer, "
+    "checkpointer or autovacuum.",
+    "- latency: `time.perf_counter()` in one process: after the enqueue call returned (committed) "
+    "and at the first line of the task; the worker is idle and in the same process. aioq's poll-only "
+    "run sets `WorkerConfig.listen=False` with `poll_interval=0.1`.",
+    "- history: 1e3 or 1e6 dead jobs inserted into aioq.jobs (the hot table, the worst place for "
+    "history), VACUUM ANALYZE; 500 claims of one job + completes timed one by one, then a c10 drain.",
+    "- soak: aioq's worker at c50 in the same process as an enqueuer calling `defer_many` every "
+    "20 ms, at 25 % and 50 % of aioq's c50 drain rate, for 60 s, then until the backlog is done. "
+    "Per second: p50/p99 of commit-to-start latency of the jobs started in that second "
+    "(perf_counter), backlog (count), n_dead_tup/n_live_tup/autovacuum_count from "
+    "pg_stat_user_tables, pg_table_size and pg_indexes_size of aioq.jobs.",
+    "- ceiling: `ceiling.py` runs aioq's own CLAIM_ONE_QUEUE and COMPLETE statements (rendered from "
+    "aioq/queries.py) from k asyncpg connections with 50-job claims; pgbench runs the same claim "
+    "then deletes the client's running rows (pgbench cannot pass arrays of claimed ids).",
+    "- The machine is shared (2 cores); other work may run concurrently, hence the min–max.",
+]
+
+
+if __name__ == "__main__":
+    path = os.path.join(HERE, "results.json")
+    with open(path) as f:
+        write(json.load(f), sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "RESULTS.md"))

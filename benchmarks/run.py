@@ -1,0 +1,338 @@
+"""The benchmark orchestrator: ``make bench`` runs it in benchmarks/.venv.
+
+Provisions one database per system (a template with the schema, copied fresh for every
+measurement), runs each measurement as its own process under a timeout (measure.py,
+longrun.py, ceiling.py), systems interleaved (A B C A B C ...), R repeats, and writes
+RESULTS.md, results.json and the charts through report.py.
+
+    benchmarks/.venv/bin/python benchmarks/run.py [--quick] [--repeats 3]
+        [--only defer_one,drain] [--systems aioq,pgqueuer] [--dsn postgresql://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import report  # noqa: E402
+import systems  # noqa: E402
+from plan import Cell, plan  # noqa: E402
+
+SCENARIOS = ("defer_one", "defer_many", "drain", "latency", "history", "soak", "ceiling")
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_PORT = 6379
+
+
+@dataclass
+class Env:
+    admin_dsn: str
+    redis_url: str | None
+    skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    kept: set[str] = field(default_factory=set)
+
+    def dsn(self, db: str) -> str:
+        return with_db(self.admin_dsn, db)
+
+
+def with_db(dsn: str, db: str) -> str:
+    """Replace the database of a postgresql:// URL."""
+    head, _, tail = dsn.partition("?")
+    base = head.rsplit("/", 1)[0] if head.count("/") > 2 else head
+    return f"{base}/{db}" + (f"?{tail}" if tail else "")
+
+
+async def can_connect(dsn: str) -> bool:
+    try:
+        conn = await asyncpg.connect(dsn, timeout=3)
+    except (TimeoutError, OSError, asyncpg.PostgresError):
+        return False
+    await conn.close()
+    return True
+
+
+@contextlib.contextmanager
+def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """Yield (admin DSN, where it came from): --dsn / AIOQ_BENCH_DSN, local :5432, or embedded."""
+    dsn = args.dsn or os.environ.get("AIOQ_BENCH_DSN")
+    if dsn:
+        yield dsn, "AIOQ_BENCH_DSN / --dsn"
+        return
+    if asyncio.run(can_connect(LOCAL_DSN)):
+        yield LOCAL_DSN, "the local server at 127.0.0.1:5432"
+        return
+    from aioq.server import EmbeddedPostgres
+
+    print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
+    server = EmbeddedPostgres()
+    server.start()
+    try:
+        yield server.dsn, "aioq.server.EmbeddedPostgres (a throwaway server)"
+    finally:
+        server.stop()
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def redis(env: Env) -> Iterator[None]:
+    """Use Redis at 127.0.0.1:6379, or start redis-server on a free port, or skip its peers."""
+    if _ping(REDIS_PORT):
+        env.redis_url = f"redis://127.0.0.1:{REDIS_PORT}"
+        yield
+        return
+    exe = shutil.which("redis-server")
+    if exe is None:
+        for name in systems.REDIS:
+            env.skipped[name] = "no Redis at 127.0.0.1:6379 and no redis-server on PATH"
+        env.redis_url = None
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            if _ping(port):
+                break
+            time.sleep(0.05)
+        env.redis_url = f"redis://127.0.0.1:{port}"
+        env.notes.append(f"Redis: a redis-server started for the run on port {port}")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def provision(env: Env, names: list[str]) -> None:
+    """Create bench_<name>_tpl with each system's schema; a failing system is skipped."""
+    admin = await asyncpg.connect(env.admin_dsn)
+    try:
+        for name in names:
+            if name in env.skipped:
+                continue
+            system = systems.load(name)
+            if system.backend != "postgres":
+                continue
+            tpl = f"bench_{name}_tpl"
+            await admin.execute(f'DROP DATABASE IF EXISTS "bench_{name}" WITH (FORCE)')
+            await admin.execute(f'DROP DATABASE IF EXISTS "{tpl}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{tpl}"')
+            try:
+                await system.install(env.dsn(tpl))
+            except Exception as exc:  # a peer that cannot install is skipped, with the reason
+                env.skipped[name] = f"schema install failed: {type(exc).__name__}: {exc}"
+    finally:
+        await admin.close()
+
+
+async def copy_template(env: Env, name: str, db: str) -> str:
+    """A fresh copy of the system's template database, named ``db``; return its DSN."""
+    admin = await asyncpg.connect(env.admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{db}" TEMPLATE "bench_{name}_tpl"')
+    finally:
+        await admin.close()
+    return env.dsn(db)
+
+
+def flush_redis(url: str, db: int) -> None:
+    import redis as redis_client
+
+    redis_client.Redis.from_url(url, db=db).flushdb()
+
+
+def run_cell(env: Env, cell: Cell) -> dict[str, Any]:
+    """Run one measurement in a fresh process; return its parsed result (or an error)."""
+    if cell.db == "redis":
+        assert env.redis_url is not None
+        flush_redis(env.redis_url, cell.redis_db)
+        dsn = f"{env.redis_url}/{cell.redis_db}"
+    elif cell.db == "embedded":
+        return run_embedded(env, cell)
+    elif cell.db == "keep":  # the history databases persist across repeats (made once per run)
+        db = f"bench_{cell.system}_{cell.label}"
+        if db not in env.kept:
+            asyncio.run(copy_template(env, cell.system, db))
+            env.kept.add(db)
+        dsn = env.dsn(db)
+    else:
+        dsn = asyncio.run(copy_template(env, cell.system, f"bench_{cell.system}"))
+    cmd = [sys.executable, os.path.join(HERE, cell.script), "--dsn", dsn, *cell.argv]
+    started = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=cell.timeout, cwd=HERE)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {cell.timeout:.0f} s"}
+    wall = time.perf_counter() - started
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[7:])
+            result["wall_s"] = wall
+            return result
+    tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"exit {out.returncode}: {tail[:300]}"}
+
+
+def apis(names: list[str]) -> dict[str, dict[str, str]]:
+    loaded = [systems.load(n) for n in [*names, systems.REFERENCE]]
+    return {
+        "single": {s.name: s.single_api for s in loaded},
+        "bulk": {s.name: s.bulk_api for s in loaded},
+    }
+
+
+def autovacuum_on(dsn: str) -> bool:
+    async def ask() -> bool:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetchval("SHOW autovacuum") == "on"  # type: ignore[no-any-return]
+        finally:
+            await conn.close()
+
+    return asyncio.run(ask())
+
+
+def run_embedded(env: Env, cell: Cell) -> dict[str, Any]:
+    """Run a cell on a throwaway stock server (the soak, when the main one has autovacuum off)."""
+    from aioq.server import EmbeddedPostgres
+
+    with EmbeddedPostgres() as server:
+        admin = Env(admin_dsn=server.dsn, redis_url=None)
+        asyncio.run(provision(admin, [cell.system]))
+        cell = Cell(**{**cell.__dict__, "db": "fresh"})
+        result = run_cell(admin, cell)
+    result["server"] = "aioq.server.EmbeddedPostgres (stock settings: autovacuum on)"
+    return result
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for dist in ("aioq-pg", "asyncpg", "pgqueuer", "procrastinate", "chancy", "saq", "arq"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[dist] = version(dist)
+    return out
+
+
+async def server_info(env: Env) -> dict[str, str]:
+    conn = await asyncpg.connect(env.admin_dsn)
+    try:
+        info = {"postgres": await conn.fetchval("SHOW server_version")}
+        for name in (
+            "shared_buffers",
+            "synchronous_commit",
+            "fsync",
+            "autovacuum",
+            "max_connections",
+        ):
+            info[name] = await conn.fetchval(f"SHOW {name}")
+        return info
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer jobs and repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, comma-separated")
+    parser.add_argument("--systems", default=",".join(systems.ALL), help="comma-separated")
+    parser.add_argument("--dsn", help="an admin DSN (default: $AIOQ_BENCH_DSN, local, embedded)")
+    parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    args = parser.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    scenarios = [s for s in args.only.split(",") if s]
+    names = [s for s in args.systems.split(",") if s]
+    for bad in set(scenarios) - set(SCENARIOS):
+        parser.error(f"unknown scenario {bad!r}; choose from {', '.join(SCENARIOS)}")
+    for bad in set(names) - set(systems.ALL):
+        parser.error(f"unknown system {bad!r}; choose from {', '.join(systems.ALL)}")
+    if "aioq" not in names:
+        names.insert(0, "aioq")
+    command = " ".join(["benchmarks/run.py", *sys.argv[1:]])
+    began = time.time()
+    with postgres(args) as (admin_dsn, pg_source):
+        env = Env(admin_dsn=admin_dsn, redis_url=None)
+        env.notes.append(f"Server used: {pg_source}")
+        with redis(env):
+            asyncio.run(provision(env, [*names, systems.REFERENCE]))
+            for name, why in env.skipped.items():
+                if name in names:
+                    print(f"skipping {name}: {why}", flush=True)
+            active = [n for n in names if n not in env.skipped]
+            results: dict[str, list[dict[str, Any]]] = {}
+            for scenario in scenarios:
+                cells = plan(scenario, active, quick=args.quick, prior=results)
+                if scenario == "soak" and not autovacuum_on(env.admin_dsn):
+                    # A soak shows whether autovacuum keeps up: not on a server that has it off.
+                    for cell in cells:
+                        cell.db = "embedded"
+                    env.notes.append(
+                        "The soak ran on a throwaway stock server (aioq.server.EmbeddedPostgres):"
+                        " the main server has autovacuum = off"
+                    )
+                t0 = time.perf_counter()
+                for rep in range(repeats if scenario != "soak" else 1):
+                    for cell in cells:
+                        result = run_cell(env, cell)
+                        result.update(cell.key(), repeat=rep)
+                        results.setdefault(scenario, []).append(result)
+                        print(
+                            f"  {scenario} {cell.title()} #{rep + 1}: {report.brief(result)}",
+                            flush=True,
+                        )
+                print(f"{scenario}: {time.perf_counter() - t0:.0f} s", flush=True)
+            meta = {
+                "command": command,
+                "repeats": repeats,
+                "quick": args.quick,
+                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
+                "minutes": (time.time() - began) / 60,
+                "machine": report.machine(),
+                "versions": versions(),
+                "server": asyncio.run(server_info(env)),
+                "skipped": {k: v for k, v in env.skipped.items() if k in names},
+                "notes": env.notes,
+                "apis": apis(names),
+            }
+    data = {"meta": meta, "results": results}
+    with open(os.path.join(HERE, "results.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    report.write(data, args.out)
+    print(f"wrote {args.out} in {meta['minutes']:.1f} min", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""One adapter per queue system, all with the same small interface (see :class:`System`).
+
+Each adapter uses its library's public API only: its task decorator on an async no-op, its
+normal single and bulk enqueue calls, and its own worker run in this process.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+
+# The no-op task of every system calls this with its job number; measure.py sets it.
+hook: Callable[[int], None] = lambda i: None  # noqa: E731
+
+
+def on_run(i: int) -> None:
+    """Called by every system's no-op task: forwards to the current hook."""
+    hook(i)
+
+
+POSTGRES = ("aioq", "pgqueuer", "procrastinate", "chancy")
+REFERENCE = "bare"  # not a system: the bare INSERT, for defer_one and defer_many
+REDIS = ("saq", "arq")
+ALL = POSTGRES + REDIS
+
+
+class System:
+    """What measure.py needs from a queue system. ``dsn`` is a PostgreSQL DSN or a Redis URL."""
+
+    name = "?"
+    backend = "postgres"
+    # The table (in the system's own database) that holds its jobs: for the history scenario.
+    bulk_api = "?"
+    single_api = "?"
+
+    async def install(self, dsn: str) -> None:
+        """Create the schema in a fresh database (done once, on the template)."""
+
+    async def open(self, dsn: str) -> None:
+        """Connect the enqueue side."""
+
+    async def close(self) -> None:
+        """Close what open() opened."""
+
+    async def defer_one(self, i: int) -> None:
+        """Enqueue one no-op job with the library's normal single call, its own transaction."""
+        raise NotImplementedError
+
+    async def defer_many(self, start: int, count: int) -> None:
+        """Enqueue ``count`` no-op jobs in one call of the library's bulk API."""
+        raise NotImplementedError
+
+    async def remaining(self) -> int:
+        """Jobs not yet done, as the database (or broker) shows it."""
+        raise NotImplementedError
+
+    def worker(
+        self, concurrency: int, *, poll_interval: float = 1.0, listen: bool = True
+    ) -> AbstractAsyncContextManager[None]:
+        """Run the library's own worker in this process while the context is open."""
+        raise NotImplementedError
+
+
+def load(name: str) -> System:
+    """Return the adapter of a system by name."""
+    module = importlib.import_module(f"systems.sys_{name}")
+    return module.Adapter()  # type: ignore[no-any-return]
+
+
+__all__ = ("ALL", "POSTGRES", "REDIS", "AsyncIterator", "System", "load", "on_run")

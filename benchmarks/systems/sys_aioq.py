@@ -1,0 +1,63 @@
+"""aioq: ``Task.defer`` / ``Task.defer_many`` on an asyncpg connection, ``aioq.Worker``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import aioq
+import asyncpg
+
+from systems import System, on_run
+
+registry = aioq.Registry()
+
+
+@registry.task(name="noop")
+async def noop(i: int) -> None:
+    """The no-op job."""
+    on_run(i)
+
+
+class Adapter(System):
+    name = "aioq"
+    single_api = "Task.defer(conn, ...)"
+    bulk_api = "Task.defer_many(conn, [...])"
+
+    async def install(self, dsn: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await aioq.install(conn)
+        finally:
+            await conn.close()
+
+    async def open(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn = await asyncpg.connect(dsn)
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def defer_one(self, i: int) -> None:
+        await noop.defer(self.conn, i=i)  # autocommit: one transaction per job
+
+    async def defer_many(self, start: int, count: int) -> None:
+        await noop.defer_many(self.conn, [{"i": i} for i in range(start, start + count)])
+
+    async def remaining(self) -> int:
+        return await self.conn.fetchval("SELECT count(*) FROM aioq.jobs")  # type: ignore[no-any-return]
+
+    @contextlib.asynccontextmanager
+    async def worker(
+        self, concurrency: int, *, poll_interval: float = 1.0, listen: bool = True
+    ) -> AsyncIterator[None]:
+        w = aioq.Worker(
+            dsn=self.dsn,
+            registry=registry,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            listen=listen,
+            shutdown_grace=5.0,
+        )
+        async with w:
+            yield

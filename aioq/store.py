@@ -22,6 +22,10 @@ Executor: TypeAlias = asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool
 """Anything that runs a statement: a connection, or a pool that lends one for it."""
 
 
+VACUUM_TIMEOUT = 3600.0
+"""Seconds a VACUUM of the jobs table may take before it is cancelled."""
+
+
 class Store:
     """The statements of one schema, rendered once."""
 
@@ -213,7 +217,9 @@ class Store:
 
     async def vacuum_jobs(self, conn: Executor) -> None:
         """VACUUM the jobs table, unless another session is vacuuming it."""
-        await conn.execute(self._vacuum_jobs)
+        # Not the pool's command_timeout (meant for short statements on a silent connection):
+        # a big table's VACUUM may take longer, and cancelled it would never finish.
+        await conn.execute(self._vacuum_jobs, timeout=VACUUM_TIMEOUT)
 
     async def queue_stats(self, conn: Executor) -> Sequence[asyncpg.Record]:
         """Return per-queue counts: ready, scheduled, running, dead, expired, oldest_ready_age."""

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,9 @@ from typing import Any
 
 import asyncpg
 import pytest
+from procs import LISTENERS, children, pid_of
+
+from aioq._pgbin import free_port
 
 TASKS = textwrap.dedent(
     """
@@ -94,31 +96,7 @@ def defer_sql(dsn: str, count: int, sleep: float) -> list[int]:
     return [r["id"] for r in rows]
 
 
-def children(pid: int) -> set[int]:
-    """The pids whose parent is ``pid`` (a /proc scan)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry.name))
-    return found
-
-
-def listening_pids(dsn: str) -> set[int]:
-    """Pids of worker processes with a LISTEN connection (their id is host:pid:token)."""
-    rows = fetch(
-        dsn,
-        "SELECT application_name FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'aioq listener %'",
-    )
-    return {int(r[0].split(":")[-2]) for r in rows}
-
-
-def worker_pids(dsn: str, job_ids: list[int]) -> set[int]:
+def pid_ofs(dsn: str, job_ids: list[int]) -> set[int]:
     rows = fetch(
         dsn,
         "SELECT DISTINCT worker_id FROM runs WHERE phase = 'end' AND job_id = ANY($1)",
@@ -336,21 +314,27 @@ def test_worker_processes_drain_and_replace_a_killed_child(
     sup = spawn(*args, "--poll-interval", "0.2", "--shutdown-grace", "5", cwd=task_dir)
     wait_for(lambda: len(children(sup.pid)) == 2, what="two children")
     first = children(sup.pid)
-    wait_for(lambda: listening_pids(dsn) == first, what="both children listening")
+    wait_for(
+        lambda: {pid_of(r[0]) for r in fetch(dsn, LISTENERS)} == first,
+        what="both children listening",
+    )
 
     jobs = defer_sql(dsn, 20, 0.2)
     wait_for(lambda: ended(dsn, jobs) == 20, what="20 jobs")
-    assert worker_pids(dsn, jobs) == first  # both children did work
+    assert pid_ofs(dsn, jobs) == first  # both children did work
 
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: len(children(sup.pid) - first) == 1, what="a replacement child")
     replacement = (children(sup.pid) - first).pop()
-    wait_for(lambda: replacement in listening_pids(dsn), what="the replacement listening")
+    wait_for(
+        lambda: replacement in {pid_of(r[0]) for r in fetch(dsn, LISTENERS)},
+        what="the replacement listening",
+    )
 
     more = defer_sql(dsn, 15, 0.3)
     wait_for(lambda: ended(dsn, more) == 15, what="15 more jobs")
-    assert replacement in worker_pids(dsn, more)
+    assert replacement in pid_ofs(dsn, more)
 
     sup.send_signal(signal.SIGTERM)
     _, stderr = sup.communicate(timeout=20)
@@ -423,12 +407,6 @@ def test_worker_usage_errors(dsn: str, tmp_path: Path) -> None:
     one_line_error(aioq_cli(dsn, "worker", "m:x", cwd=tmp_path), "is not an aioq.Registry")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _scrape(port: int) -> str | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
@@ -440,7 +418,7 @@ def _scrape(port: int) -> str | None:
 def test_worker_serves_metrics_per_process(
     dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    base = _free_port()
+    base = free_port()
     proc = spawn("worker", "clitasks", "--processes", "2", "--metrics-port", str(base),
                  "--metrics-addr", "127.0.0.1", "--poll-interval", "0.2", cwd=task_dir)  # fmt: skip
     jobs = defer_sql(dsn, 20, 0.0)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from procs import LISTENERS, children, pid_of
 
 PROFILE = os.environ.get("AIOQ_CHAOS_PROFILE", "quick")
 if PROFILE not in ("quick", "long"):
@@ -136,11 +137,6 @@ def log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def pid_of(worker_id: str) -> int:
-    """The pid in a worker id (``host:pid:token``)."""
-    return int(worker_id.split(":")[-2])
-
-
 class Sql:
     """A blocking connection of the test's own (reconnects after a restart or termination)."""
 
@@ -240,27 +236,9 @@ def defer_sticky(sql: Sql, release: Path) -> int:
     return job_id
 
 
-def children(pid: int) -> set[int]:
-    """The live pids whose parent is ``pid`` (a /proc scan)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-                found.add(int(entry.name))
-    return found
-
-
 def listening_pids(sql: Sql) -> set[int]:
     """Pids of worker processes whose LISTEN connection is up."""
-    rows = sql.fetch(
-        "SELECT application_name FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'aioq listener %'"
-    )
-    return {pid_of(r[0]) for r in rows}
+    return {pid_of(r[0]) for r in sql.fetch(LISTENERS)}
 
 
 def backends_of(sql: Sql, pid: int) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pwd
 import random
 import secrets
 import shutil
@@ -29,6 +28,9 @@ from typing import Any, Self
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
+from procs import LISTENERS, children, pid_of
+
+from aioq._pgbin import free_port, server_user
 
 PROFILE = os.environ.get("AIOQ_CHAOS_PROFILE", "quick")
 LONG = PROFILE == "long"
@@ -196,30 +198,6 @@ def db_now(dsn: str) -> datetime:
 # --- worker processes ----------------------------------------------------------------------
 
 
-def children(pid: int) -> set[int]:
-    """The pids whose parent is ``pid`` (a /proc scan)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry.name))
-    return found
-
-
-def listening_pids(dsn: str) -> set[int]:
-    """Pids of worker processes whose LISTEN connection is open (their id is host:pid:token)."""
-    rows = fetch(
-        dsn,
-        "SELECT application_name FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'aioq listener %'",
-    )
-    return {int(r[0].split(":")[-2]) for r in rows}
-
-
 class WorkerProcess:
     """``python -m aioq worker TARGET ARGS`` with its output in a log file; stopped on exit."""
 
@@ -272,7 +250,7 @@ class WorkerProcess:
                     f"the worker exited with {self.proc.returncode}:\n{self.log()}"
                 )
             pids = children(self.pid) if processes > 1 else {self.pid}
-            return len(pids) == processes and listening_pids(dsn) >= pids
+            return len(pids) == processes and {pid_of(r[0]) for r in fetch(dsn, LISTENERS)} >= pids
 
         wait_for(ready, f"{processes} worker process(es) listening", on_timeout=self.log)
         return self.workers()
@@ -376,26 +354,6 @@ def find_pgbouncer() -> str | None:
     return str(fallback) if os.access(fallback, os.X_OK) else None
 
 
-def _unprivileged_user() -> pwd.struct_passwd | None:
-    """As root, the OS user to run a server as (both PgBouncer and PostgreSQL refuse root)."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "nobody"):
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            continue
-        if entry.pw_uid != 0:
-            return entry
-    raise RuntimeError("running as root and no unprivileged user (postgres, nobody) to run as")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class PgBouncer:
     """A PgBouncer of our own in transaction mode, on a free port, in front of ``server_dsn``.
 
@@ -454,7 +412,7 @@ class PgBouncer:
 
     def start(self) -> None:
         """Write the config, start PgBouncer and wait until it accepts a client."""
-        user = _unprivileged_user()
+        user = server_user()  # as root, the same unprivileged user as the embedded server
         self._dir = Path(tempfile.mkdtemp(prefix="aioq-pgbouncer-"))
         os.chmod(self._dir, 0o755)
         (self._dir / "userlist.txt").write_text("".join(f'"{u}" ""\n' for u in self.users))
@@ -465,7 +423,7 @@ class PgBouncer:
             log_path = self._dir / "pgbouncer.log"
             if user is not None:
                 for path in (self._dir, self._dir / "userlist.txt", ini):
-                    os.chown(path, user.pw_uid, user.pw_gid)
+                    os.chown(path, user.uid, user.gid)
             with log_path.open("wb") as log:
                 self._proc = subprocess.Popen(
                     [self.binary, str(ini)],
@@ -474,8 +432,8 @@ class PgBouncer:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    user=user.pw_uid if user else None,
-                    group=user.pw_gid if user else None,
+                    user=user.uid if user else None,
+                    group=user.gid if user else None,
                     extra_groups=[] if user else None,
                 )
             self.pid = self._proc.pid

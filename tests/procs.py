@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 # The LISTEN connection of every worker process of this database; its worker id is host:pid:token.
@@ -28,3 +31,32 @@ def children(pid: int) -> set[int]:
 def pid_of(worker_id: str) -> int:
     """The pid in a worker id (``host:pid:token``), or in an aioq connection's application name."""
     return int(worker_id.split(":")[-2])
+
+
+def aioq_cli(
+    dsn: str | None, *args: str, cwd: Path | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m aioq ARGS`` with AIOQ_DSN set (or unset for None)."""
+    env = {k: v for k, v in os.environ.items() if k != "AIOQ_DSN"}
+    if dsn is not None:
+        env["AIOQ_DSN"] = dsn
+    return subprocess.run(
+        [sys.executable, "-m", "aioq", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """Assert exit status 2 with one line on stderr, no traceback, containing ``fragments``."""
+    assert result.returncode == 2, result
+    message = result.stderr.strip()
+    assert "Traceback" not in message, message
+    assert len(message.splitlines()) == 1, message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from procs import LISTENERS, children, pid_of
+from procs import LISTENERS, aioq_cli, assert_one_line_error, children, pid_of
 
 from aioq._pgbin import free_port
 
@@ -46,24 +46,6 @@ TASKS = textwrap.dedent(
             await conn.close()
     """
 )
-
-
-def aioq_cli(
-    dsn: str | None, *args: str, cwd: Path | None = None, timeout: float = 30
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m aioq ARGS`` with AIOQ_DSN set (or unset for None)."""
-    env = {k: v for k, v in os.environ.items() if k != "AIOQ_DSN"}
-    if dsn is not None:
-        env["AIOQ_DSN"] = dsn
-    return subprocess.run(
-        [sys.executable, "-m", "aioq", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
@@ -142,17 +124,10 @@ def spawn(dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
             proc.communicate()
 
 
-def one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
-    assert result.returncode == 2, result
-    assert text in result.stderr
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-
-
 def test_missing_dsn_and_unreachable_database() -> None:
-    one_line_error(aioq_cli(None, "stats"), "pass --dsn or set AIOQ_DSN")
+    assert_one_line_error(aioq_cli(None, "stats"), "pass --dsn or set AIOQ_DSN")
     bad = "postgresql://nobody@127.0.0.1:1/none"
-    one_line_error(aioq_cli(None, "jobs", "list", "--dsn", bad), "cannot reach the database")
+    assert_one_line_error(aioq_cli(None, "jobs", "list", "--dsn", bad), "cannot reach the database")
     assert aioq_cli(None, "jobs", "frobnicate").returncode == 2  # usage
 
 
@@ -186,9 +161,9 @@ def test_defer_list_show(dsn: str) -> None:
     later = aioq_cli(dsn, "defer", "shop.mail", "--queue", "mail", "--delay", "1h", "--json")
     later_id = json.loads(later.stdout)["id"]
 
-    one_line_error(aioq_cli(dsn, "defer", "t", "--args", "[1]"), "must be a JSON object")
-    one_line_error(aioq_cli(dsn, "defer", "t", "--args", "{nope"), "not valid JSON")
-    one_line_error(aioq_cli(dsn, "defer", "t", "--args", '{"x": "\\u0000"}'), "NUL")
+    assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", "[1]"), "must be a JSON object")
+    assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", "{nope"), "not valid JSON")
+    assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", '{"x": "\\u0000"}'), "NUL")
 
     table = aioq_cli(dsn, "jobs", "list")
     assert table.returncode == 0
@@ -248,7 +223,9 @@ def test_retry_cancel_purge(dsn: str) -> None:
 
     young = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "1h")
     assert (young.returncode, young.stdout.strip()) == (0, "purged 0 dead jobs")
-    one_line_error(aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "soon"), "duration")
+    assert_one_line_error(
+        aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "soon"), "duration"
+    )
     purged = aioq_cli(dsn, "jobs", "purge", "--dead", "--json")
     assert json.loads(purged.stdout) == {"purged": 1}
     assert [r["id"] for r in fetch(dsn, "SELECT id FROM aioq.jobs")] == [ids[1]]
@@ -402,9 +379,9 @@ def test_second_signal_stops_at_once_and_releases_the_job(
 
 
 def test_worker_usage_errors(dsn: str, tmp_path: Path) -> None:
-    one_line_error(aioq_cli(dsn, "worker", "no_such_module", cwd=tmp_path), "cannot import")
+    assert_one_line_error(aioq_cli(dsn, "worker", "no_such_module", cwd=tmp_path), "cannot import")
     (tmp_path / "m.py").write_text("x = 1\n")
-    one_line_error(aioq_cli(dsn, "worker", "m:x", cwd=tmp_path), "is not an aioq.Registry")
+    assert_one_line_error(aioq_cli(dsn, "worker", "m:x", cwd=tmp_path), "is not an aioq.Registry")
 
 
 def _scrape(port: int) -> str | None:

@@ -286,35 +286,6 @@ class WorkerProcess:
             self._kill()
 
 
-def aioq_cli(
-    *args: str, dsn: str | None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m aioq ARGS`` with AIOQ_DSN set (or unset for None)."""
-    env = {k: v for k, v in os.environ.items() if k != "AIOQ_DSN"}
-    if dsn is not None:
-        env["AIOQ_DSN"] = dsn
-    return subprocess.run(
-        [sys.executable, "-m", "aioq", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=STOP_TIMEOUT,
-        check=False,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """Assert exit status 2 with one line on stderr, no traceback, containing ``fragments``."""
-    assert result.returncode == 2, result
-    message = result.stderr.strip()
-    assert "Traceback" not in message, message
-    assert len(message.splitlines()) == 1, message
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
-
-
 # --- sockets of a process (who holds which TCP connection) ---------------------------------
 
 

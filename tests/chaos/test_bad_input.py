@@ -22,10 +22,11 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from procs import aioq_cli
 from support import (
     RUNS_TABLE,
+    STOP_TIMEOUT,
     WorkerProcess,
-    aioq_cli,
     db_now,
     fetch,
     run_counts,
@@ -352,7 +353,7 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
         worker.wait_listening(dsn)
         # Good jobs deferred after the bad ones, in two batches: the worker keeps serving.
         deferred = db_now(dsn)
-        good = aioq_cli("defer", "bad.good", "--args", '{"n": 1}', dsn=dsn)
+        good = aioq_cli(dsn, "defer", "bad.good", "--args", '{"n": 1}', timeout=STOP_TIMEOUT)
         assert good.returncode == 0, good.stderr
         good_ids = [int(good.stdout)]
         wait_for(

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from procs import aioq_cli, assert_one_line_error
 from support import (
     RUNS_TABLE,
+    STOP_TIMEOUT,
     WorkerProcess,
-    aioq_cli,
-    assert_one_line_error,
     fetch,
     value,
     wait_for,
@@ -92,12 +92,12 @@ def test_schema_names_that_try_injection_are_refused(dsn: str) -> None:
     cases = [(c, names[0]) for c in commands]
     cases += [(commands[i % len(commands)], name) for i, name in enumerate(names[1:])]
     for command, schema in cases:
-        result = aioq_cli(*command, "--schema", schema, dsn=dsn)
+        result = aioq_cli(dsn, *command, "--schema", schema, timeout=STOP_TIMEOUT)
         assert_one_line_error(result, "schema", "is not a valid schema name")
-    worker = aioq_cli("worker", "aioq", "--schema", INJECTIONS[0], dsn=dsn)
+    worker = aioq_cli(dsn, "worker", "aioq", "--schema", INJECTIONS[0], timeout=STOP_TIMEOUT)
     assert_one_line_error(worker, "is not a valid schema name")
     # "Aioq" is valid and distinct: quoted, it names a schema that does not exist.
-    missing = aioq_cli("stats", "--schema", "Aioq", dsn=dsn)
+    missing = aioq_cli(dsn, "stats", "--schema", "Aioq", timeout=STOP_TIMEOUT)
     assert_one_line_error(missing, "aioq schema apply")
     assert value(dsn, tables) == before
     assert value(dsn, "SELECT count(*) FROM aioq.jobs") == 0
@@ -154,14 +154,16 @@ def test_queue_and_task_names_that_try_injection_are_inert(dsn: str, tmp_path: P
             await conn.close()
 
     ids = asyncio.run(defer_all())
-    cli = aioq_cli("defer", names[1], "--queue", HOSTILE_QUEUES[0], dsn=dsn)
+    cli = aioq_cli(dsn, "defer", names[1], "--queue", HOSTILE_QUEUES[0], timeout=STOP_TIMEOUT)
     assert cli.returncode == 0, cli.stderr
     ids.append(int(cli.stdout))
     stored = fetch(dsn, "SELECT task, queue, unique_key FROM aioq.jobs ORDER BY id")
     assert {r["task"] for r in stored} == set(names)  # verbatim
     assert {r["queue"] for r in stored} == set(HOSTILE_QUEUES)
     assert {r["unique_key"] for r in stored} - {None} == set(HOSTILE_QUEUES)
-    listed = aioq_cli("jobs", "list", "--task", names[0], "--queue", HOSTILE_QUEUES[0], dsn=dsn)
+    listed = aioq_cli(
+        dsn, "jobs", "list", "--task", names[0], "--queue", HOSTILE_QUEUES[0], timeout=STOP_TIMEOUT
+    )
     assert listed.returncode == 0, listed.stderr
 
     queues = [arg for q in HOSTILE_QUEUES for arg in ("--queue", q)]

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from procs import aioq_cli, assert_one_line_error
 from support import (
     RUNS_TABLE,
+    STOP_TIMEOUT,
     WorkerProcess,
-    aioq_cli,
-    assert_one_line_error,
     db_now,
     fetch,
     role,
@@ -144,7 +144,7 @@ def test_least_privileged_role_defers_and_runs_a_worker_process(
     with worker:
         worker.wait_listening(dsn)
         work_ids, flaky_id, doomed_id = asyncio.run(defer_all())
-        cli = aioq_cli("defer", "app.work", "--args", '{"n": 0}', dsn=app_dsn)
+        cli = aioq_cli(app_dsn, "defer", "app.work", "--args", '{"n": 0}', timeout=STOP_TIMEOUT)
         assert cli.returncode == 0, cli.stderr
         work_ids += [ghost, int(cli.stdout)]
 
@@ -156,10 +156,12 @@ def test_least_privileged_role_defers_and_runs_a_worker_process(
 
         wait_for(settled, "every job to finish or die", on_timeout=worker.log)
         # The admin commands, as the same role: list, stats, replay the dead job.
-        listed = aioq_cli("jobs", "list", "--status", "dead", "--json", dsn=app_dsn)
+        listed = aioq_cli(
+            app_dsn, "jobs", "list", "--status", "dead", "--json", timeout=STOP_TIMEOUT
+        )
         assert [j["id"] for j in json.loads(listed.stdout)] == [doomed_id], listed.stderr
-        assert aioq_cli("stats", dsn=app_dsn).returncode == 0
-        retried = aioq_cli("jobs", "retry", str(doomed_id), dsn=app_dsn)
+        assert aioq_cli(app_dsn, "stats", timeout=STOP_TIMEOUT).returncode == 0
+        retried = aioq_cli(app_dsn, "jobs", "retry", str(doomed_id), timeout=STOP_TIMEOUT)
         assert retried.returncode == 0, retried.stderr
         wait_for(
             lambda: (
@@ -291,10 +293,10 @@ def test_least_privileged_role_cannot_change_the_schema(dsn: str, app: tuple[str
 
     asyncio.run(attempt_ddl())
     for schema in ("aioq", "fresh"):
-        refused = aioq_cli("schema", "apply", "--schema", schema, dsn=app_dsn)
+        refused = aioq_cli(app_dsn, "schema", "apply", "--schema", schema, timeout=STOP_TIMEOUT)
         message = assert_one_line_error(refused, "cannot install or upgrade schema", "owner")
         assert "permission denied" in message
     assert value(dsn, tables) == before
     assert value(dsn, "SELECT count(*) FROM pg_namespace WHERE nspname IN ('evil', 'fresh')") == 0
-    owner = aioq_cli("schema", "apply", dsn=dsn)
+    owner = aioq_cli(dsn, "schema", "apply", timeout=STOP_TIMEOUT)
     assert (owner.returncode, owner.stdout.strip()) == (0, "schema aioq: up to date (version 1)")

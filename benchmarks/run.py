@@ -78,13 +78,13 @@ def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     if asyncio.run(can_connect(LOCAL_DSN)):
         yield LOCAL_DSN, "the local server at 127.0.0.1:5432"
         return
-    from aioq.server import EmbeddedPostgres
+    from aioq.dev.server import EmbeddedPostgres
 
     print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
     server = EmbeddedPostgres()
     server.start()
     try:
-        yield server.dsn, "aioq.server.EmbeddedPostgres (a throwaway server)"
+        yield server.dsn, "aioq.dev.server.EmbeddedPostgres (a throwaway server)"
     finally:
         server.stop()
 
@@ -224,14 +224,14 @@ def autovacuum_on(dsn: str) -> bool:
 
 def run_embedded(env: Env, cell: Cell) -> dict[str, Any]:
     """Run a cell on a throwaway stock server (the soak, when the main one has autovacuum off)."""
-    from aioq.server import EmbeddedPostgres
+    from aioq.dev.server import EmbeddedPostgres
 
     with EmbeddedPostgres() as server:
         admin = Env(admin_dsn=server.dsn, redis_url=None)
         asyncio.run(provision(admin, [cell.system]))
         cell = Cell(**{**cell.__dict__, "db": "fresh"})
         result = run_cell(admin, cell)
-    result["server"] = "aioq.server.EmbeddedPostgres (stock settings: autovacuum on)"
+    result["server"] = "aioq.dev.server.EmbeddedPostgres (stock settings: autovacuum on)"
     return result
 
 
@@ -299,7 +299,7 @@ def main() -> int:
                     for cell in cells:
                         cell.db = "embedded"
                     env.notes.append(
-                        "The soak ran on a throwaway stock server (aioq.server.EmbeddedPostgres):"
+                        "The soak ran on a throwaway stock server (aioq.dev.server.EmbeddedPostgres):"
                         " the main server has autovacuum = off"
                     )
                 t0 = time.perf_counter()

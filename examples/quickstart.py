@@ -15,7 +15,7 @@ import anyio
 import asyncpg
 
 import aioq
-from aioq.server import EmbeddedPostgres
+from aioq.dev.server import EmbeddedPostgres
 
 registry = aioq.Registry()
 receipts: list[int] = []

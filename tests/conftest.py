@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.server import EmbeddedPostgres
+from aioq.dev.server import EmbeddedPostgres
 
 TEMPLATE = f"aioq_template_{os.getpid()}"
 

@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 from procs import LISTENERS, aioq_cli, assert_one_line_error, children, pid_of
 
-from aioq._pgbin import free_port
+from aioq.dev.pgbin import free_port
 
 TASKS = textwrap.dedent(
     """

@@ -20,10 +20,10 @@ import anyio
 import asyncpg
 import pytest
 
-from aioq import _pgbin
-from aioq._pgbin import pid_alive
+from aioq.dev import pgbin as _pgbin
+from aioq.dev.pgbin import pid_alive
+from aioq.dev.server import EmbeddedPostgres, find_binaries
 from aioq.errors import ServerError
-from aioq.server import EmbeddedPostgres, find_binaries
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE = 60.0
@@ -226,7 +226,7 @@ def test_root_falls_back_to_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_interpreter_exit_tears_down() -> None:
     script = (
-        "from aioq.server import EmbeddedPostgres\n"
+        "from aioq.dev.server import EmbeddedPostgres\n"
         "pg = EmbeddedPostgres(fsync=False)\n"
         "pg.start()\n"
         "print(pg.data_dir, flush=True)\n"

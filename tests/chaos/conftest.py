@@ -12,8 +12,8 @@ import pytest
 from harness import Fleet, Sql, prepare, spawn_fleet
 
 import aioq
+from aioq.dev.server import EmbeddedPostgres, find_binaries
 from aioq.errors import ServerError
-from aioq.server import EmbeddedPostgres, find_binaries
 
 
 def with_database(dsn: str, database: str) -> str:

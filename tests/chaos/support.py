@@ -30,7 +30,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import asyncpg
 from procs import LISTENERS, children, pid_of
 
-from aioq._pgbin import free_port, server_user
+from aioq.dev.pgbin import free_port, server_user
 
 PROFILE = os.environ.get("AIOQ_CHAOS_PROFILE", "quick")
 LONG = PROFILE == "long"

@@ -25,7 +25,7 @@ from harness import (
 )
 
 from aioq import queries
-from aioq.server import EmbeddedPostgres
+from aioq.dev.server import EmbeddedPostgres
 
 pytestmark = [
     pytest.mark.chaos,

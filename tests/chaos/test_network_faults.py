@@ -29,7 +29,7 @@ from harness import (
     wait_serving,
 )
 
-from aioq.server import EmbeddedPostgres
+from aioq.dev.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.chaos
 

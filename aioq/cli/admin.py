@@ -13,7 +13,7 @@ import anyio
 import asyncpg
 
 from aioq import admin, migrate
-from aioq._cli_common import (
+from aioq.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     UsageError,

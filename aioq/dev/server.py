@@ -30,7 +30,7 @@ from typing import Self, TypeVar
 
 import anyio
 
-from aioq._pgbin import (
+from aioq.dev.pgbin import (
     HOST,
     SUPERUSER,
     OsUser,

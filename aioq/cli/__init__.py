@@ -1,7 +1,7 @@
 """The ``aioq`` command line.
 
-Each subcommand is one ``cmd_<name>(args) -> int`` function (``aioq/_cli_worker.py`` runs
-servers and workers, ``aioq/_cli_admin.py`` looks after the queue) registered in
+Each subcommand is one ``cmd_<name>(args) -> int`` function (``aioq/cli/worker.py`` runs
+servers and workers, ``aioq/cli/admin.py`` looks after the queue) registered in
 :func:`_build_parser`. Exit status: 0 ok; 1 a check failed or nothing was found (``jobs show``
 of an unknown id, ``stats --check`` over a threshold, ``schema status`` with pending
 migrations); 2 a usage, configuration, connection or database error, printed on one line
@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import asyncpg
 
-from aioq._cli_admin import (
+from aioq.cli.admin import (
     cmd_defer,
     cmd_jobs_cancel,
     cmd_jobs_list,
@@ -32,8 +32,8 @@ from aioq._cli_admin import (
     cmd_schema_status,
     cmd_stats,
 )
-from aioq._cli_common import DEFAULT_SCHEMA, EXIT_ERROR, UsageError, duration, positive_int
-from aioq._cli_worker import cmd_dev, cmd_worker
+from aioq.cli.common import DEFAULT_SCHEMA, EXIT_ERROR, UsageError, duration, positive_int
+from aioq.cli.worker import cmd_dev, cmd_worker
 from aioq.errors import AioqError
 from aioq.job import JobStatus
 from aioq.logs import formatter

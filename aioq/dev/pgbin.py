@@ -29,7 +29,7 @@ from pathlib import Path
 
 from aioq.errors import ServerError
 
-log = logging.getLogger("aioq.server")
+log = logging.getLogger("aioq.dev.server")
 
 INSTALL_HINT = (
     "install them with `apt-get install postgresql` (Debian/Ubuntu; or the OS equivalent, "

@@ -11,8 +11,8 @@ import sys
 
 import anyio
 
-from aioq._cli_common import EXIT_OK, LISTEN_DSN_ENV, UsageError, dsn_from
-from aioq.server import EmbeddedPostgres
+from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, UsageError, dsn_from
+from aioq.dev.server import EmbeddedPostgres
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import Registry, default_registry
 from aioq.worker import Worker

@@ -14,6 +14,7 @@ __all__ = (
     "Stats",
     "TableStats",
     "cancel_jobs",
+    "delete_jobs",
     "get_job",
     "list_jobs",
     "purge_dead",
@@ -36,6 +37,9 @@ class QueueStats:
     oldest_ready_age: float
     expired_leases: int  # running past their lease, not yet reaped
     completed_last_minute: int | None  # None unless completed jobs are archived
+    # From the workers' per-minute history (the last full minute and the current one): None
+    # when no worker wrote any history (older workers, or stats_history off).
+    failed_last_minute: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,8 +69,9 @@ async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
     rows = await store.queue_stats(conn)
     completed = await store.archive_stats(conn)
     table = await store.table_stats(conn)
+    recent = await store.recent_outcomes(conn)
     archived = bool(completed)
-    names = sorted({row["queue"] for row in rows} | set(completed))
+    names = sorted({row["queue"] for row in rows} | set(completed) | set(recent))
     by_queue = {row["queue"]: row for row in rows}
     queues = []
     for name in names:
@@ -81,6 +86,7 @@ async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
                 oldest_ready_age=row["oldest_ready_age"] if row else 0.0,
                 expired_leases=row["expired"] if row else 0,
                 completed_last_minute=completed.get(name, 0) if archived else None,
+                failed_last_minute=recent.get(name, (0, 0))[1] if recent else None,
             )
         )
     return Stats(
@@ -100,6 +106,11 @@ async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
 async def cancel_jobs(conn: Executor, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
     """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
     return list(await Store.for_schema(schema).cancel(conn, job_ids))
+
+
+async def delete_jobs(conn: Executor, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
+    """Delete jobs that are pending or dead; return the ids deleted (running jobs are kept)."""
+    return list(await Store.for_schema(schema).delete(conn, job_ids))
 
 
 async def purge_dead(

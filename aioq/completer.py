@@ -18,6 +18,7 @@ from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
     from aioq.metrics import Metrics
+    from aioq.stats_history import StatsRecorder
 
 __all__ = ("Completer", "Outcome", "OutcomeKind", "Running")
 
@@ -91,6 +92,7 @@ class Completer:
         self.batch_size = batch_size
         self.max_pending = max_pending
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
+        self.history: StatsRecorder | None = None  # the worker sets it when history is on
         self.pending: list[Outcome] = []
         self._unsure: set[tuple[int, int]] = set()  # (job id, attempt) whose write failed
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
@@ -178,6 +180,8 @@ class Completer:
             if claim.id in kept:
                 if self.metrics is not None:
                     self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
+                if self.history is not None:
+                    self.history.observe(claim, outcome.kind, outcome.duration)
                 level = logging.WARNING if outcome.kind is OutcomeKind.BURY else logging.INFO
                 if not logger.isEnabledFor(level):
                     continue  # the hot path: build no message nor extras nobody reads

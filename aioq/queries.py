@@ -361,3 +361,194 @@ DELETE FROM {s}.jobs
 WHERE id = ANY($1::bigint[]) AND status = 'pending'
 RETURNING id
 """
+
+# --- per-minute history and the workers' rows (aioq.stats_history) ---
+
+# One statement a minute per worker: upsert its row in workers, add its counts to the current
+# minute. $6..$10 are parallel arrays, one element per (queue, task); $11/$12 the wait and run
+# histograms of all of them flattened, $13 buckets each.
+RECORD_STATS = """
+WITH me AS (
+    INSERT INTO {s}.workers AS w (id, host, pid, queues, concurrency)
+    VALUES ($1, $2, $3, $4::text[], $5)
+    ON CONFLICT (id) DO UPDATE
+    SET last_seen = now(), queues = excluded.queues, concurrency = excluded.concurrency
+)
+INSERT INTO {s}.stats_history AS h
+    (minute, worker, queue, task, completed, retried, dead, wait_hist, run_hist)
+SELECT date_trunc('minute', now()), $1, c.queue, c.task, c.completed, c.retried, c.dead,
+       ($11::integer[])[(c.n - 1) * $13 + 1:c.n * $13],
+       ($12::integer[])[(c.n - 1) * $13 + 1:c.n * $13]
+FROM unnest($6::text[], $7::text[], $8::integer[], $9::integer[], $10::integer[])
+     WITH ORDINALITY AS c(queue, task, completed, retried, dead, n)
+ON CONFLICT (minute, worker, queue, task) DO UPDATE
+SET completed = h.completed + excluded.completed,
+    retried = h.retried + excluded.retried,
+    dead = h.dead + excluded.dead,
+    wait_hist = (SELECT array_agg(a + b ORDER BY i)
+                 FROM unnest(h.wait_hist, excluded.wait_hist) WITH ORDINALITY AS x(a, b, i)),
+    run_hist = (SELECT array_agg(a + b ORDER BY i)
+                FROM unnest(h.run_hist, excluded.run_hist) WITH ORDINALITY AS x(a, b, i))
+"""
+
+# History older than $1 seconds, at most $2 rows a statement; and workers not seen for as long
+# (a worker killed without a clean stop leaves its row behind).
+PRUNE_STATS = """
+WITH gone AS (
+    DELETE FROM {s}.workers WHERE last_seen < now() - make_interval(secs => $1::float8)
+)
+DELETE FROM {s}.stats_history
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {s}.stats_history
+    WHERE minute < now() - make_interval(secs => $1::float8)
+    LIMIT $2
+))
+"""
+
+FORGET_WORKER = """
+DELETE FROM {s}.workers WHERE id = $1
+"""
+
+# Outcomes per queue since the start of the previous minute: what `aioq stats` shows as the
+# last minute's completions and failures (workers write their counts once a minute).
+RECENT_OUTCOMES = """
+SELECT queue, sum(completed)::bigint AS completed, sum(retried + dead)::bigint AS failed
+FROM {s}.stats_history
+WHERE minute >= date_trunc('minute', now()) - interval '1 minute'
+GROUP BY queue
+"""
+
+# --- the dashboard (aioq.web) ---
+# Every statement reads a bounded number of index entries whatever the size of the jobs table:
+# counts stop at $cap rows and say so, lists read a window of rows along an index.
+
+# Per queue with pending jobs (found by a skip scan of the claim index: one probe per queue, at
+# most $1 queues): ready and scheduled among the first $2 pending jobs in claim order, and the
+# oldest ready job among them. `sampled` = $2 means the counts are lower bounds.
+DASH_PENDING = """
+WITH RECURSIVE names(queue, n) AS (
+    (SELECT queue, 1 FROM {s}.jobs WHERE status = 'pending' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {s}.jobs AS j
+            WHERE j.status = 'pending' AND j.queue > names.queue
+            ORDER BY j.queue LIMIT 1),
+           names.n + 1
+    FROM names WHERE names.queue IS NOT NULL AND names.n < $1
+)
+SELECT names.queue, p.ready, p.scheduled, p.sampled,
+       coalesce(extract(epoch FROM now() - p.oldest_ready), 0)::float8 AS oldest_ready_age
+FROM names
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE s.run_at <= now()) AS ready,
+           count(*) FILTER (WHERE s.run_at > now()) AS scheduled,
+           count(*) AS sampled,
+           min(s.run_at) FILTER (WHERE s.run_at <= now()) AS oldest_ready
+    FROM (SELECT run_at FROM {s}.jobs
+          WHERE status = 'pending' AND queue = names.queue
+          ORDER BY priority DESC, run_at, id
+          LIMIT $2) AS s
+) AS p
+WHERE names.queue IS NOT NULL
+ORDER BY names.queue
+"""
+
+# Jobs in the states that are not the backlog (running, dead, expired leases), per queue, among
+# at most $1 rows of each, read through each state's partial index. `state` names the count.
+DASH_STATES = """
+SELECT queue, state, count(*) AS n FROM (
+    (SELECT queue, 'running' AS state FROM {s}.jobs WHERE status = 'running' LIMIT $1)
+    UNION ALL
+    (SELECT queue, 'expired' FROM {s}.jobs
+     WHERE status = 'running' AND lease_expires_at < now() LIMIT $1)
+    UNION ALL
+    (SELECT queue, 'dead' FROM {s}.jobs WHERE status = 'dead' LIMIT $1)
+) AS s
+GROUP BY queue, state
+"""
+
+# The workers' rows, with the jobs each holds now (among at most $1 running rows); a worker
+# without a row (it stopped writing, or predates the table) still shows through its jobs.
+DASH_WORKERS = """
+SELECT coalesce(w.id, r.locked_by) AS id, w.host, w.pid, w.queues, w.concurrency,
+       w.started_at, extract(epoch FROM now() - w.last_seen)::float8 AS seen_ago,
+       coalesce(r.running, 0) AS running
+FROM {s}.workers AS w
+FULL JOIN (
+    SELECT locked_by, count(*) AS running
+    FROM (SELECT locked_by FROM {s}.jobs WHERE status = 'running' LIMIT $1) AS x
+    GROUP BY locked_by
+) AS r ON r.locked_by = w.id
+ORDER BY w.last_seen DESC NULLS LAST, 1
+LIMIT $2
+"""
+
+# A page of jobs, newest first, keyset on id: a window of at most $2 rows below the cursor $1
+# along an index ordered by id, then the filters ($3 status, $4 queue, $5 task, $6 text in
+# last_error) and at most $7 matches. The window's floor and size tell the caller where to go
+# on when the window ran out before the page was full. Always one row (the job columns NULL
+# when nothing matched).
+_DASH_PAGE = """
+WITH win AS MATERIALIZED (
+    SELECT id, queue, task, status, priority, run_at, attempts, max_attempts, locked_by,
+           last_error, created_at
+    FROM {{s}}.jobs
+    WHERE {where} id < coalesce($1::bigint, 9223372036854775807)
+    ORDER BY id DESC
+    LIMIT $2
+)
+SELECT w.floor, w.scanned, m.*
+FROM (SELECT min(id) AS floor, count(*) AS scanned FROM win) AS w
+LEFT JOIN LATERAL (
+    SELECT id, queue, task, status, priority, run_at, attempts, max_attempts, locked_by,
+           left(last_error, 300) AS error, created_at
+    FROM win
+    WHERE ($3::text IS NULL OR status = $3)
+      AND ($4::text IS NULL OR queue = $4)
+      AND ($5::text IS NULL OR task = $5)
+      AND ($6::text IS NULL OR strpos(lower(last_error), lower($6)) > 0)
+    ORDER BY id DESC
+    LIMIT $7
+) AS m ON true
+ORDER BY m.id DESC
+"""
+# Along the primary key; dead jobs alone along jobs_dead_id_idx (migration 2), so a page of them
+# never steps over the live ones. The status is a literal: the partial index needs it.
+DASH_PAGE = _DASH_PAGE.format(where="")
+DASH_DEAD_PAGE = _DASH_PAGE.format(where="status = 'dead' AND")
+
+# Delete dead or pending jobs by id (a running job belongs to its worker); return the ids.
+DELETE_JOBS = """
+DELETE FROM {s}.jobs
+WHERE id = ANY($1::bigint[]) AND status IN ('pending', 'dead')
+RETURNING id
+"""
+
+# Bounds every statement of the transaction it runs in (the dashboard's).
+SET_STATEMENT_TIMEOUT = """
+SELECT set_config('statement_timeout', $1, true)
+"""
+
+# Per queue and task over the last $1 seconds: outcome counts, and the wait and run histograms
+# summed bucket by bucket (index i of BUCKETS, 1-based).
+HISTORY_TOTALS = """
+SELECT h.queue, h.task, u.i::integer AS i, sum(u.w)::bigint AS wait, sum(u.r)::bigint AS run,
+       sum(h.completed) FILTER (WHERE u.i = 1)::bigint AS completed,
+       sum(h.retried) FILTER (WHERE u.i = 1)::bigint AS retried,
+       sum(h.dead) FILTER (WHERE u.i = 1)::bigint AS dead
+FROM {s}.stats_history AS h
+CROSS JOIN LATERAL unnest(h.wait_hist, h.run_hist) WITH ORDINALITY AS u(w, r, i)
+WHERE h.minute >= now() - make_interval(secs => $1::float8)
+GROUP BY h.queue, h.task, u.i
+ORDER BY h.queue, h.task, u.i
+"""
+
+# Outcome counts over the last $1 seconds in steps of $2 seconds, per queue.
+HISTORY_SERIES = """
+SELECT date_bin(make_interval(secs => $2::float8), minute, timestamptz '2000-01-01') AS t,
+       queue, sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
+       sum(dead)::bigint AS dead
+FROM {s}.stats_history
+WHERE minute >= now() - make_interval(secs => $1::float8)
+GROUP BY 1, 2
+ORDER BY 1, 2
+"""

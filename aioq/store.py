@@ -55,6 +55,19 @@ class Store:
         self._cancel = render(q.CANCEL_PENDING)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
+        self._record_stats = render(q.RECORD_STATS)
+        self._prune_stats = render(q.PRUNE_STATS)
+        self._forget_worker = render(q.FORGET_WORKER)
+        self._recent_outcomes = render(q.RECENT_OUTCOMES)
+        self._dash_pending = render(q.DASH_PENDING)
+        self._dash_states = render(q.DASH_STATES)
+        self._dash_workers = render(q.DASH_WORKERS)
+        self._dash_page = render(q.DASH_PAGE)
+        self._dash_dead_page = render(q.DASH_DEAD_PAGE)
+        self._delete = render(q.DELETE_JOBS)
+        self._set_statement_timeout = q.SET_STATEMENT_TIMEOUT
+        self._history_totals = render(q.HISTORY_TOTALS)
+        self._history_series = render(q.HISTORY_SERIES)
 
     @staticmethod
     @functools.cache
@@ -241,3 +254,105 @@ class Store:
         """Delete these jobs if they are still pending; return the ids deleted."""
         rows = await conn.fetch(self._cancel, list(ids))
         return sorted(row[0] for row in rows)
+
+    async def delete(self, conn: Executor, ids: Sequence[int]) -> Sequence[int]:
+        """Delete these jobs if they are pending or dead; return the ids deleted."""
+        rows = await conn.fetch(self._delete, list(ids))
+        return sorted(row[0] for row in rows)
+
+    # --- per-minute history (aioq.stats_history) ---
+
+    async def record_stats(
+        self,
+        conn: Executor,
+        *,
+        worker: str,
+        host: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        queue: Sequence[str],
+        task: Sequence[str],
+        completed: Sequence[int],
+        retried: Sequence[int],
+        dead: Sequence[int],
+        wait: Sequence[Sequence[int]],
+        run: Sequence[Sequence[int]],
+    ) -> None:
+        """Upsert a worker's row and add its per-(queue, task) counts to the current minute."""
+        width = len(wait[0]) if wait else 1
+        await conn.execute(
+            self._record_stats,
+            worker,
+            host,
+            pid,
+            list(queues),
+            concurrency,
+            list(queue),
+            list(task),
+            list(completed),
+            list(retried),
+            list(dead),
+            [n for hist in wait for n in hist],
+            [n for hist in run for n in hist],
+            width,
+        )
+
+    async def prune_stats(self, conn: Executor, older_than: float, limit: int) -> None:
+        """Delete up to ``limit`` history rows, and the workers, unseen for ``older_than`` s."""
+        await conn.execute(self._prune_stats, older_than, limit)
+
+    async def forget_worker(self, conn: Executor, worker_id: str) -> None:
+        """Delete a worker's row (it stopped cleanly)."""
+        await conn.execute(self._forget_worker, worker_id)
+
+    async def recent_outcomes(self, conn: Executor) -> dict[str, tuple[int, int]]:
+        """Return (completed, failed) per queue since the start of the previous minute."""
+        rows = await conn.fetch(self._recent_outcomes)
+        return {row["queue"]: (row["completed"], row["failed"]) for row in rows}
+
+    async def history_totals(self, conn: Executor, seconds: float) -> Sequence[asyncpg.Record]:
+        """Return per (queue, task, bucket) sums of the last ``seconds`` of history."""
+        return await conn.fetch(self._history_totals, seconds)
+
+    async def history_series(
+        self, conn: Executor, seconds: float, step: float
+    ) -> Sequence[asyncpg.Record]:
+        """Return outcome counts per queue in steps of ``step`` over the last ``seconds``."""
+        return await conn.fetch(self._history_series, seconds, step)
+
+    # --- the dashboard: bounded reads (aioq.web) ---
+
+    async def dash_pending(
+        self, conn: Executor, max_queues: int, cap: int
+    ) -> Sequence[asyncpg.Record]:
+        """Return per queue: ready, scheduled, sampled, oldest_ready_age (counts stop at cap)."""
+        return await conn.fetch(self._dash_pending, max_queues, cap)
+
+    async def dash_states(self, conn: Executor, cap: int) -> Sequence[asyncpg.Record]:
+        """Return (queue, state, n) for running, expired and dead jobs (at most cap of each)."""
+        return await conn.fetch(self._dash_states, cap)
+
+    async def dash_workers(self, conn: Executor, cap: int, limit: int) -> Sequence[asyncpg.Record]:
+        """Return the workers' rows with the jobs each runs now."""
+        return await conn.fetch(self._dash_workers, cap, limit)
+
+    async def dash_page(
+        self,
+        conn: Executor,
+        *,
+        before: int | None,
+        window: int,
+        status: str | None,
+        queue: str | None,
+        task: str | None,
+        text: str | None,
+        limit: int,
+    ) -> Sequence[asyncpg.Record]:
+        """Return a page of jobs below ``before``, newest first, read from a bounded window."""
+        sql = self._dash_dead_page if status == "dead" else self._dash_page
+        return await conn.fetch(sql, before, window, status, queue, task, text, limit)
+
+    async def set_statement_timeout(self, conn: Executor, seconds: float) -> None:
+        """Bound every statement of the current transaction to ``seconds``."""
+        await conn.execute(self._set_statement_timeout, f"{int(seconds * 1000)}ms")

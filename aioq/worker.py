@@ -25,6 +25,12 @@ from aioq.metrics import Metrics, QueueSampler
 from aioq.notifier import Listener
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 from aioq.queries import quote_schema
+from aioq.stats_history import (
+    DEFAULT_STATS_INTERVAL,
+    DEFAULT_STATS_RETENTION,
+    StatsRecorder,
+    StatsWriter,
+)
 from aioq.store import Store
 from aioq.task import Registry, check_text, default_registry
 
@@ -77,6 +83,10 @@ class WorkerConfig:
     vacuum_threshold: int | None = DEFAULT_VACUUM_THRESHOLD
     vacuum_interval: float = DEFAULT_VACUUM_INTERVAL
     listen: bool = True
+    # The per-minute history and the workers row the dashboard and `aioq stats` read.
+    stats_history: bool = True
+    stats_interval: float = DEFAULT_STATS_INTERVAL
+    stats_retention: float = DEFAULT_STATS_RETENTION
     # PgBouncer in transaction mode: no prepared-statement cache on the pool, and LISTEN
     # through listen_dsn (a direct connection), since a pooler cannot hold a LISTEN.
     statement_cache: bool = True
@@ -113,6 +123,8 @@ class WorkerConfig:
             "reaper_interval",
             "prune_interval",
             "vacuum_interval",
+            "stats_interval",
+            "stats_retention",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
@@ -337,6 +349,8 @@ class Worker:
                         interval=cfg.vacuum_interval,
                     )
                     services.start_soon(vacuumer.run)
+                if cfg.stats_history:
+                    services.start_soon(self._stats_writer(pool, completer).run)
                 if self.metrics is not None:
                     sampler = QueueSampler(store=self.store, db=pool, metrics=self.metrics)
                     services.start_soon(sampler.run)
@@ -371,6 +385,19 @@ class Worker:
                 self.stopping.set()
                 self.stopped.set()
                 logger.info("worker %s stopped", self.id)
+
+    def _stats_writer(self, pool: asyncpg.Pool, completer: Completer) -> StatsWriter:
+        recorder = completer.history = StatsRecorder()
+        return StatsWriter(
+            store=self.store,
+            db=pool,
+            recorder=recorder,
+            worker_id=self.id,
+            queues=self.config.queues,
+            concurrency=self.config.concurrency,
+            interval=self.config.stats_interval,
+            retention=self.config.stats_retention,
+        )
 
     async def _enforce_grace(self) -> None:
         """After stop(), give running jobs shutdown_grace seconds, then cancel them."""

@@ -257,18 +257,19 @@ def test_stats_and_check(dsn: str) -> None:
     table = aioq_cli(dsn, "stats").stdout.splitlines()
     assert table[0].split() == [
         "QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST_READY_S", "EXPIRED_LEASES",
-        "COMPLETED_1M",
+        "COMPLETED_1M", "FAILED_1M",
     ]  # fmt: skip
     q1 = table[1].split()
     assert q1[:5] == ["q1", "2", "0", "0", "0"]
     assert 120 <= float(q1[5]) < 180
-    assert q1[6:] == ["0", "n/a"]
-    assert table[2].split() == ["q2", "0", "1", "0", "1", "0.0", "0", "n/a"]
+    assert q1[6:] == ["0", "n/a", "n/a"]
+    assert table[2].split() == ["q2", "0", "1", "0", "1", "0.0", "0", "n/a", "n/a"]
 
     data = json.loads(aioq_cli(dsn, "stats", "--json").stdout)
     assert [q["queue"] for q in data["queues"]] == ["q1", "q2"]
     assert data["queues"][1]["dead"] == 1
     assert data["queues"][1]["completed_last_minute"] is None
+    assert data["queues"][1]["failed_last_minute"] is None
     assert data["table"]["table_bytes"] > 0
     assert data["archived"] is False
 

@@ -147,11 +147,12 @@ def _print_stats(snapshot: admin.Stats, args: argparse.Namespace, failures: list
             f"{q.oldest_ready_age:.1f}",
             q.expired_leases,
             "n/a" if q.completed_last_minute is None else q.completed_last_minute,
+            "n/a" if q.failed_last_minute is None else q.failed_last_minute,
         )
         for q in snapshot.queues
     ]
     headers = ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST_READY_S")
-    print_table((*headers, "EXPIRED_LEASES", "COMPLETED_1M"), rows)
+    print_table((*headers, "EXPIRED_LEASES", "COMPLETED_1M", "FAILED_1M"), rows)
     t = snapshot.table
     print(
         f"jobs table: {format_size(t.table_bytes)}, indexes {format_size(t.index_bytes)},"

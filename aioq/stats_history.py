@@ -1,0 +1,180 @@
+"""Per-minute history of job outcomes, and the workers' own row: what the dashboard reads.
+
+Completed jobs are deleted, so nothing in the jobs table says how many ran. Each worker counts
+its outcomes per queue and task in memory (:class:`StatsRecorder`, fed by the completer) and a
+:class:`StatsWriter` adds them to ``stats_history`` once a minute in one statement, which also
+upserts the worker's row in ``workers``. Queue waits and run times are kept as bucket counts
+(:data:`BUCKETS`), which add up across workers and minutes into percentiles.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from aioq._service import repeat
+from aioq.completer import OutcomeKind
+from aioq.job import Claim
+from aioq.store import Executor, Store
+
+__all__ = (
+    "BUCKETS",
+    "DEFAULT_STATS_INTERVAL",
+    "DEFAULT_STATS_RETENTION",
+    "StatsRecorder",
+    "StatsWriter",
+    "percentile",
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STATS_INTERVAL = 60.0
+DEFAULT_STATS_RETENTION = 2 * 24 * 3600.0  # the dashboard shows the last day
+PRUNE_BATCH = 5000
+
+# Upper bounds in seconds; one more bucket counts everything above the last.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+_COUNTED = {
+    OutcomeKind.COMPLETE: "completed",
+    OutcomeKind.RETRY: "retried",
+    OutcomeKind.BURY: "dead",
+}
+
+
+def bucket(seconds: float) -> int:
+    """Return the index of the bucket that counts ``seconds``."""
+    return bisect.bisect_left(BUCKETS, seconds)
+
+
+def percentile(hist: Sequence[int], fraction: float) -> float | None:
+    """Return the upper bound of the bucket holding the ``fraction`` quantile (None if empty).
+
+    Above the last bound the answer is that bound: "more than an hour".
+    """
+    total = sum(hist)
+    if total == 0:
+        return None
+    rank = fraction * total
+    seen = 0
+    for index, count in enumerate(hist):
+        seen += count
+        if seen >= rank and count:
+            return float(BUCKETS[min(index, len(BUCKETS) - 1)])
+    return float(BUCKETS[-1])
+
+
+@dataclass(slots=True)
+class _Counts:
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    wait: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    run: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+
+
+class StatsRecorder:
+    """Counts this worker's outcomes per (queue, task) until the writer takes them."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], _Counts] = {}
+
+    def observe(self, claim: Claim, kind: OutcomeKind, duration: float) -> None:
+        """Count an outcome written under our claim (snoozes and releases are not outcomes)."""
+        name = _COUNTED.get(kind)
+        if name is None:
+            return
+        counts = self.counts.get((claim.queue, claim.task))
+        if counts is None:
+            counts = self.counts[claim.queue, claim.task] = _Counts()
+        setattr(counts, name, getattr(counts, name) + 1)
+        counts.wait[bucket(claim.waited)] += 1
+        counts.run[bucket(duration)] += 1
+
+    def take(self) -> dict[tuple[str, str], _Counts]:
+        """Return and forget the counts so far."""
+        counts, self.counts = self.counts, {}
+        return counts
+
+    def give_back(self, counts: dict[tuple[str, str], _Counts]) -> None:
+        """Add counts that could not be written back, to try again with the next ones."""
+        for key, old in counts.items():
+            new = self.counts.setdefault(key, _Counts())
+            new.completed += old.completed
+            new.retried += old.retried
+            new.dead += old.dead
+            new.wait = [a + b for a, b in zip(new.wait, old.wait, strict=True)]
+            new.run = [a + b for a, b in zip(new.run, old.run, strict=True)]
+
+
+class StatsWriter:
+    """Writes the recorder's counts and this worker's row once a ``interval``; prunes old rows."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        db: Executor,
+        recorder: StatsRecorder,
+        worker_id: str,
+        queues: Sequence[str],
+        concurrency: int,
+        interval: float = DEFAULT_STATS_INTERVAL,
+        retention: float = DEFAULT_STATS_RETENTION,
+    ) -> None:
+        self.store = store
+        self.db = db
+        self.recorder = recorder
+        self.worker_id = worker_id
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.interval = interval
+        self.retention = retention
+
+    async def run_once(self) -> int:
+        """Write the counts so far and this worker's row; prune a batch; return rows written."""
+        counts = self.recorder.take()
+        keys = list(counts)
+        try:
+            await self.store.record_stats(
+                self.db,
+                worker=self.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.queues,
+                concurrency=self.concurrency,
+                queue=[k[0] for k in keys],
+                task=[k[1] for k in keys],
+                completed=[counts[k].completed for k in keys],
+                retried=[counts[k].retried for k in keys],
+                dead=[counts[k].dead for k in keys],
+                wait=[counts[k].wait for k in keys],
+                run=[counts[k].run for k in keys],
+            )
+        except BaseException:
+            self.recorder.give_back(counts)
+            raise
+        await self.store.prune_stats(self.db, self.retention, PRUNE_BATCH)
+        return len(keys)
+
+    async def run(self) -> None:
+        """Write every ``interval`` until cancelled; then write the rest and remove our row."""
+        try:
+            await repeat("stats writer", self._step, lambda: self.interval, logger)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await self.run_once()
+                    await self.store.forget_worker(self.db, self.worker_id)
+                except Exception:
+                    logger.warning("could not write the last stats of worker %s", self.worker_id)
+
+    async def _step(self) -> bool:
+        await self.run_once()
+        return False

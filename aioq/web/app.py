@@ -1,0 +1,409 @@
+"""The dashboard's ASGI app: :func:`app` builds it; mount it anywhere or run ``aioq web``.
+
+Safety: read-only unless built with ``actions=True``; actions are POSTs carrying a CSRF token
+(a random value in a SameSite=Strict cookie that the form repeats, compared in constant time);
+``authorize(request)`` is asked before every request; every statement runs in a transaction
+whose ``statement_timeout`` bounds it, and reads in a read-only one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import json
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlencode
+
+import anyio
+import asyncpg
+import jinja2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from aioq import admin
+from aioq.errors import ConfigError
+from aioq.job import JobStatus
+from aioq.queries import quote_schema
+from aioq.store import Connection, Store
+from aioq.web import data
+
+__all__ = ("DashboardConfig", "app")
+
+logger = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+CSRF_COOKIE = "aioq_csrf"
+CSRF_FIELD = "csrf"
+MAX_SELECTION = 1000  # ids one POST may act on
+RANGES = {"hour": (3600.0, 60.0), "day": (86400.0, 1800.0)}  # seconds shown, step
+
+Authorize = Callable[[Request], bool | Awaitable[bool]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DashboardConfig:
+    """How the dashboard reads and what it allows; durations in seconds."""
+
+    schema: str = "aioq"
+    actions: bool = False
+    refresh: float = 5.0  # auto-refresh of the overview; 0 turns it off
+    statement_timeout: float = 3.0
+    page_size: int = 50
+    window: int = 2000  # rows of the jobs table one page of the job list reads at most
+    count_cap: int = 10_000  # counts stop here and show as "10,000+"
+    stale_after: float = 180.0  # a worker unseen this long is shown as gone
+    title: str = "aioq"
+
+    def __post_init__(self) -> None:
+        quote_schema(self.schema)
+        if not (self.refresh == 0 or self.refresh >= 1):
+            raise ConfigError("refresh", f"must be 0 (off) or >= 1 second, got {self.refresh!r}")
+        if not self.statement_timeout > 0:
+            raise ConfigError(
+                "statement_timeout", f"must be > 0 seconds, got {self.statement_timeout!r}"
+            )
+        for name in ("page_size", "window", "count_cap"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
+
+
+class _Database:
+    """The dashboard's pool (its own, from a DSN, made on first use; or the caller's)."""
+
+    def __init__(
+        self, dsn: str | None, pool: asyncpg.Pool | None, store: Store, timeout: float
+    ) -> None:
+        self.dsn, self._pool, self.store, self.timeout = dsn, pool, store, timeout
+        self._owned = pool is None
+        self._lock = anyio.Lock()
+
+    async def pool(self) -> asyncpg.Pool:
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(
+                    self.dsn,
+                    min_size=0,
+                    max_size=3,
+                    server_settings={"application_name": "aioq web"},
+                )
+        return self._pool
+
+    @asynccontextmanager
+    async def transaction(self, *, readonly: bool) -> AsyncIterator[Connection]:
+        pool = await self.pool()
+        async with pool.acquire() as conn:
+            # Reads see one snapshot, so the page's counts agree with each other.
+            isolation: Literal["repeatable_read", "read_committed"] = (
+                "repeatable_read" if readonly else "read_committed"
+            )
+            async with conn.transaction(isolation=isolation, readonly=readonly):
+                await self.store.set_statement_timeout(conn, self.timeout)
+                yield conn
+
+    async def close(self) -> None:
+        if self._owned and self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+
+def app(
+    *,
+    dsn: str | None = None,
+    pool: asyncpg.Pool | None = None,
+    schema: str = "aioq",
+    actions: bool = False,
+    authorize: Authorize | None = None,
+    **options: Any,
+) -> Starlette:
+    """Return the dashboard as an ASGI app on ``dsn`` (its own small pool) or on ``pool``.
+
+    ``actions=True`` allows retry, cancel and delete; ``authorize(request)`` (sync or async)
+    is asked before every request and a false answer is a 403. ``options`` are the fields of
+    :class:`DashboardConfig`. Mount it: ``app.mount("/aioq", aioq.web.app(dsn=DSN))``.
+    """
+    if (dsn is None) == (pool is None):
+        raise ConfigError("dsn", "give the dashboard either dsn= or pool=, not both nor neither")
+    config = DashboardConfig(schema=schema, actions=actions, **options)
+    database = _Database(dsn, pool, Store.for_schema(schema), config.statement_timeout)
+    pages = _Pages(config, database, authorize)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await database.close()
+
+    web = Starlette(
+        routes=[
+            Route("/", pages.overview, name="overview"),
+            Route("/live", pages.live, name="live"),
+            Route("/jobs", pages.jobs, name="jobs"),
+            Route("/jobs/{job_id:int}", pages.job, name="job"),
+            Route("/actions", pages.actions, methods=["POST"], name="actions"),
+            Route("/throughput", pages.throughput, name="throughput"),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ],
+        lifespan=lifespan,
+    )
+    web.state.aioq_database = database  # `await app.state.aioq_database.close()` when mounted
+    return web
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(count=_count, age=_age, seconds=_seconds, when=_when)
+    return env
+
+
+def _count(value: int, capped: bool = False) -> str:
+    return f"{value:,}+" if capped else f"{value:,}"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return "0s" if seconds <= 0 else "<1s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            whole = int(seconds // size)
+            rest = int((seconds - whole * size) // (size // 60 if size > 60 else 1))
+            small = {"d": "h", "h": "m", "m": "s"}[unit]
+            return f"{whole}{unit} {rest}{small}" if rest and unit != "d" else f"{whole}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 3600:
+        return f"≥{value / 3600:g}h" if value == 3600 else f"{value / 3600:.1f}h"
+    if value >= 60:
+        return f"{value / 60:g}m"
+    return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+class _Pages:
+    """The request handlers; each asks ``authorize`` first."""
+
+    def __init__(self, config: DashboardConfig, db: _Database, authorize: Authorize | None):
+        self.config, self.db, self.authorize = config, db, authorize
+        self.store = Store.for_schema(config.schema)
+        self.env = _env()
+
+    async def _allowed(self, request: Request) -> bool:
+        if self.authorize is None:
+            return True
+        answer = self.authorize(request)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return bool(answer)
+
+    def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        context.setdefault("page", "")
+        template = self.env.get_template(name)
+        html = template.render(
+            request=request,
+            config=self.config,
+            csrf=token,
+            statuses=[s.value for s in JobStatus],
+            url=lambda route, **params: request.url_for(route, **params).path,
+            message=request.query_params.get("done"),
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status)
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(
+                CSRF_COOKIE,
+                token,
+                httponly=True,
+                samesite="strict",
+                path=request.scope.get("root_path") or "/",
+            )
+        return response
+
+    async def _guarded(self, request: Request, page: Callable[[], Awaitable[Response]]) -> Response:
+        if not await self._allowed(request):
+            return PlainTextResponse("forbidden", status_code=403)
+        try:
+            return await page()
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as exc:
+            logger.warning("aioq web: %s failed: %s: %s", request.url.path, type(exc).__name__, exc)
+            return self._render(
+                request, "error.html", status=503, error=f"{type(exc).__name__}: {exc}"
+            )
+
+    async def overview(self, request: Request) -> Response:
+        """The overview page; its live part refreshes itself from /live."""
+        return await self._guarded(request, lambda: self._overview(request, "overview.html"))
+
+    async def live(self, request: Request) -> Response:
+        """The overview's live part alone, for the auto-refresh."""
+        return await self._guarded(request, lambda: self._overview(request, "_live.html"))
+
+    async def _overview(self, request: Request, template: str) -> Response:
+        async with self.db.transaction(readonly=True) as conn:
+            overview = await data.load_overview(
+                conn, self.store, cap=self.config.count_cap, stale_after=self.config.stale_after
+            )
+        return self._render(
+            request, template, overview=overview, columns=data.STATE_COLUMNS, page="overview"
+        )
+
+    async def jobs(self, request: Request) -> Response:
+        """A page of jobs, filtered, newest first."""
+
+        async def page() -> Response:
+            params = request.query_params
+            filters = {k: params.get(k, "").strip() for k in ("status", "queue", "task", "q")}
+            before = _int(params.get("before"))
+            async with self.db.transaction(readonly=True) as conn:
+                found = await data.load_jobs(
+                    conn,
+                    self.store,
+                    before=before,
+                    status=data.status_filter(filters["status"]),
+                    queue=filters["queue"],
+                    task=filters["task"],
+                    text=filters["q"],
+                    limit=self.config.page_size,
+                    window=self.config.window,
+                )
+            kept = {k: v for k, v in filters.items() if v}
+            older = urlencode({**kept, "before": found.next_before}) if found.next_before else None
+            return self._render(
+                request,
+                "jobs.html",
+                found=found,
+                filters=filters,
+                before=before,
+                older=older,
+                newest=urlencode(kept),
+                here=_here(request),
+                actions_for=data.ACTIONS_BY_STATUS,
+                page="jobs",
+            )
+
+        return await self._guarded(request, page)
+
+    async def job(self, request: Request) -> Response:
+        """One job with its arguments and its whole last error."""
+
+        async def page() -> Response:
+            job_id = int(request.path_params["job_id"])
+            async with self.db.transaction(readonly=True) as conn:
+                job = await admin.get_job(conn, job_id, schema=self.config.schema)
+            if job is None:
+                return self._render(request, "job.html", status=404, job=None, job_id=job_id,
+                                    page="jobs")  # fmt: skip
+            return self._render(
+                request,
+                "job.html",
+                job=job,
+                job_id=job_id,
+                args=json.dumps(json.loads(job.args), indent=2, ensure_ascii=False),
+                allowed=data.ACTIONS_BY_STATUS.get(job.status.value, ()),
+                here=_here(request),
+                page="jobs",
+            )
+
+        return await self._guarded(request, page)
+
+    async def throughput(self, request: Request) -> Response:
+        """Outcomes per minute, and wait and run percentiles, from the per-minute history."""
+
+        async def page() -> Response:
+            name = request.query_params.get("range", "hour")
+            seconds, step = RANGES.get(name, RANGES["hour"])
+            async with self.db.transaction(readonly=True) as conn:
+                history = await data.load_history(conn, self.store, seconds=seconds, step=step)
+            end = datetime.now(UTC)
+            return self._render(
+                request,
+                "throughput.html",
+                history=history,
+                range=name if name in RANGES else "hour",
+                ranges=list(RANGES),
+                start=end - timedelta(seconds=seconds),
+                slots=math.ceil(seconds / step),
+                page="throughput",
+            )
+
+        return await self._guarded(request, page)
+
+    async def actions(self, request: Request) -> Response:
+        """Retry, cancel or delete the jobs whose ids the form posts."""
+        if not await self._allowed(request):
+            return PlainTextResponse("forbidden", status_code=403)
+        if not self.config.actions:
+            return PlainTextResponse("this dashboard is read-only", status_code=403)
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        sent = (form.get(CSRF_FIELD) or [""])[0]
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        if not cookie or not hmac.compare_digest(sent.encode(), cookie.encode()):
+            return PlainTextResponse("missing or wrong CSRF token", status_code=403)
+        action = (form.get("action") or [""])[0]
+        ids = [int(i) for i in form.get("ids", []) if i.isdigit()][:MAX_SELECTION]
+        if action not in ("retry", "cancel", "delete"):
+            return PlainTextResponse(f"unknown action {action!r}", status_code=400)
+        return await self._guarded(request, lambda: self._act(request, action, ids, form))
+
+    async def _act(
+        self, request: Request, action: str, ids: list[int], form: dict[str, list[str]]
+    ) -> Response:
+        schema = self.config.schema
+        async with self.db.transaction(readonly=False) as conn:
+            if not ids:
+                done: object = []
+            elif action == "retry":
+                done = await admin.retry_dead(conn, job_id=ids, schema=schema)
+            elif action == "cancel":
+                done = await admin.cancel_jobs(conn, ids, schema=schema)
+            else:
+                done = await admin.delete_jobs(conn, ids, schema=schema)
+        count = len(done)  # type: ignore[arg-type]
+        logger.info("aioq web: %s %d of %d jobs", action, count, len(ids))
+        verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[action]
+        message = f"{verb} {count} of {len(ids)} job{'s' if len(ids) != 1 else ''}"
+        target = _safe_next((form.get("next") or [""])[0], request)
+        joiner = "&" if "?" in target else "?"
+        return RedirectResponse(f"{target}{joiner}{urlencode({'done': message})}", 303)
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def _here(request: Request) -> str:
+    """The path and query of this page, to come back to after an action."""
+    query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
+    return request.url.path + (f"?{query}" if query else "")
+
+
+def _safe_next(target: str, request: Request) -> str:
+    """Come back to a page of this dashboard only (never an open redirect)."""
+    root = str(request.url_for("overview"))
+    base = request.url_for("overview").path
+    if target.startswith(base) and not target.startswith("//"):
+        return target
+    return root

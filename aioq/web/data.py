@@ -1,0 +1,239 @@
+"""What the pages show, read in bounded statements: the overview, a page of jobs, the history.
+
+Nothing here reads more than a fixed number of rows: counts stop at ``count_cap`` and say so
+(``capped``), a page of jobs reads a window of ``window`` rows along an index, the history is
+a few thousand rows a day at most per worker. Opening the dashboard on a ten-million-row jobs
+table costs what it costs on an empty one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from aioq.job import JobStatus
+from aioq.stats_history import BUCKETS, percentile
+from aioq.store import Connection, Store
+
+__all__ = (
+    "STATE_COLUMNS",
+    "History",
+    "JobsPage",
+    "Overview",
+    "QueueRow",
+    "load_history",
+    "load_jobs",
+    "load_overview",
+)
+
+# The per-queue columns of the overview after ready and scheduled, in order: each a state
+# counted by DASH_STATES. A new terminal state (cancelled) is one more name here and in the SQL.
+STATE_COLUMNS = ("running", "expired", "dead")
+MAX_QUEUES = 200
+MAX_WORKERS = 200
+
+# What may be done to a job in each state, by the actions of the dashboard.
+ACTIONS_BY_STATUS: dict[str, tuple[str, ...]] = {
+    "pending": ("cancel", "delete"),
+    "dead": ("retry", "delete"),
+}
+
+
+@dataclass(slots=True)
+class QueueRow:
+    """One queue's counts; a name in ``capped`` is a lower bound (the count stopped at the cap)."""
+
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    oldest_ready_age: float = 0.0
+    states: dict[str, int] = field(default_factory=dict)
+    capped: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """A worker as it last recorded itself, and the jobs it holds now."""
+
+    id: str
+    host: str | None
+    pid: int | None
+    queues: list[str]
+    concurrency: int | None
+    started_at: datetime | None
+    seen_ago: float | None  # None: no row (the worker writes none), seen only through its jobs
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Everything on the overview page."""
+
+    queues: list[QueueRow]
+    workers: list[WorkerRow]
+    table: dict[str, object]
+    cap: int
+    stale_after: float  # a worker not seen for this long is probably gone
+
+
+async def load_overview(
+    conn: Connection, store: Store, *, cap: int, stale_after: float
+) -> Overview:
+    """Read the per-queue counts, the workers and the jobs table's health."""
+    queues: dict[str, QueueRow] = {}
+    for row in await store.dash_pending(conn, MAX_QUEUES, cap):
+        q = queues[row["queue"]] = QueueRow(row["queue"])
+        q.ready, q.scheduled = row["ready"], row["scheduled"]
+        q.oldest_ready_age = row["oldest_ready_age"]
+        if row["sampled"] >= cap:
+            q.capped |= {"ready", "scheduled"}
+    totals: dict[str, int] = defaultdict(int)
+    for row in await store.dash_states(conn, cap):
+        q = queues.setdefault(row["queue"], QueueRow(row["queue"]))
+        q.states[row["state"]] = row["n"]
+        totals[row["state"]] += row["n"]
+    for q in queues.values():  # the cap is per state, across queues
+        q.capped |= {state for state in STATE_COLUMNS if totals[state] >= cap}
+    workers = [
+        WorkerRow(
+            id=row["id"],
+            host=row["host"],
+            pid=row["pid"],
+            queues=list(row["queues"] or ()),
+            concurrency=row["concurrency"],
+            started_at=row["started_at"],
+            seen_ago=row["seen_ago"],
+            running=row["running"],
+        )
+        for row in await store.dash_workers(conn, cap, MAX_WORKERS)
+    ]
+    table = dict((await store.table_stats(conn)).items())
+    return Overview(
+        queues=sorted(queues.values(), key=lambda q: q.queue),
+        workers=workers,
+        table=table,
+        cap=cap,
+        stale_after=stale_after,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobsPage:
+    """A page of jobs, newest first, and where the next page starts."""
+
+    jobs: list[dict[str, object]]
+    next_before: int | None  # the cursor of the next (older) page; None at the end
+    scanned: int  # rows of the window read
+    window_floor: int | None  # the lowest id the window reached
+
+
+def status_filter(value: str | None) -> str | None:
+    """Return a known status, or None for any; unknown values match nothing (never an error)."""
+    if not value:
+        return None
+    return value if value in {s.value for s in JobStatus} else "?"
+
+
+async def load_jobs(
+    conn: Connection,
+    store: Store,
+    *,
+    before: int | None,
+    status: str | None,
+    queue: str | None,
+    task: str | None,
+    text: str | None,
+    limit: int,
+    window: int,
+) -> JobsPage:
+    """Read one page of jobs matching the filters, from at most ``window`` rows below ``before``."""
+    rows = await store.dash_page(
+        conn,
+        before=before,
+        window=window,
+        status=status,
+        queue=queue or None,
+        task=task or None,
+        text=text or None,
+        limit=limit,
+    )
+    jobs = [dict(row.items()) for row in rows if row["id"] is not None]
+    scanned, floor = rows[0]["scanned"], rows[0]["floor"]
+    if len(jobs) >= limit:
+        next_before: int | None = rows[len(jobs) - 1]["id"]
+    elif scanned >= window:
+        next_before = floor  # the window ran out first: go on below it
+    else:
+        next_before = None
+    return JobsPage(jobs=jobs, next_before=next_before, scanned=scanned, window_floor=floor)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTotals:
+    """Outcomes of one (queue, task) over the range, with wait and run percentiles."""
+
+    queue: str
+    task: str
+    completed: int
+    retried: int
+    dead: int
+    wait_p50: float | None
+    wait_p95: float | None
+    run_p50: float | None
+    run_p95: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One queue's outcomes per step, oldest first."""
+
+    queue: str
+    points: list[tuple[datetime, int, int, int]]  # (start, completed, retried, dead)
+    peak: int
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The throughput page: totals per (queue, task) and a series per queue."""
+
+    seconds: float
+    step: float
+    totals: list[TaskTotals]
+    series: list[Series]
+
+
+async def load_history(conn: Connection, store: Store, *, seconds: float, step: float) -> History:
+    """Read the history of the last ``seconds``, in steps of ``step`` seconds."""
+    width = len(BUCKETS) + 1
+    waits: dict[tuple[str, str], list[int]] = {}
+    runs: dict[tuple[str, str], list[int]] = {}
+    counts: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for row in await store.history_totals(conn, seconds):
+        key = (row["queue"], row["task"])
+        waits.setdefault(key, [0] * width)[row["i"] - 1] = row["wait"]
+        runs.setdefault(key, [0] * width)[row["i"] - 1] = row["run"]
+        if row["i"] == 1:
+            counts[key] = (row["completed"], row["retried"], row["dead"])
+    totals = [
+        TaskTotals(
+            queue=queue,
+            task=task,
+            completed=counts.get((queue, task), (0, 0, 0))[0],
+            retried=counts.get((queue, task), (0, 0, 0))[1],
+            dead=counts.get((queue, task), (0, 0, 0))[2],
+            wait_p50=percentile(waits[queue, task], 0.5),
+            wait_p95=percentile(waits[queue, task], 0.95),
+            run_p50=percentile(runs[queue, task], 0.5),
+            run_p95=percentile(runs[queue, task], 0.95),
+        )
+        for queue, task in sorted(waits)
+    ]
+    points: dict[str, list[tuple[datetime, int, int, int]]] = defaultdict(list)
+    for row in await store.history_series(conn, seconds, step):
+        points[row["queue"]].append((row["t"], row["completed"], row["retried"], row["dead"]))
+    series = [
+        Series(queue=queue, points=p, peak=max(c + r + d for _, c, r, d in p))
+        for queue, p in sorted(points.items())
+    ]
+    return History(seconds=seconds, step=step, totals=totals, series=series)

@@ -33,6 +33,7 @@ from aioq.cli.admin import (
     cmd_stats,
 )
 from aioq.cli.common import DEFAULT_SCHEMA, EXIT_ERROR, UsageError, duration, positive_int
+from aioq.cli.web import cmd_web
 from aioq.cli.worker import cmd_dev, cmd_worker
 from aioq.errors import AioqError
 from aioq.job import JobStatus
@@ -222,6 +223,23 @@ def _build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--dead", action="store_true", required=True, help="purge dead jobs")
     purge.add_argument("--older-than", type=duration, metavar="DURATION", help="e.g. 7d")
     purge.set_defaults(handler=cmd_jobs_purge)
+
+    web = commands.add_parser(
+        "web",
+        parents=[db],
+        help="serve the dashboard (needs aioq-pg[web])",
+        description="Serve the dashboard until Ctrl-C: queues, workers, throughput, jobs. "
+        "Read-only unless --actions; binds 127.0.0.1 unless --host says otherwise.",
+    )
+    web.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    web.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    web.add_argument(
+        "--actions", action="store_true", help="allow retry, cancel and delete from the page"
+    )
+    web.add_argument(
+        "--refresh", type=duration, default=5.0, help="overview refresh, 0 = off (default: 5s)"
+    )
+    web.set_defaults(handler=cmd_web)
 
     defer = commands.add_parser(
         "defer", parents=[db, out], help="enqueue a job by task name; print its id"

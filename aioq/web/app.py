@@ -402,8 +402,7 @@ def _here(request: Request) -> str:
 
 def _safe_next(target: str, request: Request) -> str:
     """Come back to a page of this dashboard only (never an open redirect)."""
-    root = str(request.url_for("overview"))
     base = request.url_for("overview").path
-    if target.startswith(base) and not target.startswith("//"):
-        return target
-    return root
+    if target.startswith(base) and not target.startswith("//") and "\\" not in target:
+        return target  # "//host" and "/\\host" are other sites to a browser
+    return base

@@ -1,0 +1,41 @@
+"""``aioq web``: the dashboard on its own server (needs the ``aioq-pg[web]`` extra).
+
+uvicorn, Starlette and Jinja2 are imported here only, when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from aioq.cli.common import EXIT_OK, UsageError, dsn_from, schema_from
+
+log = logging.getLogger("aioq.cli")
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """Serve the dashboard until Ctrl-C; bind 127.0.0.1 unless told otherwise."""
+    dsn = dsn_from(args)
+    try:
+        import uvicorn
+
+        import aioq.web
+    except ImportError as exc:
+        raise UsageError(
+            f"aioq web needs the web extra ({exc.name} is missing): pip install 'aioq-pg[web]'"
+        ) from None
+    dashboard = aioq.web.app(
+        dsn=dsn, schema=schema_from(args), actions=args.actions, refresh=args.refresh
+    )
+    log.info(
+        "aioq dashboard on http://%s:%d/ (%s)",
+        args.host,
+        args.port,
+        "actions enabled" if args.actions else "read-only",
+    )
+    if args.actions and args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "actions are enabled on %s with no authentication: put a proxy in front", args.host
+        )
+    uvicorn.run(dashboard, host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK

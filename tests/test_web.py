@@ -1,0 +1,348 @@
+"""The dashboard over HTTP (Starlette's TestClient) against a real database: every route."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+import aioq
+import aioq.web
+from aioq.errors import ConfigError
+
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def sql(dsn: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(statement, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def add_jobs(dsn: str, queue: str, count: int, **columns: Any) -> list[int]:
+    """Insert ``count`` jobs of task t.<queue> with extra column values; return their ids."""
+    names = ", ".join(columns)
+    values = ", ".join(f"${i + 3}" for i in range(len(columns)))
+    rows = sql(
+        dsn,
+        f"INSERT INTO aioq.jobs (queue, task{', ' + names if names else ''})"
+        f" SELECT $1, 't.' || $1{', ' + values if values else ''} FROM generate_series(1, $2)"
+        " RETURNING id",
+        queue,
+        count,
+        *columns.values(),
+    )
+    return [r["id"] for r in rows]
+
+
+def bury(dsn: str, ids: list[int], error: str) -> None:
+    sql(
+        dsn,
+        "UPDATE aioq.jobs SET status = 'dead', attempts = max_attempts, last_error = $2"
+        " WHERE id = ANY($1)",
+        ids,
+        error,
+    )
+
+
+def status_of(dsn: str, job_id: int) -> str | None:
+    rows = sql(dsn, "SELECT status FROM aioq.jobs WHERE id = $1", job_id)
+    return rows[0]["status"] if rows else None
+
+
+def queue_cells(html: str, queue: str) -> dict[str, str]:
+    """The overview's cells of one queue, as text."""
+    row = re.search(rf'<tr data-queue="{queue}">(.*?)</tr>', html, re.S)
+    assert row, f"queue {queue} not on the overview"
+    cells = re.findall(r'data-col="(\w+)">(.*?)</td>', row[1], re.S)
+    return {col: re.sub(r"<[^>]+>", "", text).strip() for col, text in cells}
+
+
+def job_ids(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<td class="num mono"><a href="[^"]*">(\d+)</a>', html)]
+
+
+@pytest.fixture
+def client(dsn: str) -> Iterator[TestClient]:
+    with TestClient(aioq.web.app(dsn=dsn, actions=True, page_size=5)) as client:
+        yield client
+
+
+def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> None:
+    ready = add_jobs(dsn, "mail", 3)
+    later = add_jobs(dsn, "mail", 2)
+    sql(dsn, "UPDATE aioq.jobs SET run_at = now() + interval '1 hour' WHERE id = ANY($1)", later)
+    sql(dsn, "UPDATE aioq.jobs SET run_at = now() - interval '90 seconds' WHERE id = $1", ready[0])
+    bury(dsn, add_jobs(dsn, "mail", 2), "ValueError: boom")
+    running = add_jobs(dsn, "img", 2)
+    sql(
+        dsn,
+        "UPDATE aioq.jobs SET status = 'running', attempts = 1, locked_by = 'w1', locked_at = now(),"
+        " lease_expires_at = now() + CASE WHEN id = $2 THEN interval '-1 second'"
+        " ELSE interval '30 seconds' END WHERE id = ANY($1)",
+        running,
+        running[0],
+    )
+
+    page = client.get("/")
+    assert page.status_code == 200
+    assert queue_cells(page.text, "mail") == {
+        "ready": "3",
+        "scheduled": "2",
+        "running": "0",
+        "expired": "0",
+        "dead": "2",
+        "oldest": "1m 30s",
+    }
+    img = queue_cells(page.text, "img")
+    assert (img["ready"], img["running"], img["expired"], img["dead"]) == ("0", "2", "1", "0")
+    # The worker w1 has no row in workers, and still shows through the jobs it holds.
+    assert '<td class="mono">w1</td>' in page.text
+    assert "Jobs table" in page.text
+    live = client.get("/live")
+    assert live.status_code == 200
+    assert queue_cells(live.text, "mail")["dead"] == "2"
+    assert "<html" not in live.text  # the fragment the page swaps in
+
+
+def test_counts_stop_at_the_cap_and_say_so(dsn: str) -> None:
+    add_jobs(dsn, "big", 7)
+    bury(dsn, add_jobs(dsn, "big", 4), "boom")
+    with TestClient(aioq.web.app(dsn=dsn, count_cap=3)) as client:
+        cells = queue_cells(client.get("/").text, "big")
+    assert (cells["ready"], cells["dead"]) == ("3+", "3+")
+
+
+def test_empty_database_and_missing_job(client: TestClient) -> None:
+    assert "No jobs in any queue." in client.get("/").text
+    assert "No matching jobs" in client.get("/jobs").text
+    missing = client.get("/jobs/424242")
+    assert missing.status_code == 404
+    assert "is not in the table" in missing.text
+    assert client.get("/jobs/abc").status_code == 404
+
+
+def test_jobs_filters(dsn: str, client: TestClient) -> None:
+    mail = add_jobs(dsn, "mail", 3)
+    img = add_jobs(dsn, "img", 2)
+    bury(dsn, [mail[0]], "SMTPError: mailbox full\nTraceback (most recent call last): ...")
+    bury(dsn, [img[0]], "PIL.UnidentifiedImageError: cannot identify image")
+
+    def ids(**params: str) -> list[int]:
+        response = client.get("/jobs", params=params)
+        assert response.status_code == 200
+        return job_ids(response.text)
+
+    assert ids() == sorted(mail + img, reverse=True)[:5]
+    assert ids(queue="img") == sorted(img, reverse=True)
+    assert ids(task="t.mail") == sorted(mail, reverse=True)
+    assert ids(status="dead") == sorted([mail[0], img[0]], reverse=True)
+    assert ids(status="pending", queue="mail") == sorted(mail[1:], reverse=True)
+    assert ids(q="MAILBOX") == [mail[0]]  # case-insensitive text in last_error
+    assert ids(status="dead", q="image") == [img[0]]
+    assert ids(status="nonsense") == []
+    assert ids(before="abc") == ids()  # a bad cursor is the first page
+
+
+def test_jobs_keyset_pages_cover_every_job_once(dsn: str, client: TestClient) -> None:
+    every = add_jobs(dsn, "q", 23)
+    seen: list[int] = []
+    url: str | None = "/jobs?queue=q"
+    while url is not None:
+        html = client.get(url).text
+        seen += job_ids(html)
+        older = re.search(r'href="([^"]+)" rel="next"', html)
+        url = older[1].replace("&amp;", "&") if older else None
+    assert seen == sorted(every, reverse=True)
+
+
+def test_a_page_reads_a_bounded_window_and_goes_on_below_it(dsn: str) -> None:
+    add_jobs(dsn, "q", 30)
+    rare = add_jobs(dsn, "rare", 1)
+    add_jobs(dsn, "q", 30)
+    with TestClient(aioq.web.app(dsn=dsn, window=20, page_size=5)) as client:
+        first = client.get("/jobs?queue=rare").text
+        assert job_ids(first) == []
+        assert "among the 20 newest" in first
+        found: list[int] = []
+        url = re.search(r'href="([^"]+)" rel="next"', first)
+        while url is not None and not found:
+            html = client.get(url[1].replace("&amp;", "&")).text
+            found = job_ids(html)
+            url = re.search(r'href="([^"]+)" rel="next"', html)
+    assert found == rare
+
+
+def test_job_detail_shows_args_error_and_worker(dsn: str, client: TestClient) -> None:
+    (job,) = add_jobs(dsn, "mail", 1)
+    sql(dsn, """UPDATE aioq.jobs SET args = '{"to": "a@example.com", "n": 2}' WHERE id = $1""", job)
+    error = 'Traceback (most recent call last):\n  File "tasks.py", line 3\nKeyError: "<to>"'
+    bury(dsn, [job], error)
+    page = client.get(f"/jobs/{job}")
+    assert page.status_code == 200
+    assert "a@example.com" in page.text
+    assert "KeyError: &#34;&lt;to&gt;&#34;" in page.text  # escaped, whole
+    assert 'File "tasks.py", line 3'.replace('"', "&#34;") in page.text
+    assert 'value="retry"' in page.text and 'value="delete"' in page.text
+    assert 'value="cancel"' not in page.text  # a dead job is not cancelled
+
+
+def post(client: TestClient, action: str, ids: list[int], **extra: str) -> Any:
+    token = CSRF.search(client.get("/jobs").text)
+    assert token
+    data = {"csrf": token[1], "action": action, "ids": [str(i) for i in ids], **extra}
+    return client.post("/actions", data=data, follow_redirects=False)
+
+
+def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
+    dead = add_jobs(dsn, "mail", 3)
+    bury(dsn, dead, "boom")
+    pending = add_jobs(dsn, "mail", 3)
+
+    done = post(client, "retry", [dead[0], pending[0]], next="/jobs?status=dead")
+    assert done.status_code == 303
+    assert done.headers["location"].startswith("/jobs?status=dead&done=retried+1+of+2")
+    assert status_of(dsn, dead[0]) == "pending"
+    assert status_of(dsn, pending[0]) == "pending"
+
+    assert post(client, "cancel", pending[1:] + [dead[1]]).status_code == 303
+    assert [status_of(dsn, i) for i in pending[1:]] == [None, None]
+    assert status_of(dsn, dead[1]) == "dead"  # cancel is for pending jobs
+
+    running = add_jobs(dsn, "mail", 1)
+    sql(
+        dsn,
+        "UPDATE aioq.jobs SET status = 'running', locked_by = 'w', lease_expires_at = now()"
+        " + interval '1 minute' WHERE id = $1",
+        running[0],
+    )
+    assert post(client, "delete", [dead[1], dead[2], running[0]]).status_code == 303
+    assert [status_of(dsn, i) for i in dead[1:]] == [None, None]
+    assert status_of(dsn, running[0]) == "running"  # its worker owns it
+
+    shown = client.get(done.headers["location"])
+    assert "retried 1 of 2 jobs" in shown.text
+
+
+def test_actions_refuse_forged_and_foreign_requests(dsn: str, client: TestClient) -> None:
+    dead = add_jobs(dsn, "mail", 1)
+    bury(dsn, dead, "boom")
+    client.get("/")  # the cookie
+    forged = client.post("/actions", data={"action": "retry", "ids": str(dead[0])})
+    assert forged.status_code == 403
+    assert "CSRF" in forged.text
+    wrong = client.post("/actions", data={"csrf": "x" * 43, "action": "retry", "ids": dead})
+    assert wrong.status_code == 403
+    client.cookies.clear()
+    token = CSRF.search(client.get("/jobs").text)
+    assert token
+    client.cookies.clear()  # a token from the page without the cookie it goes with
+    stolen = client.post("/actions", data={"csrf": token[1], "action": "retry", "ids": dead})
+    assert stolen.status_code == 403
+    assert status_of(dsn, dead[0]) == "dead"
+
+    bad = post(client, "explode", dead)
+    assert bad.status_code == 400
+    away = post(client, "retry", dead, next="//evil.example/x")
+    assert away.headers["location"].startswith("/?done=")  # never an open redirect
+    assert client.get("/actions").status_code == 405
+
+
+def test_read_only_shows_no_buttons_and_refuses_posts(dsn: str) -> None:
+    dead = add_jobs(dsn, "mail", 1)
+    bury(dsn, dead, "boom")
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        assert "read-only" in client.get("/").text
+        for path in ("/jobs", f"/jobs/{dead[0]}"):
+            html = client.get(path).text
+            assert "<button name=" not in html and 'name="ids"' not in html
+        token = CSRF.search(client.get("/jobs").text)
+        assert token is None
+        refused = client.post("/actions", data={"action": "retry", "ids": dead})
+        assert refused.status_code == 403
+        assert "read-only" in refused.text
+    assert status_of(dsn, dead[0]) == "dead"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_authorize_hook_guards_every_route(dsn: str, asynchronous: bool) -> None:
+    def allow(request: Any) -> bool:
+        return bool(request.headers.get("x-admin") == "yes")
+
+    async def allow_async(request: Any) -> bool:
+        return allow(request)
+
+    hook = allow_async if asynchronous else allow
+    (job,) = add_jobs(dsn, "mail", 1)
+    with TestClient(aioq.web.app(dsn=dsn, actions=True, authorize=hook)) as client:
+        for path in ("/", "/live", "/jobs", f"/jobs/{job}", "/throughput"):
+            assert client.get(path).status_code == 403, path
+            assert client.get(path, headers={"x-admin": "yes"}).status_code == 200, path
+        refused = client.post("/actions", data={"action": "cancel", "ids": job})
+        assert refused.status_code == 403
+    assert status_of(dsn, job) == "pending"
+
+
+def test_mounted_in_a_host_app_with_a_pool(dsn: str) -> None:
+    async def make_pool() -> asyncpg.Pool:
+        return await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+
+    host = Starlette()
+    with TestClient(host) as client:
+        pool = client.portal.call(make_pool)  # on the client's event loop
+        try:
+            host.mount("/ops/aioq", aioq.web.app(pool=pool, actions=True))
+            add_jobs(dsn, "mail", 1)
+            page = client.get("/ops/aioq/")
+            assert page.status_code == 200
+            assert 'href="/ops/aioq/jobs"' in page.text
+            assert 'href="/ops/aioq/static/style.css"' in page.text
+            assert client.get("/ops/aioq/static/app.js").status_code == 200
+            assert "Path=/ops/aioq;" in page.headers["set-cookie"]
+            assert client.get("/ops/aioq/jobs?queue=mail").status_code == 200
+        finally:
+            client.portal.call(pool.close)
+
+
+def test_a_slow_statement_is_cut_by_the_timeout(dsn: str) -> None:
+    # Hold a lock the overview's table-size read waits for: the page gives up, it never hangs.
+    async def scenario() -> None:
+        blocker = await asyncpg.connect(dsn)
+        try:
+            await blocker.execute("BEGIN; LOCK TABLE aioq.jobs IN ACCESS EXCLUSIVE MODE")
+            await asyncio.to_thread(check)
+        finally:
+            await blocker.close()
+
+    def check() -> None:
+        with TestClient(aioq.web.app(dsn=dsn, statement_timeout=0.3)) as client:
+            page = client.get("/")
+        assert page.status_code == 503
+        assert "QueryCanceledError" in page.text or "statement timeout" in page.text
+
+    asyncio.run(scenario())
+
+
+def test_bad_configuration_names_the_option(dsn: str) -> None:
+    with pytest.raises(ConfigError, match="dsn"):
+        aioq.web.app()
+    with pytest.raises(ConfigError, match="refresh"):
+        aioq.web.app(dsn=dsn, refresh=0.5)
+    with pytest.raises(ConfigError, match="page_size"):
+        aioq.web.app(dsn=dsn, page_size=0)
+    with pytest.raises(ConfigError, match="schema"):
+        aioq.web.app(dsn=dsn, schema="no-such schema")
+    with pytest.raises(TypeError):
+        aioq.web.app(dsn=dsn, colour="blue")

@@ -16,7 +16,6 @@ import aioq
 import aioq.web
 from aioq.errors import ConfigError
 
-
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -195,7 +194,8 @@ def test_job_detail_shows_args_error_and_worker(dsn: str, client: TestClient) ->
     assert "a@example.com" in page.text
     assert "KeyError: &#34;&lt;to&gt;&#34;" in page.text  # escaped, whole
     assert 'File "tasks.py", line 3'.replace('"', "&#34;") in page.text
-    assert 'value="retry"' in page.text and 'value="delete"' in page.text
+    assert 'value="retry"' in page.text
+    assert 'value="delete"' in page.text
     assert 'value="cancel"' not in page.text  # a dead job is not cancelled
 
 
@@ -217,7 +217,7 @@ def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
     assert status_of(dsn, dead[0]) == "pending"
     assert status_of(dsn, pending[0]) == "pending"
 
-    assert post(client, "cancel", pending[1:] + [dead[1]]).status_code == 303
+    assert post(client, "cancel", [*pending[1:], dead[1]]).status_code == 303
     assert [status_of(dsn, i) for i in pending[1:]] == [None, None]
     assert status_of(dsn, dead[1]) == "dead"  # cancel is for pending jobs
 
@@ -267,7 +267,8 @@ def test_read_only_shows_no_buttons_and_refuses_posts(dsn: str) -> None:
         assert "read-only" in client.get("/").text
         for path in ("/jobs", f"/jobs/{dead[0]}"):
             html = client.get(path).text
-            assert "<button name=" not in html and 'name="ids"' not in html
+            assert "<button name=" not in html
+            assert 'name="ids"' not in html
         token = CSRF.search(client.get("/jobs").text)
         assert token is None
         refused = client.post("/actions", data={"action": "retry", "ids": dead})

@@ -115,7 +115,9 @@ class Handoff:
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
                     self._wake(1)  # it was woken for a claim it will not take: pass it on
-                else:
+                elif waiter in self._waiters:
+                    # Not there when _wake() already dropped it as done (cancelled): a hard
+                    # cancel racing a put() or close().
                     self._waiters.remove(waiter)
                 raise
         return self._claims.popleft()

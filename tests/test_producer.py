@@ -73,6 +73,19 @@ async def test_a_cancelled_waiter_passes_its_wakeup_on() -> None:
     assert first.cancelled()
 
 
+async def test_a_waiter_cancelled_before_close_wakes_it_ends_quietly() -> None:
+    # A hard cancel of the worker cancels the waiting consumers' futures; close() (or put())
+    # then drops those futures from the queue as done. The cancelled get() must still raise
+    # its CancelledError, not a ValueError from removing a future no longer queued.
+    handoff = Handoff()
+    waiting = asyncio.ensure_future(handoff.get())
+    await asyncio.sleep(0)
+    waiting.cancel()  # cancels the inner future now; get() runs its except clause later
+    handoff.close()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
 def producer(poll_interval: float, listening: bool) -> Producer:
     return Producer(
         store=None,  # type: ignore[arg-type]  # never claims here

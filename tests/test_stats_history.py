@@ -1,0 +1,188 @@
+"""The per-minute history and the workers' rows: written by workers, read by the dashboard."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import asyncpg
+import pytest
+from starlette.testclient import TestClient
+
+import aioq
+import aioq.web
+from aioq.completer import OutcomeKind
+from aioq.job import Claim
+from aioq.stats_history import BUCKETS, StatsRecorder, StatsWriter, bucket, percentile
+from aioq.store import Store
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30.0
+QUICK = aioq.Backoff(base=0.01, factor=1, max=0.01, jitter=0)
+MakeWorker = Callable[..., aioq.Worker]
+
+
+def claim(queue: str = "q", task: str = "t", waited: float = 0.0) -> Claim:
+    return Claim(
+        id=1, queue=queue, task=task, args="{}", priority=0, attempt=1, max_attempts=3,
+        lease=30.0, waited=waited,
+    )  # fmt: skip
+
+
+async def history(conn: asyncpg.Connection) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+    rows = await conn.fetch(
+        "SELECT queue, task, sum(completed) AS c, sum(retried) AS r, sum(dead) AS d,"
+        " sum((SELECT sum(x) FROM unnest(run_hist) AS x)) AS n"
+        " FROM aioq.stats_history GROUP BY queue, task"
+    )
+    return {(r["queue"], r["task"]): (r["c"], r["r"], r["d"], r["n"]) for r in rows}
+
+
+async def until_settled(conn: asyncpg.Connection) -> None:
+    """Wait until no job is pending or running."""
+    with anyio.fail_after(HANG_GUARD):
+        while await conn.fetchval(
+            "SELECT count(*) FROM aioq.jobs WHERE status IN ('pending', 'running')"
+        ):
+            await anyio.sleep(0.05)
+
+
+def test_buckets_and_percentiles() -> None:
+    assert bucket(0.0) == 0
+    assert bucket(0.005) == 0  # upper bounds are inclusive
+    assert bucket(0.006) == 1
+    assert bucket(10_000) == len(BUCKETS)
+    hist = [0] * (len(BUCKETS) + 1)
+    assert percentile(hist, 0.5) is None
+    hist[bucket(0.02)] = 90
+    hist[bucket(4.0)] = 10
+    assert percentile(hist, 0.5) == 0.025
+    assert percentile(hist, 0.95) == 5
+    hist[-1] = 1000
+    assert percentile(hist, 0.95) == BUCKETS[-1]  # "an hour or more"
+
+
+def test_recorder_counts_outcomes_not_snoozes() -> None:
+    recorder = StatsRecorder()
+    recorder.observe(claim(waited=0.2), OutcomeKind.COMPLETE, 0.003)
+    recorder.observe(claim(), OutcomeKind.RETRY, 1.5)
+    recorder.observe(claim(task="u"), OutcomeKind.BURY, 1.5)
+    recorder.observe(claim(), OutcomeKind.SNOOZE, 0.1)
+    recorder.observe(claim(), OutcomeKind.RELEASE, 0.1)
+    counts = recorder.take()
+    assert recorder.counts == {}
+    t, u = counts["q", "t"], counts["q", "u"]
+    assert (t.completed, t.retried, t.dead, u.dead) == (1, 1, 0, 1)
+    assert sum(t.run) == 2
+    assert t.wait[bucket(0.2)] == 1
+    assert t.run[bucket(0.003)] == 1
+
+
+async def test_writer_adds_up_a_minute_gives_back_on_failure_and_prunes(
+    conn: asyncpg.Connection, dsn: str
+) -> None:
+    store = Store.for_schema("aioq")
+    recorder = StatsRecorder()
+
+    def writer(db: asyncpg.Connection) -> StatsWriter:
+        return StatsWriter(
+            store=store, db=db, recorder=recorder, worker_id="w1", queues=["q"], concurrency=4,
+            retention=3600,
+        )  # fmt: skip
+
+    broken = await asyncpg.connect(dsn)
+    await broken.close()
+    recorder.observe(claim(), OutcomeKind.COMPLETE, 0.01)
+    with pytest.raises(asyncpg.InterfaceError):
+        await writer(broken).run_once()
+    assert recorder.counts["q", "t"].completed == 1  # kept for the next write
+
+    recorder.observe(claim(), OutcomeKind.COMPLETE, 0.01)
+    assert await writer(conn).run_once() == 1
+    recorder.observe(claim(), OutcomeKind.BURY, 0.01)
+    await writer(conn).run_once()  # same minute (most likely): added to the same row
+    assert await history(conn) == {("q", "t"): (2, 0, 1, 3)}
+    row = await conn.fetchrow("SELECT * FROM aioq.workers")
+    assert (row["id"], row["queues"], row["concurrency"]) == ("w1", ["q"], 4)
+
+    await conn.execute(
+        "INSERT INTO aioq.stats_history VALUES (now() - interval '2 hours', 'old', 'q', 't',"
+        " 5, 0, 0, '{}', '{}');"
+        "INSERT INTO aioq.workers (id, host, pid, queues, concurrency, last_seen)"
+        " VALUES ('gone', 'h', 1, '{q}', 1, now() - interval '2 hours')"
+    )
+    await writer(conn).run_once()
+    assert await history(conn) == {("q", "t"): (2, 0, 1, 3)}
+    assert await conn.fetchval("SELECT array_agg(id) FROM aioq.workers") == ["w1"]
+
+
+async def test_workers_record_every_outcome_and_aioq_stats_shows_failures(
+    conn: asyncpg.Connection, dsn: str, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    @registry.task(name="ok")
+    async def ok(n: int) -> None:
+        await anyio.sleep(0.01)
+
+    @registry.task(name="bad", max_attempts=2, retry=QUICK, lease=1.0)
+    async def bad(n: int) -> None:
+        raise ValueError(f"bad {n}")
+
+    await ok.defer_many(conn, [{"n": i} for i in range(20)])
+    await bad.defer_many(conn, [{"n": i} for i in range(3)])
+    workers = [
+        make_worker(concurrency=3, heartbeat_interval=0.2, stats_interval=0.2) for _ in range(3)
+    ]
+    async with workers[0], workers[1]:
+        # The third one is hard-cancelled: its counts are still written on the way out.
+        with anyio.CancelScope() as hard:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(workers[2].run)
+                with anyio.fail_after(HANG_GUARD):
+                    while await conn.fetchval("SELECT count(*) FROM aioq.workers") < 3:
+                        await anyio.sleep(0.05)
+                seen = await conn.fetch("SELECT id, queues, concurrency FROM aioq.workers")
+                assert {r["id"] for r in seen} == {w.id for w in workers}
+                assert all(r["queues"] == ["default"] and r["concurrency"] == 3 for r in seen)
+                await until_settled(conn)
+                hard.cancel()
+    # A clean stop removes the worker's row; the hard-cancelled one removed its own too.
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workers") == 0
+    assert await history(conn) == {
+        ("default", "ok"): (20, 0, 0, 20),
+        ("default", "bad"): (0, 3, 3, 6),
+    }
+
+    snapshot = await aioq.stats(conn)
+    (default,) = snapshot.queues
+    assert default.failed_last_minute == 6
+    assert default.dead == 3
+
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        for name in ("hour", "day"):
+            page = client.get(f"/throughput?range={name}")
+            assert page.status_code == 200
+            assert "<svg" in page.text
+            totals = page.text.split('id="totals"')[1]
+            assert '<td class="mono">ok</td>' in totals
+            assert '<td class="num">20</td>' in totals
+            assert '<td class="num warn">3</td>' in totals
+            assert '<td class="num bad">3</td>' in totals
+        assert "No history" not in client.get("/throughput").text
+
+
+async def test_history_can_be_turned_off(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    @registry.task(name="ok")
+    async def ok() -> None:
+        pass
+
+    await ok.defer(conn)
+    with anyio.fail_after(HANG_GUARD):
+        await make_worker(stats_history=False).run_until_idle()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.stats_history") == 0
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workers") == 0
+    assert (await aioq.stats(conn)).queues == ()
+    with pytest.raises(aioq.ConfigError, match="stats_interval"):
+        make_worker(stats_interval=0)

@@ -123,7 +123,8 @@ def site(dsn: str) -> Iterator[str]:
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        assert thread.is_alive(), "the server stopped"
+        assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
@@ -221,10 +222,9 @@ def test_read_only_and_forged_posts_are_refused(dsn: str, site: str, page: Any) 
     assert forged.status == 403
     assert "CSRF" in forged.text()
     from_script = page.evaluate(
-        """async (url) => (await fetch(url, {method: "POST", body: new URLSearchParams(
-            {action: "retry", ids: "%d", csrf: "guessed"})})).status"""
-        % flaky_ids[0],
-        f"{site}/rw/actions",
+        """async ([url, id]) => (await fetch(url, {method: "POST", body: new URLSearchParams(
+            {action: "retry", ids: id, csrf: "guessed"})})).status""",
+        [f"{site}/rw/actions", str(flaky_ids[0])],
     )
     assert from_script == 403
     page.reload()

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint typecheck pytest chaos bench dev clean pgbouncer
+.PHONY: demo test lint typecheck pytest chaos bench dev clean pgbouncer chromium
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -31,7 +31,7 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy --strict aioq examples
 
-pytest: $(VENV)/.installed-dev pgbouncer
+pytest: $(VENV)/.installed-dev pgbouncer chromium
 	$(PY) -m pytest
 
 test: lint typecheck pytest
@@ -69,6 +69,24 @@ pgbouncer:
 		echo "pgbouncer: installed with apt-get"; \
 	else \
 		echo "pgbouncer: apt-get install failed ($$(tail -n 1 $(PGBOUNCER_LOG))); its chaos scenario will skip"; \
+	fi
+
+# Chromium for the dashboard's browser tests (Playwright drives the system's browser; it never
+# downloads one): installed with apt-get when missing and we are root. Never fails the build:
+# without it the browser tests skip and say why.
+CHROMIUM_LOG := /tmp/aioq-chromium-install.log
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" != 0 ]; then \
+		echo "chromium: not installed and not root; the browser tests will skip"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "chromium: not installed and no apt-get; the browser tests will skip"; \
+	elif { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		  apt-get install -y -q --no-install-recommends chromium; }; } >$(CHROMIUM_LOG) 2>&1; then \
+		echo "chromium: installed with apt-get"; \
+	else \
+		echo "chromium: apt-get install failed ($$(tail -n 1 $(CHROMIUM_LOG))); the browser tests will skip"; \
 	fi
 
 # An embedded throwaway PostgreSQL for development: prints its DSN, Ctrl-C removes it.

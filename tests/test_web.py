@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+from procs import aioq_cli, assert_one_line_error
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 import aioq
 import aioq.web
+from aioq.dev.pgbin import free_port
 from aioq.errors import ConfigError
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -347,3 +356,42 @@ def test_bad_configuration_names_the_option(dsn: str) -> None:
         aioq.web.app(dsn=dsn, schema="no-such schema")
     with pytest.raises(TypeError):
         aioq.web.app(dsn=dsn, colour="blue")
+
+
+def test_aioq_web_serves_on_localhost_until_interrupted(dsn: str, tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aioq", "web", "--port", str(port), "--actions"],
+        env={**os.environ, "AIOQ_DSN": dsn},
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stderr is not None
+        started = proc.stderr.readline()
+        assert f"aioq dashboard on http://127.0.0.1:{port}/ (actions enabled)" in started
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs", timeout=5) as page:
+                    body = page.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "aioq web did not answer"
+                time.sleep(0.1)
+        assert "actions enabled" in body
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=20)
+        assert proc.returncode == 0, rest
+        assert "Traceback" not in rest
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_aioq_web_errors(dsn: str) -> None:
+    assert_one_line_error(aioq_cli(None, "web"), "no database: pass --dsn or set AIOQ_DSN")
+    assert_one_line_error(aioq_cli(dsn, "web", "--refresh", "0.5"), "refresh")
+    help_text = aioq_cli(None, "web", "--help").stdout
+    assert "default: 127.0.0.1" in help_text

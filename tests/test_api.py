@@ -33,8 +33,18 @@ def test_every_error_derives_from_the_root() -> None:
 def test_importing_aioq_pulls_in_no_optional_dependency() -> None:
     code = (
         "import sys, aioq\n"
-        "loaded = [m for m in ('prometheus_client', 'fastapi', 'starlette', 'httpx')"
-        " if m in sys.modules]\n"
+        "loaded = [m for m in ('prometheus_client', 'fastapi', 'starlette', 'httpx', 'httpx2',"
+        " 'jinja2', 'uvicorn', 'aioq.web', 'aioq.cli') if m in sys.modules]\n"
+        "print(','.join(loaded))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_the_cli_imports_the_dashboard_only_for_aioq_web() -> None:
+    code = (
+        "import sys, aioq.cli\n"
+        "loaded = [m for m in ('starlette', 'jinja2', 'uvicorn', 'aioq.web') if m in sys.modules]\n"
         "print(','.join(loaded))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

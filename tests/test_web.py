@@ -116,6 +116,10 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
     }
     img = queue_cells(page.text, "img")
     assert (img["ready"], img["running"], img["expired"], img["dead"]) == ("0", "2", "1", "0")
+    tiles = dict(re.findall(r"<span>([\w ]+)</span><strong>([^<]*)</strong>", page.text))
+    assert tiles == {
+        "Ready": "3", "Running": "2", "Dead": "2", "Oldest ready": "1m 30s", "Workers alive": "0",
+    }  # fmt: skip
     # The worker w1 has no row in workers, and still shows through the jobs it holds.
     assert '<td class="mono">w1</td>' in page.text
     assert "Jobs table" in page.text

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
+import asyncpg
 
 from aioq._service import repeat
 from aioq.completer import OutcomeKind
@@ -136,6 +137,7 @@ class StatsWriter:
         self.concurrency = concurrency
         self.interval = interval
         self.retention = retention
+        self.missing = False  # the schema predates the history tables
 
     async def run_once(self) -> int:
         """Write the counts so far and this worker's row; prune a batch; return rows written."""
@@ -170,11 +172,24 @@ class StatsWriter:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 try:
-                    await self.run_once()
-                    await self.store.forget_worker(self.db, self.worker_id)
+                    if not self.missing:
+                        await self.run_once()
+                        await self.store.forget_worker(self.db, self.worker_id)
                 except Exception:
                     logger.warning("could not write the last stats of worker %s", self.worker_id)
 
     async def _step(self) -> bool:
-        await self.run_once()
+        if self.missing:
+            self.recorder.take()  # nowhere to write them
+            return False
+        try:
+            await self.run_once()
+        except asyncpg.UndefinedTableError:
+            # A schema from before migration 2: the worker runs on, without history.
+            self.missing = True
+            logger.warning(
+                "worker %s writes no stats history: its tables are missing (run: aioq schema"
+                " apply)",
+                self.worker_id,
+            )
         return False

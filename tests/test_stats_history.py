@@ -186,3 +186,23 @@ async def test_history_can_be_turned_off(
     assert (await aioq.stats(conn)).queues == ()
     with pytest.raises(aioq.ConfigError, match="stats_interval"):
         make_worker(stats_interval=0)
+
+
+async def test_a_schema_without_history_tables_only_costs_a_warning(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: MakeWorker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @registry.task(name="ok")
+    async def ok() -> None:
+        pass
+
+    await conn.execute("DROP TABLE aioq.stats_history")
+    await ok.defer(conn)
+    with anyio.fail_after(HANG_GUARD):
+        await make_worker(stats_interval=0.05).run_until_idle()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+    warnings = [r for r in caplog.records if "writes no stats history" in r.message]
+    assert len(warnings) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

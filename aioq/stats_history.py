@@ -137,7 +137,7 @@ class StatsWriter:
         self.concurrency = concurrency
         self.interval = interval
         self.retention = retention
-        self.missing = False  # the schema predates the history tables
+        self.missing = False  # no history tables (an old schema), or no right to write them
 
     async def run_once(self) -> int:
         """Write the counts so far and this worker's row; prune a batch; return rows written."""
@@ -184,12 +184,14 @@ class StatsWriter:
             return False
         try:
             await self.run_once()
-        except asyncpg.UndefinedTableError:
-            # A schema from before migration 2: the worker runs on, without history.
+        except (asyncpg.UndefinedTableError, asyncpg.InsufficientPrivilegeError) as exc:
+            # A schema from before migration 2, or a role granted only the older tables: the
+            # worker runs on, without history.
             self.missing = True
             logger.warning(
-                "worker %s writes no stats history: its tables are missing (run: aioq schema"
-                " apply)",
+                "worker %s writes no stats history (%s): run `aioq schema apply` as the owner,"
+                " and grant the role the tables the README lists under Permissions",
                 self.worker_id,
+                exc,
             )
         return False

@@ -24,7 +24,6 @@ from urllib.parse import parse_qs, urlencode
 
 import anyio
 import asyncpg
-import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -37,6 +36,7 @@ from aioq.job import JobStatus
 from aioq.queries import quote_schema
 from aioq.store import Connection, Store
 from aioq.web import data
+from aioq.web.filters import environment
 
 __all__ = ("DashboardConfig", "app")
 
@@ -160,55 +160,13 @@ def app(
     return web
 
 
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    env.filters.update(count=_count, age=_age, seconds=_seconds, when=_when)
-    return env
-
-
-def _count(value: int, capped: bool = False) -> str:
-    return f"{value:,}+" if capped else f"{value:,}"
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return "0s" if seconds <= 0 else "<1s"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            whole = int(seconds // size)
-            rest = int((seconds - whole * size) // (size // 60 if size > 60 else 1))
-            small = {"d": "h", "h": "m", "m": "s"}[unit]
-            return f"{whole}{unit} {rest}{small}" if rest and unit != "d" else f"{whole}{unit}"
-    return f"{int(seconds)}s"
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 3600:
-        return f"≥{value / 3600:g}h" if value == 3600 else f"{value / 3600:.1f}h"
-    if value >= 60:
-        return f"{value / 60:g}m"
-    return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
-
-
-def _when(value: datetime | None) -> str:
-    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 class _Pages:
     """The request handlers; each asks ``authorize`` first."""
 
     def __init__(self, config: DashboardConfig, db: _Database, authorize: Authorize | None):
         self.config, self.db, self.authorize = config, db, authorize
         self.store = Store.for_schema(config.schema)
-        self.env = _env()
+        self.env = environment(HERE / "templates")
 
     async def _allowed(self, request: Request) -> bool:
         if self.authorize is None:

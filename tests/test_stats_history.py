@@ -7,6 +7,7 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+from procs import aioq_cli
 from starlette.testclient import TestClient
 
 import aioq
@@ -157,6 +158,10 @@ async def test_workers_record_every_outcome_and_aioq_stats_shows_failures(
     (default,) = snapshot.queues
     assert default.failed_last_minute == 6
     assert default.dead == 3
+    shown = await anyio.to_thread.run_sync(lambda: aioq_cli(dsn, "stats").stdout.splitlines())
+    assert shown[0].split()[-1] == "FAILED_1M"
+    assert shown[1].split()[0] == "default"
+    assert shown[1].split()[-1] == "6"
 
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         for name in ("hour", "day"):

@@ -423,8 +423,10 @@ GROUP BY queue
 # counts stop at $cap rows and say so, lists read a window of rows along an index.
 
 # Per queue with pending jobs (found by a skip scan of the claim index: one probe per queue, at
-# most $1 queues): ready and scheduled among the first $2 pending jobs in claim order, and the
-# oldest ready job among them. `sampled` = $2 means the counts are lower bounds.
+# most $1 queues): ready and scheduled among the first $2 pending jobs in claim order
+# (`sampled` = $2 means the counts are lower bounds), and the oldest ready job: the first entry
+# of each priority is its oldest, so one probe per priority (at most $3 priorities) finds it
+# exactly, however many jobs wait.
 DASH_PENDING = """
 WITH RECURSIVE names(queue, n) AS (
     (SELECT queue, 1 FROM {s}.jobs WHERE status = 'pending' ORDER BY queue LIMIT 1)
@@ -436,18 +438,34 @@ WITH RECURSIVE names(queue, n) AS (
     FROM names WHERE names.queue IS NOT NULL AND names.n < $1
 )
 SELECT names.queue, p.ready, p.scheduled, p.sampled,
-       coalesce(extract(epoch FROM now() - p.oldest_ready), 0)::float8 AS oldest_ready_age
+       coalesce(extract(epoch FROM now() - o.oldest_ready), 0)::float8 AS oldest_ready_age
 FROM names
 CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE s.run_at <= now()) AS ready,
            count(*) FILTER (WHERE s.run_at > now()) AS scheduled,
-           count(*) AS sampled,
-           min(s.run_at) FILTER (WHERE s.run_at <= now()) AS oldest_ready
+           count(*) AS sampled
     FROM (SELECT run_at FROM {s}.jobs
           WHERE status = 'pending' AND queue = names.queue
           ORDER BY priority DESC, run_at, id
           LIMIT $2) AS s
 ) AS p
+CROSS JOIN LATERAL (
+    WITH RECURSIVE firsts(priority, run_at, n) AS (
+        (SELECT priority, run_at, 1 FROM {s}.jobs
+         WHERE status = 'pending' AND queue = names.queue
+         ORDER BY priority DESC, run_at, id LIMIT 1)
+        UNION ALL
+        SELECT nx.priority, nx.run_at, firsts.n + 1
+        FROM firsts
+        CROSS JOIN LATERAL (
+            SELECT j.priority, j.run_at FROM {s}.jobs AS j
+            WHERE j.status = 'pending' AND j.queue = names.queue AND j.priority < firsts.priority
+            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1
+        ) AS nx
+        WHERE firsts.n < $3
+    )
+    SELECT min(run_at) FILTER (WHERE run_at <= now()) AS oldest_ready FROM firsts
+) AS o
 WHERE names.queue IS NOT NULL
 ORDER BY names.queue
 """

@@ -324,10 +324,10 @@ class Store:
     # --- the dashboard: bounded reads (aioq.web) ---
 
     async def dash_pending(
-        self, conn: Executor, max_queues: int, cap: int
+        self, conn: Executor, max_queues: int, cap: int, max_priorities: int
     ) -> Sequence[asyncpg.Record]:
         """Return per queue: ready, scheduled, sampled, oldest_ready_age (counts stop at cap)."""
-        return await conn.fetch(self._dash_pending, max_queues, cap)
+        return await conn.fetch(self._dash_pending, max_queues, cap, max_priorities)
 
     async def dash_states(self, conn: Executor, cap: int) -> Sequence[asyncpg.Record]:
         """Return (queue, state, n) for running, expired and dead jobs (at most cap of each)."""

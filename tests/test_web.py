@@ -130,11 +130,14 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
 
 
 def test_counts_stop_at_the_cap_and_say_so(dsn: str) -> None:
-    add_jobs(dsn, "big", 7)
+    add_jobs(dsn, "big", 7, priority=5)
+    (low,) = add_jobs(dsn, "big", 1, priority=-1)
+    sql(dsn, "UPDATE aioq.jobs SET run_at = now() - interval '2 hours' WHERE id = $1", low)
     bury(dsn, add_jobs(dsn, "big", 4), "boom")
     with TestClient(aioq.web.app(dsn=dsn, count_cap=3)) as client:
         cells = queue_cells(client.get("/").text, "big")
     assert (cells["ready"], cells["dead"]) == ("3+", "3+")
+    assert cells["oldest"] == "2h"  # the low-priority job, far past the cap in claim order
 
 
 def test_empty_database_and_missing_job(client: TestClient) -> None:

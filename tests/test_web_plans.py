@@ -39,6 +39,8 @@ async def big(conn: asyncpg.Connection) -> asyncpg.Connection:
         SELECT 'bulk', 'tasks.t1', 'running', 'w' || (i % 4), now(), now() + interval '1 minute'
         FROM generate_series(1, 50) AS i;
         INSERT INTO aioq.jobs (queue, task) SELECT 'small', 'tasks.s' FROM generate_series(1, 10);
+        INSERT INTO aioq.jobs (queue, task, priority, run_at)
+        SELECT 'bulk', 'tasks.low', -i, now() - interval '1 day' FROM generate_series(1, 5) AS i;
         ANALYZE aioq.jobs;
         """
     )
@@ -80,7 +82,7 @@ PAGE_ARGS = {
 }
 
 CASES: dict[str, tuple[str, tuple[Any, ...], int]] = {
-    "per-queue pending": (q.DASH_PENDING, (200, CAP), 2 * CAP + 10),
+    "per-queue pending": (q.DASH_PENDING, (200, CAP, 50), 2 * CAP + 10 + 2 * 50),
     "states": (q.DASH_STATES, (CAP,), 3 * CAP),
     "workers": (q.DASH_WORKERS, (CAP, 200), CAP),
     **{f"page: {k}": (q.DASH_PAGE, v, WINDOW) for k, v in PAGE_ARGS.items()},
@@ -106,10 +108,12 @@ async def test_dashboard_statements_use_indexes_and_read_a_bounded_number_of_row
 
 async def _the_bounded_statements_still_count_right(big: asyncpg.Connection) -> None:
     pending = q.render(q.DASH_PENDING, "aioq")
-    rows = {r["queue"]: r for r in await big.fetch(pending, 200, CAP)}
+    rows = {r["queue"]: r for r in await big.fetch(pending, 200, CAP, 50)}
     assert set(rows) == {"bulk", "small"}
     assert (rows["small"]["ready"], rows["small"]["sampled"]) == (10, 10)
     assert rows["bulk"]["sampled"] == CAP  # stopped at the cap: a lower bound
+    # The oldest ready job has a low priority, far behind the cap in claim order: still found.
+    assert 86_000 < rows["bulk"]["oldest_ready_age"] < 87_000
     states = q.render(q.DASH_STATES, "aioq")
     counts = {(r["queue"], r["state"]): r["n"] for r in await big.fetch(states, CAP)}
     assert counts == {("bulk", "running"): 50, ("bulk", "dead"): CAP}

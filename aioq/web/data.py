@@ -31,6 +31,7 @@ __all__ = (
 # counted by DASH_STATES. A new terminal state (cancelled) is one more name here and in the SQL.
 STATE_COLUMNS = ("running", "expired", "dead")
 MAX_QUEUES = 200
+MAX_PRIORITIES = 50  # distinct priorities per queue probed for the oldest ready job
 MAX_WORKERS = 200
 
 # What may be done to a job in each state, by the actions of the dashboard.
@@ -82,7 +83,7 @@ async def load_overview(
 ) -> Overview:
     """Read the per-queue counts, the workers and the jobs table's health."""
     queues: dict[str, QueueRow] = {}
-    for row in await store.dash_pending(conn, MAX_QUEUES, cap):
+    for row in await store.dash_pending(conn, MAX_QUEUES, cap, MAX_PRIORITIES):
         q = queues[row["queue"]] = QueueRow(row["queue"])
         q.ready, q.scheduled = row["ready"], row["scheduled"]
         q.oldest_ready_age = row["oldest_ready_age"]

@@ -546,18 +546,25 @@ SET_STATEMENT_TIMEOUT = """
 SELECT set_config('statement_timeout', $1, true)
 """
 
+# Buckets of the wait and run histograms in stats_history (aioq.stats_history.BUCKETS + 1).
+HIST_WIDTH = 17
+
+
+def _bucket_sums(column: str) -> str:
+    sums = ", ".join(f"coalesce(sum({column}[{i}]), 0)" for i in range(1, HIST_WIDTH + 1))
+    return f"ARRAY[{sums}]::bigint[]"
+
+
 # Per queue and task over the last $1 seconds: outcome counts, and the wait and run histograms
-# summed bucket by bucket (index i of BUCKETS, 1-based).
-HISTORY_TOTALS = """
-SELECT h.queue, h.task, u.i::integer AS i, sum(u.w)::bigint AS wait, sum(u.r)::bigint AS run,
-       sum(h.completed) FILTER (WHERE u.i = 1)::bigint AS completed,
-       sum(h.retried) FILTER (WHERE u.i = 1)::bigint AS retried,
-       sum(h.dead) FILTER (WHERE u.i = 1)::bigint AS dead
-FROM {s}.stats_history AS h
-CROSS JOIN LATERAL unnest(h.wait_hist, h.run_hist) WITH ORDINALITY AS u(w, r, i)
-WHERE h.minute >= now() - make_interval(secs => $1::float8)
-GROUP BY h.queue, h.task, u.i
-ORDER BY h.queue, h.task, u.i
+# summed bucket by bucket (plain aggregates: no unnest of every row's arrays).
+HISTORY_TOTALS = f"""
+SELECT queue, task, sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
+       sum(dead)::bigint AS dead, {_bucket_sums("wait_hist")} AS wait,
+       {_bucket_sums("run_hist")} AS run
+FROM {{s}}.stats_history
+WHERE minute >= now() - make_interval(secs => $1::float8)
+GROUP BY queue, task
+ORDER BY queue, task
 """
 
 # Outcome counts over the last $1 seconds in steps of $2 seconds, per queue.

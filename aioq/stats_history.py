@@ -22,6 +22,7 @@ import asyncpg
 from aioq._service import repeat
 from aioq.completer import OutcomeKind
 from aioq.job import Claim
+from aioq.queries import HIST_WIDTH
 from aioq.store import Executor, Store
 
 __all__ = (
@@ -41,6 +42,8 @@ PRUNE_BATCH = 5000
 
 # Upper bounds in seconds; one more bucket counts everything above the last.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+assert len(BUCKETS) + 1 == HIST_WIDTH, "queries.HIST_WIDTH must match BUCKETS"
 
 _COUNTED = {
     OutcomeKind.COMPLETE: "completed",

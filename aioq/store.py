@@ -312,7 +312,7 @@ class Store:
         return {row["queue"]: (row["completed"], row["failed"]) for row in rows}
 
     async def history_totals(self, conn: Executor, seconds: float) -> Sequence[asyncpg.Record]:
-        """Return per (queue, task, bucket) sums of the last ``seconds`` of history."""
+        """Return per (queue, task) outcome counts and histograms of the last ``seconds``."""
         return await conn.fetch(self._history_totals, seconds)
 
     async def history_series(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from aioq.job import JobStatus
-from aioq.stats_history import BUCKETS, percentile
+from aioq.stats_history import percentile
 from aioq.store import Connection, Store
 
 __all__ = (
@@ -206,29 +206,19 @@ class History:
 
 async def load_history(conn: Connection, store: Store, *, seconds: float, step: float) -> History:
     """Read the history of the last ``seconds``, in steps of ``step`` seconds."""
-    width = len(BUCKETS) + 1
-    waits: dict[tuple[str, str], list[int]] = {}
-    runs: dict[tuple[str, str], list[int]] = {}
-    counts: dict[tuple[str, str], tuple[int, int, int]] = {}
-    for row in await store.history_totals(conn, seconds):
-        key = (row["queue"], row["task"])
-        waits.setdefault(key, [0] * width)[row["i"] - 1] = row["wait"]
-        runs.setdefault(key, [0] * width)[row["i"] - 1] = row["run"]
-        if row["i"] == 1:
-            counts[key] = (row["completed"], row["retried"], row["dead"])
     totals = [
         TaskTotals(
-            queue=queue,
-            task=task,
-            completed=counts.get((queue, task), (0, 0, 0))[0],
-            retried=counts.get((queue, task), (0, 0, 0))[1],
-            dead=counts.get((queue, task), (0, 0, 0))[2],
-            wait_p50=percentile(waits[queue, task], 0.5),
-            wait_p95=percentile(waits[queue, task], 0.95),
-            run_p50=percentile(runs[queue, task], 0.5),
-            run_p95=percentile(runs[queue, task], 0.95),
+            queue=row["queue"],
+            task=row["task"],
+            completed=row["completed"],
+            retried=row["retried"],
+            dead=row["dead"],
+            wait_p50=percentile(row["wait"], 0.5),
+            wait_p95=percentile(row["wait"], 0.95),
+            run_p50=percentile(row["run"], 0.5),
+            run_p95=percentile(row["run"], 0.95),
         )
-        for queue, task in sorted(waits)
+        for row in await store.history_totals(conn, seconds)
     ]
     points: dict[str, list[tuple[datetime, int, int, int]]] = defaultdict(list)
     for row in await store.history_series(conn, seconds, step):

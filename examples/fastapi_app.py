@@ -1,7 +1,8 @@
 """A FastAPI app that runs an aioq worker inside its lifespan.
 
 POST /users writes a user and defers its welcome job in ONE transaction: both commit or
-neither does. The worker in the same process sends the welcome. Run it with
+neither does. The worker in the same process sends the welcome. The aioq dashboard (read-only)
+is mounted at /aioq/ (needs aioq-pg[web]). Run it with
 
     AIOQ_DSN=postgresql://... uvicorn --factory examples.fastapi_app:app_from_env
 """
@@ -17,6 +18,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel
 
 import aioq
+import aioq.web
 
 registry = aioq.Registry()
 
@@ -61,11 +63,17 @@ class JobState(BaseModel):
 
 
 def create_app(dsn: str, *, concurrency: int = 10) -> FastAPI:
-    """Build the app; its lifespan owns the pool and the worker."""
+    """Build the app; its lifespan owns the pool, the worker and the dashboard's pool."""
+    dashboard = aioq.web.app(dsn=dsn, schema=registry.schema)  # add actions=True, authorize=...
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with asyncpg.create_pool(dsn, min_size=1, max_size=10) as pool:
+        # A mounted app's lifespan is not run by Starlette: enter the dashboard's (it closes
+        # the dashboard's small pool at shutdown).
+        async with (
+            dashboard.router.lifespan_context(dashboard),
+            asyncpg.create_pool(dsn, min_size=1, max_size=10) as pool,
+        ):
             async with pool.acquire() as conn:
                 await aioq.install(conn, schema=registry.schema)
                 await conn.execute(SCHEMA)
@@ -81,6 +89,7 @@ def create_app(dsn: str, *, concurrency: int = 10) -> FastAPI:
                 _pools.remove(pool)
 
     app = FastAPI(lifespan=lifespan)
+    app.mount("/aioq", dashboard)
 
     @app.post("/users", status_code=201)
     async def create_user(user: NewUser, request: Request) -> Created:

@@ -35,6 +35,10 @@ def test_fastapi_lifespan_worker_processes_job_deferred_with_the_row(dsn: str) -
             state = client.get(f"/jobs/{job_id}").json()["state"]
         assert client.post("/users", json={}).status_code == 422  # bad input: no job, no user
         assert client.get("/jobs/999999").status_code == 404
+        client.post("/users", json={"name": "bob"})
+        dashboard = client.get("/aioq/jobs?queue=email")
+        assert dashboard.status_code == 200
+        assert "read-only" in dashboard.text
 
 
 @pytest.mark.timeout(120)

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import asyncpg
 import pytest
 from procs import aioq_cli, assert_one_line_error
@@ -402,3 +404,69 @@ def test_aioq_web_errors(dsn: str) -> None:
     assert_one_line_error(aioq_cli(dsn, "web", "--refresh", "0.5"), "refresh")
     help_text = aioq_cli(None, "web", "--help").stdout
     assert "default: 127.0.0.1" in help_text
+
+
+@pytest.mark.anyio
+async def test_actions_race_busy_workers_without_touching_a_running_job(
+    dsn: str, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """Cancel and delete from the page while three workers (short leases, one hard-cancelled)
+    drain the queue: nothing is lost, and no job the page removed ever finished a run."""
+    starts: dict[int, set[str]] = {}
+    ends: set[int] = set()
+
+    @registry.task(name="work", lease=1.0)
+    async def work(n: int) -> None:
+        job = aioq.current_job()
+        starts.setdefault(job.id, set()).add(job.worker_id)
+        await anyio.sleep(0.01 * (n % 5))
+        ends.add(job.id)
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        ids = await work.defer_many(conn, [{"n": i} for i in range(400)])
+        removed: set[int] = set()
+
+        def operator() -> None:
+            with TestClient(aioq.web.app(dsn=dsn, actions=True, page_size=40)) as client:
+                for round_ in range(12):
+                    page = client.get("/jobs?status=pending")
+                    found = job_ids(page.text)
+                    if not found:
+                        break
+                    token = CSRF.search(page.text)
+                    assert token
+                    action = "cancel" if round_ % 2 else "delete"
+                    done = client.post(
+                        "/actions",
+                        data={"csrf": token[1], "action": action, "ids": found[::2]},
+                        follow_redirects=False,
+                    )
+                    assert done.status_code == 303
+                    # Gone now: removed by the page, or claimed and completed meanwhile (its
+                    # run ended before its completion was written, so it is in `ends` by now).
+                    gone = {i for i in found[::2] if status_of(dsn, i) is None}
+                    removed.update(gone - set(ends))
+
+        workers = [
+            make_worker(concurrency=4, heartbeat_interval=0.2, poll_interval=0.05) for _ in range(3)
+        ]
+        async with workers[0], workers[1]:
+            with anyio.CancelScope() as hard:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(workers[2].run)
+                    await anyio.to_thread.run_sync(operator)
+                    hard.cancel()  # the third worker goes away mid-drain
+            with anyio.fail_after(60):
+                while await conn.fetchval(
+                    "SELECT count(*) FROM aioq.jobs WHERE status IN ('pending', 'running')"
+                ):
+                    await anyio.sleep(0.05)
+    finally:
+        await conn.close()
+
+    assert removed, "the operator removed nothing: the race was not exercised"
+    assert set(ids) == ends | removed  # every job finished or was removed by the page
+    hard_id = workers[2].id
+    strict = {i for i in removed if hard_id not in starts.get(i, set())}
+    assert not strict & ends  # a job the page removed never finished a run

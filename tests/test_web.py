@@ -252,6 +252,10 @@ def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
 
     shown = client.get(done.headers["location"])
     assert "retried 1 of 2 jobs" in shown.text
+    assert "frame-ancestors 'none'" in shown.headers["content-security-policy"]
+    assert shown.headers["x-frame-options"] == "DENY"
+    spoofed = client.get("/jobs", params={"done": "Your session expired, call +1 555"})
+    assert "session expired" not in spoofed.text
 
 
 def test_actions_refuse_forged_and_foreign_requests(dsn: str, client: TestClient) -> None:

@@ -149,6 +149,16 @@ def test_empty_database_and_missing_job(client: TestClient) -> None:
     assert missing.status_code == 404
     assert "is not in the table" in missing.text
     assert client.get("/jobs/abc").status_code == 404
+    # Input no job can match is no error: out-of-range ids, a NUL in a filter.
+    assert client.get("/jobs/99999999999999999999").status_code == 404
+    assert client.get("/jobs?before=99999999999999999999").status_code == 200
+    assert client.get("/jobs?q=%00&queue=a%00b").status_code == 200
+    token = CSRF.search(client.get("/jobs").text)
+    assert token
+    data = {"csrf": token[1], "action": "delete", "ids": ["99999999999999999999", "-1", "x"]}
+    done = client.post("/actions", data=data, follow_redirects=False)
+    assert done.status_code == 303
+    assert "deleted+0+of+0+jobs" in done.headers["location"]
 
 
 def test_jobs_filters(dsn: str, client: TestClient) -> None:

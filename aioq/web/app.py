@@ -247,7 +247,11 @@ class _Pages:
 
         async def page() -> Response:
             params = request.query_params
-            filters = {k: params.get(k, "").strip() for k in ("status", "queue", "task", "q")}
+            # PostgreSQL text holds no NUL: a filter with one matches nothing, so drop them.
+            filters = {
+                k: params.get(k, "").replace("\x00", "").strip()
+                for k in ("status", "queue", "task", "q")
+            }
             before = _int(params.get("before"))
             async with self.db.transaction(readonly=True) as conn:
                 found = await data.load_jobs(
@@ -283,8 +287,10 @@ class _Pages:
 
         async def page() -> Response:
             job_id = int(request.path_params["job_id"])
-            async with self.db.transaction(readonly=True) as conn:
-                job = await admin.get_job(conn, job_id, schema=self.config.schema)
+            job = None
+            if job_id <= MAX_ID:
+                async with self.db.transaction(readonly=True) as conn:
+                    job = await admin.get_job(conn, job_id, schema=self.config.schema)
             if job is None:
                 return self._render(request, "job.html", status=404, job=None, job_id=job_id,
                                     page="jobs")  # fmt: skip
@@ -335,7 +341,7 @@ class _Pages:
         if not cookie or not hmac.compare_digest(sent.encode(), cookie.encode()):
             return PlainTextResponse("missing or wrong CSRF token", status_code=403)
         action = (form.get("action") or [""])[0]
-        ids = [int(i) for i in form.get("ids", []) if i.isdigit()][:MAX_SELECTION]
+        ids = [i for i in map(_int, form.get("ids", [])) if i is not None][:MAX_SELECTION]
         if action not in ("retry", "cancel", "delete"):
             return PlainTextResponse(f"unknown action {action!r}", status_code=400)
         return await self._guarded(request, lambda: self._act(request, action, ids, form))
@@ -366,8 +372,15 @@ def _message(value: str | None) -> str | None:
     return value if value is not None and DONE_MESSAGE.fullmatch(value) else None
 
 
+MAX_ID = 2**63 - 1  # bigint: a larger id cannot exist, and the driver would refuse it
+
+
 def _int(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
+    """A job id from a query string or form, or None for anything that cannot be one."""
+    if not value or not value.isascii() or not value.isdigit():
+        return None
+    number = int(value)
+    return number if number <= MAX_ID else None
 
 
 def _here(request: Request) -> str:

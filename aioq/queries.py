@@ -567,13 +567,15 @@ GROUP BY queue, task
 ORDER BY queue, task
 """
 
-# Outcome counts over the last $1 seconds in steps of $2 seconds, per queue.
+# Outcome counts over the last $1 seconds in steps of $2 seconds: per queue, or with a queue
+# $3 per task of that queue.
 HISTORY_SERIES = """
 SELECT date_bin(make_interval(secs => $2::float8), minute, timestamptz '2000-01-01') AS t,
-       queue, sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
+       CASE WHEN $3::text IS NULL THEN queue ELSE task END AS name,
+       sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
        sum(dead)::bigint AS dead
 FROM {s}.stats_history
-WHERE minute >= now() - make_interval(secs => $1::float8)
+WHERE minute >= now() - make_interval(secs => $1::float8) AND ($3::text IS NULL OR queue = $3)
 GROUP BY 1, 2
 ORDER BY 1, 2
 """

@@ -316,10 +316,10 @@ class Store:
         return await conn.fetch(self._history_totals, seconds)
 
     async def history_series(
-        self, conn: Executor, seconds: float, step: float
+        self, conn: Executor, seconds: float, step: float, queue: str | None = None
     ) -> Sequence[asyncpg.Record]:
-        """Return outcome counts per queue in steps of ``step`` over the last ``seconds``."""
-        return await conn.fetch(self._history_series, seconds, step)
+        """Return outcome counts per queue (per task of ``queue``) in steps over ``seconds``."""
+        return await conn.fetch(self._history_series, seconds, step, queue)
 
     # --- the dashboard: bounded reads (aioq.web) ---
 

@@ -174,6 +174,11 @@ async def test_workers_record_every_outcome_and_aioq_stats_shows_failures(
             assert '<td class="num warn">3</td>' in totals
             assert '<td class="num bad">3</td>' in totals
         assert "No history" not in client.get("/throughput").text
+        assert 'aria-label="outcomes of default"' in client.get("/throughput").text
+        per_task = client.get("/throughput?queue=default&range=day").text
+        assert 'aria-label="outcomes of ok"' in per_task
+        assert 'aria-label="outcomes of bad"' in per_task
+        assert "No history" in client.get("/throughput?queue=elsewhere").text
 
 
 async def test_history_can_be_turned_off(

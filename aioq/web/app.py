@@ -312,9 +312,12 @@ class _Pages:
 
         async def page() -> Response:
             name = request.query_params.get("range", "hour")
+            queue = request.query_params.get("queue", "").replace("\x00", "") or None
             seconds, step = RANGES.get(name, RANGES["hour"])
             async with self.db.transaction(readonly=True) as conn:
-                history = await data.load_history(conn, self.store, seconds=seconds, step=step)
+                history = await data.load_history(
+                    conn, self.store, seconds=seconds, step=step, queue=queue
+                )
             end = datetime.now(UTC)
             return self._render(
                 request,

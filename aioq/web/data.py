@@ -187,25 +187,28 @@ class TaskTotals:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """One queue's outcomes per step, oldest first."""
+    """One queue's (or one task's) outcomes per step, oldest first."""
 
-    queue: str
+    name: str
     points: list[tuple[datetime, int, int, int]]  # (start, completed, retried, dead)
     peak: int
 
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """The throughput page: totals per (queue, task) and a series per queue."""
+    """The throughput page: totals per (queue, task) and a series per queue (or task)."""
 
+    queue: str | None  # the series are per task of this queue; None: per queue
     seconds: float
     step: float
     totals: list[TaskTotals]
     series: list[Series]
 
 
-async def load_history(conn: Connection, store: Store, *, seconds: float, step: float) -> History:
-    """Read the history of the last ``seconds``, in steps of ``step`` seconds."""
+async def load_history(
+    conn: Connection, store: Store, *, seconds: float, step: float, queue: str | None = None
+) -> History:
+    """Read the history of the last ``seconds`` in steps of ``step`` (one queue's, if given)."""
     totals = [
         TaskTotals(
             queue=row["queue"],
@@ -219,12 +222,13 @@ async def load_history(conn: Connection, store: Store, *, seconds: float, step: 
             run_p95=percentile(row["run"], 0.95),
         )
         for row in await store.history_totals(conn, seconds)
+        if queue is None or row["queue"] == queue
     ]
     points: dict[str, list[tuple[datetime, int, int, int]]] = defaultdict(list)
-    for row in await store.history_series(conn, seconds, step):
-        points[row["queue"]].append((row["t"], row["completed"], row["retried"], row["dead"]))
+    for row in await store.history_series(conn, seconds, step, queue):
+        points[row["name"]].append((row["t"], row["completed"], row["retried"], row["dead"]))
     series = [
-        Series(queue=queue, points=p, peak=max(c + r + d for _, c, r, d in p))
-        for queue, p in sorted(points.items())
+        Series(name=name, points=p, peak=max(c + r + d for _, c, r, d in p))
+        for name, p in sorted(points.items())
     ]
-    return History(seconds=seconds, step=step, totals=totals, series=series)
+    return History(queue=queue, seconds=seconds, step=step, totals=totals, series=series)

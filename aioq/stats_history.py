@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import os
 import socket
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ def bucket(seconds: float) -> int:
 def percentile(hist: Sequence[int], fraction: float) -> float | None:
     """Return the upper bound of the bucket holding the ``fraction`` quantile (None if empty).
 
-    Above the last bound the answer is that bound: "more than an hour".
+    Past the last bound the answer is ``inf``: "more than an hour".
     """
     total = sum(hist)
     if total == 0:
@@ -70,8 +71,8 @@ def percentile(hist: Sequence[int], fraction: float) -> float | None:
     for index, count in enumerate(hist):
         seen += count
         if seen >= rank and count:
-            return float(BUCKETS[min(index, len(BUCKETS) - 1)])
-    return float(BUCKETS[-1])
+            return float(BUCKETS[index]) if index < len(BUCKETS) else math.inf
+    return math.inf
 
 
 @dataclass(slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import anyio
@@ -61,7 +62,10 @@ def test_buckets_and_percentiles() -> None:
     assert percentile(hist, 0.5) == 0.025
     assert percentile(hist, 0.95) == 5
     hist[-1] = 1000
-    assert percentile(hist, 0.95) == BUCKETS[-1]  # "an hour or more"
+    assert percentile(hist, 0.95) == math.inf  # "more than an hour"
+    hist[-1] = 0
+    hist[bucket(1800)] = 1000
+    assert percentile(hist, 0.95) == 3600
 
 
 def test_recorder_counts_outcomes_not_snoozes() -> None:

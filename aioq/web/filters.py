@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
+
+from aioq.stats_history import BUCKETS
 
 __all__ = ("environment",)
 
@@ -42,8 +45,10 @@ def _age(seconds: float | None) -> str:
 def _seconds(value: float | None) -> str:
     if value is None:
         return "-"
+    if math.isinf(value):
+        return f">{BUCKETS[-1] / 3600:g}h"
     if value >= 3600:
-        return f"≥{value / 3600:g}h" if value == 3600 else f"{value / 3600:.1f}h"
+        return f"{value / 3600:g}h"
     if value >= 60:
         return f"{value / 60:g}m"
     return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"

@@ -148,22 +148,25 @@ class StatsWriter:
         counts = self.recorder.take()
         keys = list(counts)
         try:
-            await self.store.record_stats(
-                self.db,
-                worker=self.worker_id,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                queues=self.queues,
-                concurrency=self.concurrency,
-                queue=[k[0] for k in keys],
-                task=[k[1] for k in keys],
-                completed=[counts[k].completed for k in keys],
-                retried=[counts[k].retried for k in keys],
-                dead=[counts[k].dead for k in keys],
-                wait=[counts[k].wait for k in keys],
-                run=[counts[k].run for k in keys],
-            )
-        except BaseException:
+            # Shielded: a cancel (the worker stopping) must not interrupt the statement after
+            # it committed, or the counts given back would be written twice.
+            with anyio.CancelScope(shield=True):
+                await self.store.record_stats(
+                    self.db,
+                    worker=self.worker_id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    queues=self.queues,
+                    concurrency=self.concurrency,
+                    queue=[k[0] for k in keys],
+                    task=[k[1] for k in keys],
+                    completed=[counts[k].completed for k in keys],
+                    retried=[counts[k].retried for k in keys],
+                    dead=[counts[k].dead for k in keys],
+                    wait=[counts[k].wait for k in keys],
+                    run=[counts[k].run for k in keys],
+                )
+        except Exception:
             self.recorder.give_back(counts)
             raise
         await self.store.prune_stats(self.db, self.retention, PRUNE_BATCH)

@@ -122,6 +122,22 @@ async def test_writer_adds_up_a_minute_gives_back_on_failure_and_prunes(
     assert await conn.fetchval("SELECT array_agg(id) FROM aioq.workers") == ["w1"]
 
 
+async def test_a_cancel_never_interrupts_the_write(conn: asyncpg.Connection) -> None:
+    # Interrupted after its commit, a write would give its counts back and write them twice
+    # (seen as 28 completions of 20 jobs when a stopping worker was cancelled mid-write).
+    recorder = StatsRecorder()
+    writer = StatsWriter(
+        store=Store.for_schema("aioq"), db=conn, recorder=recorder, worker_id="w1",
+        queues=["q"], concurrency=1,
+    )  # fmt: skip
+    recorder.observe(claim(), OutcomeKind.COMPLETE, 0.01)
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # already cancelled when the write starts
+        await writer.run_once()
+    assert recorder.counts == {}
+    assert await history(conn) == {("q", "t"): (1, 0, 0, 1)}
+
+
 async def test_workers_record_every_outcome_and_aioq_stats_shows_failures(
     conn: asyncpg.Connection, dsn: str, registry: aioq.Registry, make_worker: MakeWorker
 ) -> None:

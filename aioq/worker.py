@@ -155,7 +155,7 @@ class Worker:
         *,
         dsn: str,
         registry: Registry | None = None,
-        queues: Sequence[str] = ("default",),
+        queues: Sequence[str] | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         schema: str | None = None,
         metrics: Metrics | None = None,
@@ -164,8 +164,10 @@ class Worker:
         self.registry = registry if registry is not None else default_registry
         if isinstance(queues, str):
             queues = (queues,)
+        # No queues given: serve every queue the registry's tasks name (issue 11, point 1).
+        self.queues_given = queues is not None
         self.config = WorkerConfig(
-            queues=tuple(queues),
+            queues=tuple(queues) if queues is not None else self.registry.queues(),
             concurrency=concurrency,
             schema=self.registry.schema if schema is None else schema,
             **options,
@@ -340,6 +342,7 @@ class Worker:
                 if self.metrics is not None:
                     sampler = QueueSampler(store=self.store, db=pool, metrics=self.metrics)
                     services.start_soon(sampler.run)
+                self._warn_unserved()
                 logger.info(
                     "worker %s serving queues %s with %d consumers",
                     self.id,
@@ -371,6 +374,20 @@ class Worker:
                 self.stopping.set()
                 self.stopped.set()
                 logger.info("worker %s stopped", self.id)
+
+    def _warn_unserved(self) -> None:
+        """Warn once per registered task whose queue the explicitly given queues leave out."""
+        if not self.queues_given:
+            return
+        for task in self.registry.unserved(self.config.queues):
+            logger.warning(
+                "worker %s does not serve queue %r of task %r: its jobs wait for another"
+                " worker (serving: %s)",
+                self.id,
+                task.defaults.queue,
+                task.name,
+                ",".join(self.config.queues),
+            )
 
     async def _enforce_grace(self) -> None:
         """After stop(), give running jobs shutdown_grace seconds, then cancel them."""

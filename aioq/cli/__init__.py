@@ -37,7 +37,6 @@ from aioq.cli.worker import cmd_dev, cmd_worker
 from aioq.errors import AioqError
 from aioq.job import JobStatus
 from aioq.logs import formatter
-from aioq.task import DEFAULT_MAX_ATTEMPTS
 from aioq.worker import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONCURRENCY,
@@ -130,7 +129,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("target", metavar="MODULE[:REGISTRY]")
     worker.add_argument(
-        "--queue", action="append", help="a queue to serve; repeat for more (default: default)"
+        "--queue",
+        action="append",
+        help="a queue to serve; repeat for more (default: 'default' and every queue the"
+        " registry's tasks name)",
     )
     worker.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY)
     worker.add_argument(
@@ -224,13 +226,22 @@ def _build_parser() -> argparse.ArgumentParser:
     purge.set_defaults(handler=cmd_jobs_purge)
 
     defer = commands.add_parser(
-        "defer", parents=[db, out], help="enqueue a job by task name; print its id"
+        "defer",
+        parents=[db, out],
+        help="enqueue a job by task name; print its id",
+        description="Enqueue a job and print its id. Name the registry first (as for `aioq"
+        " worker`) to use the task's own queue, priority, max_attempts and lease, with the"
+        " flags overriding them, and to check the arguments against its signature. Without"
+        " it the task's options are unknown: the job goes where the flags say.",
     )
+    defer.add_argument("target", metavar="MODULE[:REGISTRY]", nargs="?")
     defer.add_argument("task", metavar="TASK")
     defer.add_argument("--args", default="{}", help="keyword arguments as a JSON object")
-    defer.add_argument("--queue", default="default")
-    defer.add_argument("--priority", type=int, default=0)
-    defer.add_argument("--delay", type=duration, default=0.0)
-    defer.add_argument("--max-attempts", type=positive_int, default=DEFAULT_MAX_ATTEMPTS)
+    defer.add_argument("--queue", help="default: the task's, else 'default'")
+    defer.add_argument("--priority", type=int)
+    defer.add_argument("--delay", type=duration)
+    defer.add_argument("--max-attempts", type=positive_int)
+    defer.add_argument("--lease", type=duration)
+    defer.add_argument("--unique-key", help="return the live job with this key, if any")
     defer.set_defaults(handler=cmd_defer)
     return parser

@@ -21,6 +21,7 @@ from aioq.cli.common import (
     format_size,
     format_time,
     job_dict,
+    load_registry,
     print_json,
     print_table,
     schema_from,
@@ -28,7 +29,7 @@ from aioq.cli.common import (
 )
 from aioq.codec import encode_args
 from aioq.store import Store
-from aioq.task import DEFAULT_LEASE, check_text
+from aioq.task import JobOptions, check_text
 
 
 def cmd_schema_apply(args: argparse.Namespace) -> int:
@@ -285,34 +286,73 @@ def cmd_jobs_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_defer(args: argparse.Namespace) -> int:
-    """Enqueue a job by task name (the task need not be importable); print its id."""
+    """Enqueue a job by task name and print its id.
+
+    With MODULE[:REGISTRY] the task must exist there: its options apply (flags override) and
+    the arguments are checked as ``Task.defer`` checks them. Without it, the task need not be
+    importable, and only the flags decide where and how the job runs.
+    """
     try:
         values = json.loads(args.args)
     except ValueError as exc:
         raise UsageError(f"--args is not valid JSON: {exc}") from None
     if not isinstance(values, dict):
         raise UsageError(f"--args must be a JSON object, got {type(values).__name__}")
-    check_text("task", args.task)
-    check_text("queue", args.queue)
-    encoded = encode_args(args.task, values)
+    name: str = args.task
+    check_text("task", name)
+    if args.target is None:
+        opts = JobOptions(**_defer_flags(args))
+        schema = schema_from(args)
+        encoded = encode_args(name, values)
+        print(
+            f"aioq: note: no registry given, so the options of task {name!r} are unknown: the"
+            f" job goes to queue {opts.queue!r} with max_attempts {opts.max_attempts} and its"
+            " arguments unchecked (name MODULE:REGISTRY before the task to use its own)",
+            file=sys.stderr,
+        )
+    else:
+        registry = load_registry(args.target)
+        task = registry.get(name)
+        if task is None:
+            known = ", ".join(sorted(registry)) or "none"
+            raise UsageError(f"no task named {name!r} in {args.target} (registered: {known})")
+        opts = task.options(**_defer_flags(args)).opts
+        schema = args.schema or registry.schema
+        encoded = encode_args(name, task.bind((), values))
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        job_id = await Store.for_schema(schema_from(args)).insert(
-            conn,
-            queue=args.queue,
-            task=args.task,
-            args=encoded,
-            priority=args.priority,
-            run_at=None,
-            delay=args.delay,
-            max_attempts=args.max_attempts,
-            lease=DEFAULT_LEASE,
-            unique_key=None,
-        )
+        store = Store.for_schema(schema)
+        job_id = None
+        while job_id is None:  # None: the job holding unique_key finished meanwhile; again
+            job_id = await store.insert(
+                conn,
+                queue=opts.queue,
+                task=name,
+                args=encoded,
+                priority=opts.priority,
+                run_at=None,
+                delay=opts.delay,
+                max_attempts=opts.max_attempts,
+                lease=opts.lease,
+                unique_key=opts.unique_key,
+            )
         if args.json:
-            print_json({"id": job_id})
+            print_json({"id": job_id, "queue": opts.queue})
         else:
             print(job_id)
         return EXIT_OK
 
     return with_db(args, run)
+
+
+def _defer_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given on the command line (those left out keep the task's or defaults)."""
+    flags = {
+        "queue": args.queue,
+        "priority": args.priority,
+        "delay": args.delay,
+        "max_attempts": args.max_attempts,
+        "lease": args.lease,
+        "unique_key": args.unique_key,
+    }
+    return {k: v for k, v in flags.items() if v is not None}

@@ -51,6 +51,9 @@ DEFAULT_COMMAND_TIMEOUT = 30.0
 # completion each leave one), checked every DEFAULT_VACUUM_INTERVAL seconds.
 DEFAULT_VACUUM_THRESHOLD = 50_000
 DEFAULT_VACUUM_INTERVAL = 5.0
+# Connections of the worker's own pool: claims, completions, heartbeats and the maintenance
+# loops take one each for one statement at a time. The LISTEN connection comes on top.
+POOL_SIZE = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,7 +156,8 @@ class Worker:
     def __init__(
         self,
         *,
-        dsn: str,
+        dsn: str | None = None,
+        pool: asyncpg.Pool | None = None,
         registry: Registry | None = None,
         queues: Sequence[str] | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
@@ -172,7 +176,15 @@ class Worker:
             schema=self.registry.schema if schema is None else schema,
             **options,
         )
-        self.dsn = dsn
+        if dsn is None and (pool is None or (self.config.listen and not self.config.listen_dsn)):
+            raise ConfigError(
+                "dsn",
+                "a worker needs dsn= (with pool=, for its one LISTEN connection; or give"
+                " listen_dsn=, or listen=False to rely on polling)",
+            )
+        self.dsn = dsn or ""
+        # An application's pool (pool=) is used as it is and never closed by the worker.
+        self.pool = pool
         self.id = self.config.worker_id
         self.store = Store.for_schema(self.config.schema)
         self.in_flight: dict[int, Running] = {}
@@ -252,7 +264,9 @@ class Worker:
         cfg = self.config
         if self.stopped.is_set():
             raise ConfigError("worker", "a worker runs once; create a new Worker to run again")
-        pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=4, **self._pool_kwargs())
+        pool = self.pool or await asyncpg.create_pool(
+            self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
+        )
         completer = Completer(
             store=self.store,
             db=pool,
@@ -367,10 +381,11 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._release_leftovers(completer, pool)
-                with anyio.move_on_after(10) as closing:
-                    await pool.close()
-                if closing.cancelled_caught:  # a connection would not close in time
-                    pool.terminate()
+                if pool is not self.pool:  # ours to close; an application's pool is not
+                    with anyio.move_on_after(10) as closing:
+                        await pool.close()
+                    if closing.cancelled_caught:  # a connection would not close in time
+                        pool.terminate()
                 self.stopping.set()
                 self.stopped.set()
                 logger.info("worker %s stopped", self.id)

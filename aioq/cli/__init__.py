@@ -14,6 +14,8 @@ __all__ = ("main",)
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -46,6 +48,9 @@ from aioq.worker import (
 
 _Handler = Callable[[argparse.Namespace], int]
 
+# What a shell reports for a command killed by SIGPIPE (`yes | head -1; echo ${PIPESTATUS[0]}`).
+EXIT_SIGPIPE = 128 + signal.SIGPIPE
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -62,13 +67,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, handlers=[handler_])
     handler: _Handler = args.handler
     try:
-        return handler(args)
+        status = handler(args)
+        sys.stdout.flush()  # a pipe's reader that left shows here, inside the try
+        return status
     except BaseException as exc:
+        if isinstance(_unwrap(exc), BrokenPipeError):
+            return _stdout_closed()
         problem = _describe(_unwrap(exc))
         if problem is None or args.debug:
             raise
         print(f"aioq: error: {problem}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _stdout_closed() -> int:
+    """End quietly once stdout's reader is gone (``| head``), as a Unix tool killed by SIGPIPE."""
+    # Point stdout at /dev/null so the interpreter's final flush of what is still buffered
+    # does not raise again ("Exception ignored ... BrokenPipeError") on the way out.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_SIGPIPE
 
 
 def _unwrap(exc: BaseException) -> BaseException:

@@ -203,12 +203,12 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
-    """Show one job; exit 1 if it is not in the table."""
+    """Show one job (from the archive if it succeeded and was kept); exit 1 if not found."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         job = await admin.get_job(conn, args.id, schema=schema_from(args))
         if job is None:
-            print(f"aioq: job {args.id} not found (finished, cancelled or never existed)",
+            print(f"aioq: job {args.id} not found: {await _why_not_found(conn, args)}",
                   file=sys.stderr)  # fmt: skip
             return EXIT_FAILED
         values = job_dict(job)
@@ -224,6 +224,19 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return with_db(args, run)
+
+
+async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> str:
+    if await Store.for_schema(schema_from(args)).archive_in_use(conn):
+        return (
+            "it is not in the jobs table nor in the archive (cancelled, pruned after"
+            " archive_retention, finished on a worker without --keep-completed, or never existed)"
+        )
+    return (
+        "finished jobs are deleted unless workers keep them in the archive"
+        " (aioq worker --keep-completed, Worker(keep_completed=True)); or it was cancelled,"
+        " or never existed"
+    )
 
 
 def cmd_jobs_retry(args: argparse.Namespace) -> int:

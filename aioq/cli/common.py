@@ -95,7 +95,7 @@ def load_registry(target: str) -> Registry:
         if not isinstance(registry, Registry):
             raise UsageError(
                 f"{module_name}:{attribute} is not an aioq.Registry"
-                f" (it is a {type(registry).__name__})"
+                f" (its type is {type(registry).__name__})"
             )
         return registry
     found = getattr(module, "registry", None)

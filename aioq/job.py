@@ -113,4 +113,7 @@ def current_job() -> JobContext:
     try:
         return _current.get()
     except LookupError:
-        raise AioqError("current_job() called outside a running aioq task") from None
+        raise AioqError(
+            "current_job() called outside a running aioq task (to call a task in a test,"
+            " wrap the call in aioq.testing.job_context())"
+        ) from None

@@ -346,8 +346,12 @@ def test_job_context_lets_a_sync_task_be_called_directly(registry: aioq.Registry
             assert inner.is_last_attempt
             assert resize("b") == "b:8:3/3:default:test"
         assert resize("c") == "c:7:2/3:files:t.sync"  # the outer context is back
-    with pytest.raises(aioq.AioqError, match="outside a running aioq task"):
+    with pytest.raises(aioq.AioqError) as outside:
         resize("d")
+    assert str(outside.value) == (
+        "current_job() called outside a running aioq task (to call a task in a test,"
+        " wrap the call in aioq.testing.job_context())"
+    )
     with pytest.raises(ValueError, match="attempt must be >= 1"), job_context(attempt=0):
         pass
 

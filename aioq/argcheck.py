@@ -267,9 +267,14 @@ def explain_mismatch(
     return "; ".join(problems) + f" (the task takes {_signature_text(signature)})"
 
 
+_NAMES_SHOWN = 5  # a **kwargs-sized payload must not make a megabyte message
+
+
 def _names(names: list[str]) -> str:
     word = "argument" if len(names) == 1 else "arguments"
-    return f"{word} " + ", ".join(repr(n) for n in names)
+    shown = ", ".join(repr(n[:40]) for n in names[:_NAMES_SHOWN])
+    more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    return f"{word} {shown}{more}"
 
 
 def _signature_text(signature: inspect.Signature) -> str:

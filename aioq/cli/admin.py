@@ -317,12 +317,6 @@ def cmd_defer(args: argparse.Namespace) -> int:
         opts = JobOptions(**_defer_flags(args))
         schema = schema_from(args)
         encoded = encode_args(name, values)
-        print(
-            f"aioq: note: no registry given, so the options of task {name!r} are unknown: the"
-            f" job goes to queue {opts.queue!r} with max_attempts {opts.max_attempts} and its"
-            " arguments unchecked (name MODULE:REGISTRY before the task to use its own)",
-            file=sys.stderr,
-        )
     else:
         registry = load_registry(args.target)
         task = registry.get(name)
@@ -348,6 +342,14 @@ def cmd_defer(args: argparse.Namespace) -> int:
                 max_attempts=opts.max_attempts,
                 lease=opts.lease,
                 unique_key=opts.unique_key,
+            )
+        if args.target is None:  # once the job is written: a failure needs no note
+            print(
+                f"aioq: note: no registry given, so the options of task {name!r} are unknown:"
+                f" the job goes to queue {opts.queue!r} with max_attempts {opts.max_attempts}"
+                " and its arguments unchecked (name MODULE:REGISTRY before the task to use its"
+                " own)",
+                file=sys.stderr,
             )
         if args.json:
             print_json({"id": job_id, "queue": opts.queue})

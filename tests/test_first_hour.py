@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 import aioq
+from aioq.producer import Handoff
 from aioq.testing import job_context
 
 pytestmark = pytest.mark.anyio
@@ -272,6 +273,41 @@ async def test_get_job_finds_a_succeeded_job_in_the_archive(
     assert found.finished_at is None
 
 
+async def test_released_jobs_are_found_succeeded_with_the_worker_that_finished_them(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    started = anyio.Event()
+
+    @registry.task(name="t.mail", queue="email", lease=1.0)
+    async def mail(i: int) -> None:
+        started.set()
+        await anyio.sleep(0.2)
+
+    ids = await mail.defer_many(conn, [{"i": i} for i in range(8)])
+    # A worker serving only "default" never touches them; one given no queues serves "email".
+    bystander = make_worker(queues=["default"], keep_completed=True)
+    victim = make_worker(keep_completed=True, concurrency=4, heartbeat_interval=0.2)
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bystander.run)
+            tg.start_soon(victim.run)
+            await started.wait()
+            tg.cancel_scope.cancel()  # a hard cancel of both, jobs running
+    finishers = [make_worker(keep_completed=True, concurrency=2) for _ in range(2)]
+    async with anyio.create_task_group() as tg:
+        for worker in finishers:
+            tg.start_soon(run_until_idle, worker)
+    assert await count_jobs(conn) == 0
+    found = [await aioq.get_job(conn, job_id) for job_id in ids]
+    assert all(j is not None and j.status is aioq.JobStatus.SUCCEEDED for j in found)
+    owners = {j.locked_by for j in found if j is not None}
+    assert owners <= {victim.id, *(w.id for w in finishers)}
+    assert owners & {w.id for w in finishers}  # the released jobs were finished by others
+    assert bystander.id not in owners
+    archived = await conn.fetchval("SELECT count(*) FROM aioq.archive")
+    assert archived == len(ids)  # each job archived once
+
+
 # 7. A worker on the application's pool -------------------------------------------------------
 
 
@@ -374,3 +410,24 @@ async def test_job_context_reaches_async_tasks_and_worker_threads(
         assert await anyio.to_thread.run_sync(in_thread) == 42
     with pytest.raises(aioq.AioqError):
         await notify(1)
+
+
+# Found by the hard-cancel tests above ---------------------------------------------------------
+
+
+async def test_a_consumer_cancelled_while_the_handoff_closes_stops_cleanly() -> None:
+    handoff = Handoff()
+    waiting = anyio.Event()
+
+    async def consume() -> None:
+        waiting.set()
+        await handoff.get()
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await waiting.wait()
+            await anyio.lowlevel.checkpoint()  # the consumer now waits on its future
+            tg.cancel_scope.cancel()  # cancels that future at once...
+            handoff.close()  # ...and close() drops it before the consumer wakes up
+    assert await handoff.get() is None

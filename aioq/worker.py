@@ -150,7 +150,9 @@ class Worker:
 
     ``await worker.run()`` serves until cancelled or :meth:`stop`; ``async with worker:``
     serves in the background and stops gracefully on exit; ``await worker.run_until_idle()``
-    returns once no job is ready or running.
+    returns once no job is ready or running. Without ``queues`` it serves ``default`` and every
+    queue its registry's tasks name. It opens a pool of its own from ``dsn``, or borrows
+    ``pool`` (an application's, never closed here; ``dsn`` then serves only LISTEN).
     """
 
     def __init__(
@@ -264,9 +266,12 @@ class Worker:
         cfg = self.config
         if self.stopped.is_set():
             raise ConfigError("worker", "a worker runs once; create a new Worker to run again")
-        pool = self.pool or await asyncpg.create_pool(
-            self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
-        )
+        if self.pool is not None:
+            pool = self.pool
+        else:
+            pool = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
+            )
         completer = Completer(
             store=self.store,
             db=pool,

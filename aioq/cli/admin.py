@@ -28,6 +28,7 @@ from aioq.cli.common import (
     with_db,
 )
 from aioq.codec import encode_args
+from aioq.errors import DeferError
 from aioq.store import Store
 from aioq.task import JobOptions, check_text
 
@@ -330,7 +331,7 @@ def cmd_defer(args: argparse.Namespace) -> int:
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         store = Store.for_schema(schema)
         job_id = None
-        while job_id is None:  # None: the job holding unique_key finished meanwhile; again
+        for _ in range(10):  # None: the job holding unique_key finished meanwhile; again
             job_id = await store.insert(
                 conn,
                 queue=opts.queue,
@@ -343,6 +344,10 @@ def cmd_defer(args: argparse.Namespace) -> int:
                 lease=opts.lease,
                 unique_key=opts.unique_key,
             )
+            if job_id is not None:
+                break
+        else:
+            raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
         if args.target is None:  # once the job is written: a failure needs no note
             print(
                 f"aioq: note: no registry given, so the options of task {name!r} are unknown:"

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional, TypedDict, Union
 
 import anyio
@@ -111,13 +112,21 @@ async def test_a_worker_given_queues_warns_once_per_task_it_does_not_serve(
     assert await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", waiting) == "pending"
 
     caplog.clear()
-    await run_until_idle(make_worker(queues="default"))
+    narrow = make_worker(queues="default")
+    await run_until_idle(narrow)
     warned = [
         re.findall(r"of task '(\w+)'", r.getMessage())[0]
         for r in caplog.records
         if r.levelno == logging.WARNING
     ]
     assert sorted(warned) == ["charge", "mail", "refund"]
+    # The README's Troubleshooting section quotes this warning as printed.
+    mail_warning = next(m.getMessage() for m in caplog.records if "'mail'" in m.getMessage())
+    quoted = mail_warning.replace(narrow.id, "...", 1)
+    assert quoted.replace("'mail'", "'email.welcome'") in README
+
+
+README = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
 
 
 # 5. Messages that name what is wrong ---------------------------------------------------------
@@ -388,6 +397,7 @@ def test_job_context_lets_a_sync_task_be_called_directly(registry: aioq.Registry
         "current_job() called outside a running aioq task (to call a task in a test,"
         " wrap the call in aioq.testing.job_context())"
     )
+    assert f"aioq.AioqError: {outside.value}" in README  # quoted in Troubleshooting
     with pytest.raises(ValueError, match="attempt must be >= 1"), job_context(attempt=0):
         pass
 

@@ -227,6 +227,24 @@ def test_job_detail_shows_args_error_and_worker(dsn: str, client: TestClient) ->
     assert 'value="cancel"' not in page.text  # a dead job is not cancelled
 
 
+def test_a_succeeded_job_is_found_in_the_archive(dsn: str, client: TestClient) -> None:
+    sql(
+        dsn,
+        "INSERT INTO aioq.archive (id, queue, task, args, priority, attempts, max_attempts,"
+        " worker, created_at, started_at, finished_at) VALUES (77, 'mail', 'mail.send',"
+        """ '{"to": "z@example.com"}', 0, 1, 5, 'host-a:12:abc', now(), now(), now())""",
+    )
+    page = client.get("/jobs/77")
+    assert page.status_code == 200
+    assert '<span class="badge succeeded">succeeded</span>' in page.text
+    assert "host-a:12:abc" in page.text  # the worker that ran it
+    assert "<dt>Finished</dt>" in page.text
+    assert "<button" not in page.text  # nothing to do to a finished job
+    listing = client.get("/jobs").text
+    assert '<option value="succeeded"' not in listing  # the list reads the jobs table only
+    assert '<option value="dead"' in listing
+
+
 def post(client: TestClient, action: str, ids: list[int], **extra: str) -> Any:
     token = CSRF.search(client.get("/jobs").text)
     assert token

@@ -33,7 +33,6 @@ from starlette.staticfiles import StaticFiles
 
 from aioq import admin
 from aioq.errors import ConfigError
-from aioq.job import JobStatus
 from aioq.queries import quote_schema
 from aioq.store import Connection, Store
 from aioq.web import data
@@ -198,7 +197,7 @@ class _Pages:
             request=request,
             config=self.config,
             csrf=token,
-            statuses=[s.value for s in JobStatus],
+            statuses=data.LISTED_STATUSES,
             url=lambda route, **params: request.url_for(route, **params).path,
             message=_message(request.query_params.get("done")),
             **context,

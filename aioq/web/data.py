@@ -34,6 +34,10 @@ MAX_QUEUES = 200
 MAX_PRIORITIES = 50  # distinct priorities per queue probed for the oldest ready job
 MAX_WORKERS = 200
 
+# The statuses a row of the jobs table can have: what the job list filters on (a succeeded job
+# is found in the archive, by id, on its own page).
+LISTED_STATUSES = tuple(s.value for s in JobStatus if s is not JobStatus.SUCCEEDED)
+
 # What may be done to a job in each state, by the actions of the dashboard.
 ACTIONS_BY_STATUS: dict[str, tuple[str, ...]] = {
     "pending": ("cancel", "delete"),
@@ -133,7 +137,7 @@ def status_filter(value: str | None) -> str | None:
     """Return a known status, or None for any; unknown values match nothing (never an error)."""
     if not value:
         return None
-    return value if value in {s.value for s in JobStatus} else "?"
+    return value if value in LISTED_STATUSES else "?"
 
 
 async def load_jobs(

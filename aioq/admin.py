@@ -157,6 +157,6 @@ async def list_jobs(
 ) -> list[Job]:
     """Return jobs matching the filters, oldest first."""
     wanted = JobStatus(status).value if status is not None else None
-    return await Store.for_schema(schema).list(
+    return await Store.for_schema(schema).list_jobs(
         conn, status=wanted, task=task, queue=queue, limit=limit
     )

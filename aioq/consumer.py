@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from aioq.claims import CancelReason, Claims, Running
 from aioq.codec import decode_args
-from aioq.completer import LEASE_LOST, SHUTDOWN, Completer, Outcome, OutcomeKind, Running
+from aioq.completer import Completer, Outcome
 from aioq.errors import Fail, PayloadError, Retry, UnknownTaskError
-from aioq.job import Claim, JobContext, _current
+from aioq.job import Claim, JobContext, OutcomeKind, _current
 from aioq.task import Backoff, Registry
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class Consumer:
         *,
         registry: Registry,
         worker_id: str,
-        in_flight: dict[int, Running],
+        claims: Claims,
         limiter: anyio.CapacityLimiter,
         stopping: anyio.Event,
         completer: Completer,
@@ -76,7 +77,7 @@ class Consumer:
         self.completer = completer
         self.registry = registry
         self.worker_id = worker_id
-        self.in_flight = in_flight
+        self.claims = claims
         self.limiter = limiter
         self.stopping = stopping
 
@@ -90,8 +91,8 @@ class Consumer:
 
     async def handle(self, claim: Claim) -> None:
         """Run one claim (or release it when stopping) and hand its outcome to the completer."""
-        running = self.in_flight[claim.id]
-        if running.cancel_reason == LEASE_LOST:
+        running = self.claims.get(claim)
+        if running is None or running.cancel_reason is CancelReason.LEASE_LOST:
             self.completer.lost(claim)
             return
         if self.stopping.is_set():
@@ -114,7 +115,7 @@ class Consumer:
             if claim.attempt >= claim.max_attempts:
                 return Outcome(claim, OutcomeKind.BURY, duration, error=error)
             return Outcome(
-                claim, OutcomeKind.RETRY, duration, delay=retry.delay(claim.attempt), error=error
+                claim, OutcomeKind.FAIL, duration, delay=retry.delay(claim.attempt), error=error
             )
 
         if task is None:
@@ -139,6 +140,7 @@ class Consumer:
                 task=claim.task,
                 queue=claim.queue,
                 worker_id=self.worker_id,
+                snoozes=claim.snoozes,
             )
         )
         # One scope serves the timeout (its deadline), a lost lease and a shutdown (both set
@@ -182,7 +184,7 @@ class Consumer:
             _current.reset(token)
         duration = time.monotonic() - started
         if scope.cancelled_caught:
-            if running.cancel_reason == SHUTDOWN:
+            if running.cancel_reason is CancelReason.SHUTDOWN:
                 return Outcome(claim, OutcomeKind.RELEASE, duration)
             if running.cancel_reason is not None:
                 return None  # the lease is lost

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from aioq._service import repeat
-from aioq.completer import LEASE_LOST, Running
+from aioq.claims import CancelReason, Claims
 from aioq.store import Executor, Store
 
 __all__ = ("Heartbeat", "Reaper")
@@ -22,34 +22,34 @@ class Heartbeat:
         store: Store,
         db: Executor,
         worker_id: str,
-        in_flight: dict[int, Running],
+        claims: Claims,
         interval: float,
     ) -> None:
         self.store = store
         self.db = db
         self.worker_id = worker_id
-        self.in_flight = in_flight
+        self.claims = claims
         self.interval = interval
 
     def next_interval(self) -> float:
         """Beat at the configured interval, or a third of the shortest lease held, if sooner."""
-        shortest = min((r.claim.lease for r in self.in_flight.values()), default=self.interval * 3)
+        shortest = min((r.claim.lease for r in self.claims.held()), default=self.interval * 3)
         return min(self.interval, shortest / 3)
 
     async def run_once(self) -> list[int]:
         """Extend our leases; cancel the local run of each job whose lease was lost."""
-        held = list(self.in_flight.values())
+        held = self.claims.held()
         if not held:
             return []
         ids = [r.claim.id for r in held]
-        attempts = [r.claim.attempt for r in held]
-        alive = await self.store.heartbeat(self.db, ids, attempts, self.worker_id)
+        numbers = [r.claim.number for r in held]
+        alive = await self.store.heartbeat(self.db, ids, numbers, self.worker_id)
         lost = []
         for running in held:
             # A finished job may have been written (deleted, rescheduled) since we read it.
             if running.claim.id not in alive and not running.finished:
                 lost.append(running.claim.id)
-                running.cancel(LEASE_LOST)
+                running.cancel(CancelReason.LEASE_LOST)
                 logger.warning(
                     "job %s %s: lease lost (rescued by another worker); cancelling it here",
                     running.claim.id,
@@ -76,15 +76,29 @@ class Heartbeat:
 class Reaper:
     """Returns expired claims to pending (or dead when attempts are spent), a batch per pass."""
 
-    def __init__(self, *, store: Store, db: Executor, interval: float, batch_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        db: Executor,
+        interval: float,
+        batch_size: int,
+        worker_id: str | None = None,
+        claims: Claims | None = None,
+    ) -> None:
         self.store = store
         self.db = db
         self.interval = interval
         self.batch_size = batch_size
+        self.worker_id = worker_id
+        self.claims = claims
 
     async def run_once(self) -> list[tuple[int, str]]:
         """Rescue up to one batch of expired claims; return (id, new status) for each."""
-        rescued = await self.store.reap(self.db, self.batch_size)
+        held = self.claims.held_ids() if self.claims is not None else []
+        rescued = await self.store.reap(
+            self.db, self.batch_size, worker_id=self.worker_id, held=held
+        )
         if rescued:
             dead = sum(1 for _, status in rescued if status == "dead")
             logger.warning(

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from aioq._service import StepBackoff, jittered
-from aioq.completer import Completer, Running
+from aioq.claims import Claims
+from aioq.completer import Completer
 from aioq.job import Claim
 from aioq.store import Executor, Store
 
@@ -140,7 +141,7 @@ class Producer:
         worker_id: str,
         slots: Slots,
         doorbell: Doorbell,
-        in_flight: dict[int, Running],
+        claims: Claims,
         completer: Completer,
         poll_interval: float,
         batch_size: int,
@@ -153,7 +154,7 @@ class Producer:
         self.worker_id = worker_id
         self.slots = slots
         self.doorbell = doorbell
-        self.in_flight = in_flight
+        self.claims = claims
         self.completer = completer
         self.poll_interval = poll_interval
         self.listening = listening
@@ -174,8 +175,7 @@ class Producer:
         if self.metrics is not None:
             self.metrics.observe_claim(claims, self.last_claim_seconds)
         self.slots.take(len(claims))
-        for claim in claims:
-            self.in_flight[claim.id] = Running(claim)
+        self.claims.add(claims)
         handoff.put(claims)
         return len(claims), asked
 

@@ -16,7 +16,8 @@ import anyio
 import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 
-from aioq.completer import SHUTDOWN, Completer, Running
+from aioq.claims import CancelReason, Claims
+from aioq.completer import Completer
 from aioq.consumer import Consumer
 from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
@@ -173,7 +174,7 @@ class Worker:
         self.dsn = dsn
         self.id = self.config.worker_id
         self.store = Store.for_schema(self.config.schema)
-        self.in_flight: dict[int, Running] = {}
+        self.claims = Claims()
         self.doorbell = Doorbell()
         self.stopping = anyio.Event()
         self.stopped = anyio.Event()
@@ -255,7 +256,7 @@ class Worker:
             store=self.store,
             db=pool,
             worker_id=self.id,
-            in_flight=self.in_flight,
+            claims=self.claims,
             keep_completed=cfg.keep_completed,
             batch_size=cfg.completion_batch,
             max_pending=2 * cfg.concurrency + cfg.completion_batch,
@@ -268,7 +269,7 @@ class Worker:
             worker_id=self.id,
             slots=slots,
             doorbell=self.doorbell,
-            in_flight=self.in_flight,
+            claims=self.claims,
             completer=completer,
             poll_interval=cfg.poll_interval,
             batch_size=cfg.claim_batch,
@@ -282,7 +283,7 @@ class Worker:
         consumer = Consumer(
             registry=self.registry,
             worker_id=self.id,
-            in_flight=self.in_flight,
+            claims=self.claims,
             limiter=anyio.CapacityLimiter(cfg.concurrency),
             stopping=self.stopping,
             completer=completer,
@@ -308,7 +309,7 @@ class Worker:
                     store=self.store,
                     db=pool,
                     worker_id=self.id,
-                    in_flight=self.in_flight,
+                    claims=self.claims,
                     interval=cfg.heartbeat_interval,
                 )
                 services.start_soon(heartbeat.run)
@@ -317,6 +318,8 @@ class Worker:
                     db=pool,
                     interval=cfg.reaper_interval,
                     batch_size=cfg.reaper_batch,
+                    worker_id=self.id,
+                    claims=self.claims,
                 )
                 services.start_soon(reaper.run)
                 if cfg.archive_retention is not None or cfg.dead_retention is not None:
@@ -376,7 +379,7 @@ class Worker:
         """After stop(), give running jobs shutdown_grace seconds, then cancel them."""
         await self.stopping.wait()
         await anyio.sleep(self.config.shutdown_grace)
-        cancelled = [r for r in self.in_flight.values() if r.scope is not None]
+        cancelled = self.claims.cancel_all(CancelReason.SHUTDOWN)
         if cancelled:
             logger.warning(
                 "worker %s: %d jobs still running after %.1fs grace; releasing them",
@@ -384,31 +387,29 @@ class Worker:
                 len(cancelled),
                 self.config.shutdown_grace,
             )
-        for running in cancelled:
-            running.cancel(SHUTDOWN)
 
     async def _release_leftovers(self, completer: Completer, pool: asyncpg.Pool) -> None:
-        """Write what is queued, then give back claims that have no outcome (hard cancel)."""
+        """Write what is queued, then give back every row still held under our id.
+
+        That includes the claims with no outcome (a hard cancel) and the rows of a claim
+        whose reply never arrived (cancelled mid-statement): the database knows them by our
+        worker id, we do not.
+        """
         with anyio.move_on_after(10):
             await completer.flush()
-            left = [r.claim for r in self.in_flight.values() if not r.finished]
-            if not left:
-                return
             try:
-                released = await self.store.reschedule(
-                    pool,
-                    [c.id for c in left],
-                    [c.attempt for c in left],
-                    self.id,
-                    delays=[0.0] * len(left),
-                    errors=[None] * len(left),
-                    refunds=[True] * len(left),
-                )
+                released = await self.store.release_worker(pool, self.id)
             except Exception:
                 logger.exception(
-                    "could not release %d claims; they return when their leases expire", len(left)
+                    "could not release this worker's claims; they return when their leases expire"
                 )
                 return
-            for claim in left:
-                self.in_flight.pop(claim.id, None)
-            logger.warning("worker %s released %d unfinished claims", self.id, len(released))
+            for claim in self.claims.leftovers():
+                self.claims.settle(claim)
+            if released:
+                logger.warning(
+                    "worker %s released %d unfinished claims",
+                    self.id,
+                    len(released),
+                    extra={"released": len(released)},
+                )

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 import asyncpg
-from anyio.abc import TaskStatus
 
-from aioq._service import StepBackoff
+from aioq._service import STEP_BACKOFF, Service
+from aioq.backoff import Failures
 from aioq.claims import Claims
 from aioq.job import Claim, ClaimKey, OutcomeKind
 from aioq.store import Executor, Store
@@ -44,8 +45,10 @@ class Outcome:
     error: str | None = None
 
 
-class Completer:
+class Completer(Service):
     """Apply outcomes in as few statements as possible: one per kind per flush."""
+
+    name = "completer"
 
     def __init__(
         self,
@@ -58,6 +61,7 @@ class Completer:
         batch_size: int,
         max_pending: int,
     ) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.worker_id = worker_id
@@ -247,36 +251,46 @@ class Completer:
             snoozes=[kind is OutcomeKind.SNOOZE] * len(group),
         )
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Write outcomes as they come, batching whatever queued up during the last write."""
-        task_status.started()
-        backoff = StepBackoff()
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            while self.pending:
-                try:
-                    await self.run_once()
-                    backoff.reset()
-                except Exception:
-                    logger.exception("writing job outcomes failed; retrying")
-                    await anyio.sleep(backoff.next())
+    @property
+    def idle(self) -> bool:
+        """Whether every queued outcome is written."""
+        return not self.pending
+
+    def interval(self) -> float:
+        """No clock: the completer waits for outcomes (see :meth:`wait`)."""
+        return math.inf
+
+    def busy(self, result: object) -> bool:
+        """More outcomes queued up during the last write: write them at once."""
+        return bool(self.pending)
+
+    async def wait(self, seconds: float) -> None:
+        """After a failure, the backoff; otherwise until an outcome comes."""
+        if self.failures.count:
+            await anyio.sleep(seconds)
+            return
+        await self._wake.wait()
+        self._wake = anyio.Event()
+
+    def log_failure(self, exc: Exception, delay: float) -> None:
+        """Report a failed write; the outcomes stay queued."""
+        logger.error("writing job outcomes failed; retrying in %.2fs", delay, exc_info=exc)
 
     async def flush(self) -> None:
         """Write everything queued now (on shutdown); give up after errors persist."""
-        backoff = StepBackoff()
+        failures = Failures(STEP_BACKOFF)
         while self.pending:
             try:
                 await self.run_once()
             except Exception:
-                if backoff.failures >= 5:
+                if failures.count >= 5:
                     logger.exception(
                         "could not write %d job outcomes; their leases will expire and"
                         " the jobs will run again",
                         len(self.pending),
                     )
                     return
-                await anyio.sleep(backoff.next())
+                await anyio.sleep(failures.next())
 
 
 def _extra(claim: Claim, outcome: str, duration: float) -> dict[str, object]:

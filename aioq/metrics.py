@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from aioq._service import repeat
+from aioq._service import Service
 from aioq.errors import ConfigError
 from aioq.job import Claim, OutcomeKind
 from aioq.store import Executor, Store
@@ -190,10 +190,13 @@ class Metrics:
         self.ports.clear()
 
 
-class QueueSampler:
+class QueueSampler(Service):
     """Samples the per-queue stats into the gauges, every ``metrics.stats_interval`` seconds."""
 
+    name = "queue stats"
+
     def __init__(self, *, store: Store, db: Executor, metrics: Metrics) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.metrics = metrics
@@ -204,14 +207,9 @@ class QueueSampler:
         self.metrics.set_queue_stats(rows)
         return len(rows)
 
-    async def run(self) -> None:
-        """Sample until cancelled."""
-
-        async def step() -> bool:
-            await self.run_once()
-            return False
-
-        await repeat("queue stats", step, lambda: self.metrics.stats_interval, logger)
+    def interval(self) -> float:
+        """Seconds between samples."""
+        return self.metrics.stats_interval
 
 
 def serve(port: int, registry: CollectorRegistry | None = None, addr: str = "0.0.0.0") -> int:

@@ -13,6 +13,9 @@ import re
 
 from aioq.errors import ConfigError
 
+DEFAULT_SCHEMA = "aioq"
+"""The schema aioq uses unless told otherwise."""
+
 SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 
 

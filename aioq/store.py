@@ -29,7 +29,7 @@ VACUUM_TIMEOUT = 3600.0
 class Store:
     """The statements of one schema, rendered once."""
 
-    def __init__(self, schema: str = "aioq") -> None:
+    def __init__(self, schema: str = q.DEFAULT_SCHEMA) -> None:
         self.schema = schema
         self.channel = q.channel_name(schema)
         render = functools.partial(q.render, schema=schema)

@@ -84,7 +84,6 @@ def producer(poll_interval: float, listening: bool) -> Producer:
         slots=Slots(1),
         doorbell=Doorbell(),
         claims=Claims(),
-        completer=None,  # type: ignore[arg-type]
         poll_interval=poll_interval,
         batch_size=10,
         stopping=anyio.Event(),

@@ -15,11 +15,11 @@ import anyio
 import asyncpg
 
 from aioq.job import Job
+from aioq.queries import DEFAULT_SCHEMA
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
-DEFAULT_SCHEMA = "aioq"
 LISTEN_DSN_ENV = "AIOQ_LISTEN_DSN"
 
 DbCommand = Callable[[asyncpg.Connection, argparse.Namespace], Awaitable[int]]

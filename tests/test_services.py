@@ -77,7 +77,8 @@ async def test_services_are_built_from_one_list_and_signal_each_pass(
     worker = make_worker(reaper_interval=0.05, heartbeat_interval=0.05)
     async with worker:
         kinds = [type(s) for s in worker.services]
-        assert kinds[0] is Completer and kinds[-1] is Producer
+        assert kinds[0] is Completer
+        assert kinds[-1] is Producer
         assert {Listener, Heartbeat, Reaper, LoopLag} <= set(kinds)
         with anyio.fail_after(HANG_GUARD):
             reaper = worker.service(Reaper)

@@ -93,9 +93,9 @@ class Heartbeat(Service):
 class Reaper(Service):
     """Returns expired claims to pending (or dead when attempts are spent), a batch per pass.
 
-    It leaves alone the claims its own worker still holds: those are heartbeated, and a late
-    beat (an event loop blocked by a task) must not make a worker rescue its own running jobs.
-    Other workers rescue them if this one is really gone.
+    It leaves its own worker's claims alone: those are heartbeated, and a late beat (an event
+    loop blocked by a task) must not make a worker rescue its own running jobs. Other workers
+    rescue them if this one is really gone.
     """
 
     name = "reaper"
@@ -108,7 +108,6 @@ class Reaper(Service):
         interval: float,
         batch_size: int,
         worker_id: str | None = None,
-        claims: Claims | None = None,
     ) -> None:
         super().__init__()
         self.store = store
@@ -116,7 +115,6 @@ class Reaper(Service):
         self.reap_interval = interval
         self.batch_size = batch_size
         self.worker_id = worker_id
-        self.claims = claims
 
     def interval(self) -> float:
         """Seconds between passes that found less than a batch."""
@@ -128,10 +126,7 @@ class Reaper(Service):
 
     async def run_once(self) -> list[tuple[int, str]]:
         """Rescue up to one batch of expired claims; return (id, new status) for each."""
-        held = self.claims.held_ids() if self.claims is not None else []
-        rescued = await self.store.reap(
-            self.db, self.batch_size, worker_id=self.worker_id, held=held
-        )
+        rescued = await self.store.reap(self.db, self.batch_size, worker_id=self.worker_id)
         if rescued:
             dead = sum(1 for _, status in rescued if status == "dead")
             logger.warning(

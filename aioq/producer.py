@@ -181,6 +181,7 @@ class Producer(Service):
         self.stopping = stopping
         self.last_claim_seconds = 0.0
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
+        self.orphans = False  # a claim failed: it may have committed with its reply lost
         self.started = 0  # passes started: numbers them
         self.last_pass = 0  # the number of the last pass that claimed (see run_until_idle)
 
@@ -191,8 +192,12 @@ class Producer(Service):
         asked = min(self.slots.free, self.batch_size)
         if asked <= 0:
             return 0, 0
+        if self.orphans:
+            await self._release_orphans()
         started = time.perf_counter()
+        self.orphans = True  # until the reply is in: a cancel or an error may lose it
         claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
+        self.orphans = False
         self.last_claim_seconds = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.observe_claim(claims, self.last_claim_seconds)
@@ -201,6 +206,23 @@ class Producer(Service):
         self.handoff.put(claims)
         self.last_pass = number
         return len(claims), asked
+
+    async def _release_orphans(self) -> None:
+        """Give back the rows a claim whose reply was lost took under our id.
+
+        Only the producer adds claims, so between its passes the claims held are exactly the
+        rows running under our id that we know of: any other is an orphan nobody heartbeats.
+        """
+        released = await self.store.release_worker(
+            self.db, self.worker_id, keep=self.claims.held_ids()
+        )
+        self.orphans = False
+        if released:
+            logger.warning(
+                "released %d jobs claimed by a claim whose reply was lost",
+                len(released),
+                extra={"released": len(released)},
+            )
 
     def stop(self) -> None:
         """Stop claiming; wakes the producer wherever it waits."""

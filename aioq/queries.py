@@ -233,9 +233,10 @@ WHERE j.id = m.id
 RETURNING j.id
 """
 
-# On shutdown: every row still running under this worker's id ($1) goes back to pending with
-# its attempt refunded, except the jobs in $2 (threads still running them keep their claim).
-# This covers claims whose reply the worker never saw (a claim cancelled mid-statement).
+# Every row still running under this worker's id ($1) goes back to pending with its attempt
+# refunded, except the jobs in $2 (the claims it holds). On shutdown (keeping only jobs whose
+# thread still runs), and after a claim whose reply was lost: this covers the claims the
+# worker never saw.
 RELEASE_WORKER = """
 WITH mine AS (
     SELECT id FROM {s}.jobs
@@ -258,14 +259,15 @@ SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
 """
 
 # Expired leases: back to pending, or dead when the attempts are spent. Bounded per pass.
-# $2, $3: the reaping worker and the jobs it still holds and heartbeats: a worker never rescues
-# its own live claims (a blocked event loop delays its heartbeat; other workers will rescue
-# them if it is really gone).
+# $2: the reaping worker, whose own claims are left alone: a late heartbeat (an event loop
+# blocked by a task) must not make a worker rescue the jobs it is running, and a list of the
+# claims it holds would be stale by the time the statement runs. Other workers rescue them
+# if it is really gone; its own orphans (a claim whose reply was lost) it releases itself.
 REAP = """
 WITH expired AS (
     SELECT id FROM {s}.jobs
     WHERE status = 'running' AND lease_expires_at < now()
-      AND (locked_by IS DISTINCT FROM $2::text OR id <> ALL($3::bigint[]))
+      AND locked_by IS DISTINCT FROM $2::text
     ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED

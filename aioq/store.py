@@ -178,18 +178,13 @@ class Store:
         return sorted(row[0] for row in rows)
 
     async def reap(
-        self,
-        conn: Executor,
-        limit: int,
-        *,
-        worker_id: str | None = None,
-        held: Sequence[int] = (),
+        self, conn: Executor, limit: int, *, worker_id: str | None = None
     ) -> list[tuple[int, str]]:
         """Return up to ``limit`` expired claims to pending (or dead); return (id, status).
 
-        Claims of ``worker_id`` on the jobs in ``held`` are left alone: that worker holds them.
+        The claims of ``worker_id`` (the reaping worker) are left alone.
         """
-        rows = await conn.fetch(self._reap, limit, worker_id, list(held))
+        rows = await conn.fetch(self._reap, limit, worker_id)
         return [(row[0], row[1]) for row in rows]
 
     async def replay(

@@ -249,6 +249,12 @@ class Worker:
         self.stop()
         assert self._tg is not None
         tg, self._tg = self._tg, None
+        if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
+            # The body's own exception goes to the caller as it is: handed to the task
+            # group, it would come back wrapped in an ExceptionGroup. The worker stops
+            # gracefully meanwhile.
+            await tg.__aexit__(None, None, None)
+            return None
         return await tg.__aexit__(exc_type, exc, tb)
 
     async def _serve_started(self, *, task_status: TaskStatus[None]) -> None:
@@ -410,7 +416,6 @@ class Worker:
                 interval=cfg.reaper_interval,
                 batch_size=cfg.reaper_batch,
                 worker_id=self.id,
-                claims=self.claims,
             )
         )
         if cfg.archive_retention is not None or cfg.dead_retention is not None:

@@ -37,7 +37,7 @@ async def rows(conn: asyncpg.Connection) -> list[asyncpg.Record]:
 async def until(conn: asyncpg.Connection, sql: str) -> None:
     """Wait until ``sql`` is true in the database (bounded by the hang guard)."""
     with anyio.fail_after(HANG_GUARD):
-        while not await conn.fetchval(sql):  # noqa: ASYNC110 (database state: no event)
+        while not await conn.fetchval(sql):
             await anyio.sleep(0.02)
 
 
@@ -121,11 +121,15 @@ async def test_a_cancel_scope_and_a_raising_async_with_body_propagate_unwrapped(
         with anyio.move_on_after(0.5) as scope:
             await make_worker(concurrency=3).run()
         assert scope.cancelled_caught
+
+    async def fail_inside() -> None:
+        async with make_worker(concurrency=3):
+            await until(conn, "SELECT count(*) = 3 FROM aioq.jobs WHERE status = 'running'")
+            raise KeyError("the caller's own")
+
     for _ in range(3):
         with pytest.raises(KeyError, match="the caller's own"):  # not an ExceptionGroup
-            async with make_worker(concurrency=3):
-                await until(conn, "SELECT count(*) = 3 FROM aioq.jobs WHERE status = 'running'")
-                raise KeyError("the caller's own")
+            await fail_inside()
     assert {r["status"] for r in await rows(conn)} == {"pending"}
 
 
@@ -254,7 +258,7 @@ async def test_shutdown_waits_for_a_thread_and_records_its_outcome(
     with caplog.at_level(logging.WARNING, logger="aioq"):
         async with make_worker(shutdown_grace=0.1):
             with anyio.fail_after(HANG_GUARD):
-                while not started.is_set():  # noqa: ASYNC110 (a thread's event)
+                while not started.is_set():
                     await anyio.sleep(0.01)
     assert finished == [1]  # the worker stopped only after the thread returned
     assert "cannot be interrupted" in caplog.text

@@ -63,6 +63,8 @@ class Metrics:
         namespace: str = "aioq",
         stats_interval: float = DEFAULT_STATS_INTERVAL,
     ) -> None:
+        # Over 80 lines on purpose: one declaration per metric, with its help text, so the
+        # exported names read in one place.
         pc = _client()
         if not stats_interval > 0:
             raise ConfigError("stats_interval", f"must be > 0 seconds, got {stats_interval!r}")

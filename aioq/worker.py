@@ -67,7 +67,7 @@ class WorkerConfig:
 
     queues: tuple[str, ...] = ("default",)
     concurrency: int = DEFAULT_CONCURRENCY
-    schema: str = DEFAULT_SCHEMA
+    schema: str | None = None  # None: the registry's schema (aioq's default, DEFAULT_SCHEMA)
     poll_interval: float = DEFAULT_POLL_INTERVAL
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     reaper_interval: float = DEFAULT_REAPER_INTERVAL
@@ -97,7 +97,8 @@ class WorkerConfig:
     worker_id: str = field(default_factory=lambda: _default_worker_id())
 
     def __post_init__(self) -> None:
-        quote_schema(self.schema)
+        if self.schema is not None:
+            quote_schema(self.schema)
         if not self.queues or any(not q for q in self.queues):
             raise ConfigError("queues", f"must be non-empty queue names, got {self.queues!r}")
         for queue in self.queues:
@@ -163,8 +164,8 @@ class Worker:
     (``run_until_idle()`` again and again, as tests do), never twice at once.
 
     Options come as a :class:`WorkerConfig` (``config=``), as keyword arguments naming its
-    fields, or both (the keywords override the config's fields). The schema defaults to the
-    registry's.
+    fields, or both (the keywords override the config's fields). The schema, unless given,
+    is the registry's.
     """
 
     def __init__(
@@ -183,12 +184,14 @@ class Worker:
             options["queues"] = tuple(options["queues"])
         if options.get("schema") is None:
             options.pop("schema", None)
-            if config is None:
-                options["schema"] = self.registry.schema
-        self.config = replace(config, **options) if config is not None else WorkerConfig(**options)
+        config = replace(config, **options) if config is not None else WorkerConfig(**options)
+        if config.schema is None:
+            config = replace(config, schema=self.registry.schema)
+        self.config = config
+        self.schema: str = config.schema or DEFAULT_SCHEMA
         self.dsn = dsn
         self.id = self.config.worker_id
-        self.store = Store.for_schema(self.config.schema)
+        self.store = Store.for_schema(self.schema)
         self.metrics = metrics
         self.claims = Claims()
         self.doorbell = Doorbell()

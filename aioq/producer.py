@@ -181,7 +181,10 @@ class Producer(Service):
         self.stopping = stopping
         self.last_claim_seconds = 0.0
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
-        self.orphans = False  # a claim failed: it may have committed with its reply lost
+        # Rows may be running under our id that we hold no claim for: a claim failed (it may
+        # have committed with its reply lost), or, at start, a previous process with the same
+        # worker id left them. The next pass releases them first.
+        self.orphans = True
         self.started = 0  # passes started: numbers them
         self.last_pass = 0  # the number of the last pass that claimed (see run_until_idle)
 

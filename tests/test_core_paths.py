@@ -373,3 +373,21 @@ async def test_a_worker_releases_its_own_orphans_after_a_lost_claim_reply(
     assert store.lost
     assert sorted(ran) == list(range(5))  # each ran once, its only attempt not burned
     assert await rows(conn) == []
+
+
+async def test_a_worker_releases_what_a_previous_process_with_its_id_left_running(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    ran: list[int] = []
+
+    @registry.task(name="t.left", max_attempts=1)
+    async def left(n: int) -> None:
+        ran.append(n)
+
+    await left.defer_many(conn, [{"n": n} for n in range(3)])
+    await Store.for_schema("aioq").claim(conn, ["default"], 10, "worker-1")  # then it died
+    # Its own reaper leaves worker-1's claims alone; the 30 s leases are not waited for.
+    with anyio.fail_after(10):
+        await make_worker(worker_id="worker-1").run_until_idle()
+    assert sorted(ran) == [0, 1, 2]
+    assert await rows(conn) == []

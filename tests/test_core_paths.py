@@ -20,6 +20,7 @@ import pytest
 
 import aioq
 from aioq.job import Claim
+from aioq.producer import Producer
 from aioq.store import Executor, Store
 from aioq.task import MIN_LEASE
 
@@ -98,9 +99,13 @@ async def test_cancelling_run_from_outside_is_plain_cancellation(
         running, all_started = 0, anyio.Event()
         # Two jobs, six consumers: four wait for claims when the cancel comes.
         await busy.defer_many(conn, [{} for _ in range(2)])
-        task = asyncio.get_running_loop().create_task(make_worker(concurrency=6).run())
+        worker = make_worker(concurrency=6)
+        task = asyncio.get_running_loop().create_task(worker.run())
         with anyio.fail_after(HANG_GUARD):
             await all_started.wait()
+            # After its next pass the producer waits for the doorbell: the consumers, the
+            # producer and the handoff's waiters all get the cancel at once.
+            await worker.service(Producer).passed.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -72,6 +72,7 @@ class Completer(Service):
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
         self.pending: list[Outcome] = []
         self._unsure: set[ClaimKey] = set()  # claims whose write failed: maybe written
+        self._dropped: set[ClaimKey] = set()  # outcomes the server refused, already logged
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
         self._wake = anyio.Event()
         self._room = anyio.Event()
@@ -152,6 +153,9 @@ class Completer(Service):
             if self._unsure:
                 unsure = claim.key in self._unsure
                 self._unsure.discard(claim.key)
+            if self._dropped and claim.key in self._dropped:
+                self._dropped.discard(claim.key)
+                continue
             if claim.id in kept:
                 if self.metrics is not None:
                     self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
@@ -230,6 +234,7 @@ class Completer(Service):
             claim.task,
             kind.value,
         )
+        self._dropped.add(claim.key)
         return set()
 
     async def _write(self, kind: OutcomeKind, group: list[Outcome]) -> set[int]:

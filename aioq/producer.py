@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -129,10 +128,8 @@ class Handoff:
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
                     self._wake(1)  # it was woken for a claim it will not take: pass it on
-                else:
-                    # _wake() may have dropped it already (it skips cancelled waiters).
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
+                elif waiter in self._waiters:  # _wake drops it if it ran since the cancel
+                    self._waiters.remove(waiter)
                 raise
         return self._claims.popleft()
 

@@ -27,7 +27,7 @@ from aioq.notifier import Listener
 from aioq.producer import Doorbell, Producer, Slots
 from aioq.queries import DEFAULT_SCHEMA, quote_schema
 from aioq.store import Store
-from aioq.task import Registry, check_text, default_registry
+from aioq.task import DEFAULT_QUEUE, Registry, check_text, default_registry
 
 __all__ = ("Worker", "WorkerConfig")
 
@@ -52,6 +52,9 @@ DEFAULT_COMMAND_TIMEOUT = 30.0
 # completion each leave one), checked every DEFAULT_VACUUM_INTERVAL seconds.
 DEFAULT_VACUUM_THRESHOLD = 50_000
 DEFAULT_VACUUM_INTERVAL = 5.0
+# Connections of the worker's own pool: claims, completions, heartbeats and the maintenance
+# loops take one each for one statement at a time. The LISTEN connection comes on top.
+POOL_SIZE = 4
 # Warn when the event loop wakes up this late (a task blocking it).
 DEFAULT_LAG_THRESHOLD = 1.0
 # The completer gets at most this long after the jobs ended to write their outcomes (at least
@@ -65,7 +68,8 @@ S = TypeVar("S", bound=Service)
 class WorkerConfig:
     """How a worker runs; every duration is in seconds."""
 
-    queues: tuple[str, ...] = ("default",)
+    # None: "default" and every queue the registry's tasks name.
+    queues: tuple[str, ...] | None = None
     concurrency: int = DEFAULT_CONCURRENCY
     schema: str | None = None  # None: the registry's schema (aioq's default, DEFAULT_SCHEMA)
     poll_interval: float = DEFAULT_POLL_INTERVAL
@@ -99,9 +103,9 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.schema is not None:
             quote_schema(self.schema)
-        if not self.queues or any(not q for q in self.queues):
+        if self.queues is not None and (not self.queues or any(not q for q in self.queues)):
             raise ConfigError("queues", f"must be non-empty queue names, got {self.queues!r}")
-        for queue in self.queues:
+        for queue in self.queues or ():
             check_text("queues", queue)
         for name in (
             "concurrency",
@@ -161,7 +165,10 @@ class Worker:
     ``await worker.run()`` serves until cancelled or :meth:`stop`; ``async with worker:``
     serves in the background and stops gracefully on exit; ``await worker.run_until_idle()``
     returns once no job is ready or running. A worker may run again once a run has ended
-    (``run_until_idle()`` again and again, as tests do), never twice at once.
+    (``run_until_idle()`` again and again, as tests do), never twice at once. Without
+    ``queues`` it serves ``default`` and every queue its registry's tasks name. It opens a pool
+    of its own from ``dsn``, or borrows ``pool`` (an application's, never closed here; ``dsn``
+    then serves only LISTEN).
 
     Options come as a :class:`WorkerConfig` (``config=``), as keyword arguments naming its
     fields, or both (the keywords override the config's fields). The schema, unless given,
@@ -171,25 +178,41 @@ class Worker:
     def __init__(
         self,
         *,
-        dsn: str,
+        dsn: str | None = None,
+        pool: asyncpg.Pool | None = None,
         registry: Registry | None = None,
         config: WorkerConfig | None = None,
         metrics: Metrics | None = None,
         **options: Any,
     ) -> None:
         self.registry = registry if registry is not None else default_registry
-        if isinstance(options.get("queues"), str):
-            options["queues"] = (options["queues"],)
-        elif "queues" in options:
-            options["queues"] = tuple(options["queues"])
-        if options.get("schema") is None:
-            options.pop("schema", None)
+        queues = options.get("queues")
+        if isinstance(queues, str):
+            options["queues"] = (queues,)
+        elif queues is not None:
+            options["queues"] = tuple(queues)
+        for name in ("queues", "schema"):  # None: the registry's (below)
+            if options.get(name) is None:
+                options.pop(name, None)
         config = replace(config, **options) if config is not None else WorkerConfig(**options)
+        # No queues given: serve every queue the registry's tasks name (issue 11, point 1).
+        self.queues_given = config.queues is not None
+        if config.queues is None:
+            config = replace(config, queues=self.registry.queues())
         if config.schema is None:
             config = replace(config, schema=self.registry.schema)
         self.config = config
+        self.queues: tuple[str, ...] = config.queues or (DEFAULT_QUEUE,)
         self.schema: str = config.schema or DEFAULT_SCHEMA
-        self.dsn = dsn
+        if dsn is None and (pool is None or (config.listen and not config.listen_dsn)):
+            raise ConfigError(
+                "dsn",
+                "a worker needs dsn= (with pool=, for its one LISTEN connection; or give"
+                " listen_dsn=, or listen=False to rely on polling)",
+            )
+        self.dsn = dsn or ""
+        # An application's pool (pool=) is used as it is and never closed by the worker.
+        self.pool = pool
         self.id = self.config.worker_id
         self.store = Store.for_schema(self.schema)
         self.metrics = metrics
@@ -204,7 +227,7 @@ class Worker:
         self._tg: TaskGroup | None = None
 
     def __repr__(self) -> str:
-        return f"<aioq.Worker {self.id} queues={list(self.config.queues)}>"
+        return f"<aioq.Worker {self.id} queues={list(self.queues)}>"
 
     def service(self, kind: type[S]) -> S:
         """Return this run's service of a type (``worker.service(Heartbeat)``), for tests."""
@@ -297,9 +320,12 @@ class Worker:
         """One run: services up, jobs served until stopped, then the one shutdown path."""
         self._begin()
         try:
-            pool = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=4, **self._pool_kwargs()
-            )
+            if self.pool is not None:
+                pool = self.pool
+            else:
+                pool = await asyncpg.create_pool(
+                    self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
+                )
         except BaseException:
             self._end()
             raise
@@ -312,10 +338,11 @@ class Worker:
             async with anyio.create_task_group() as services:
                 for service in self.services[:-1]:  # the producer starts with the jobs
                     await services.start(service.run)
+                self._warn_unserved()
                 logger.info(
                     "worker %s serving queues %s with %d consumers",
                     self.id,
-                    ",".join(self.config.queues),
+                    ",".join(self.queues),
                     self.config.concurrency,
                 )
                 task_status.started()
@@ -335,10 +362,11 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._release_leftovers(completer, pool)
-                with anyio.move_on_after(10) as closing:
-                    await pool.close()
-                if closing.cancelled_caught:  # a connection would not close in time
-                    pool.terminate()
+                if pool is not self.pool:  # ours to close; an application's pool is not
+                    with anyio.move_on_after(10) as closing:
+                        await pool.close()
+                    if closing.cancelled_caught:  # a connection would not close in time
+                        pool.terminate()
                 self._end()
 
     def _end(self) -> None:
@@ -368,7 +396,7 @@ class Worker:
         producer = Producer(
             store=self.store,
             db=pool,
-            queues=cfg.queues,
+            queues=self.queues,
             worker_id=self.id,
             slots=slots,
             doorbell=self.doorbell,
@@ -399,7 +427,7 @@ class Worker:
             self.listener = Listener(
                 connect=self._connect_listener,
                 channel=store.channel,
-                queues=cfg.queues,
+                queues=self.queues,
                 ring=self.doorbell.ring,
             )
             services.append(self.listener)
@@ -466,6 +494,20 @@ class Worker:
             if slots.taken == taken:
                 self.stop()
                 return
+
+    def _warn_unserved(self) -> None:
+        """Warn once per registered task whose queue the explicitly given queues leave out."""
+        if not self.queues_given:
+            return
+        for task in self.registry.unserved(self.queues):
+            logger.warning(
+                "worker %s does not serve queue %r of task %r: its jobs wait for another"
+                " worker (serving: %s)",
+                self.id,
+                task.defaults.queue,
+                task.name,
+                ",".join(self.queues),
+            )
 
     async def _enforce_grace(self) -> None:
         """After stop(), give running jobs shutdown_grace seconds, then cancel them.

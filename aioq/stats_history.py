@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import anyio
 import asyncpg
+from anyio.abc import TaskStatus
 
-from aioq._service import repeat
-from aioq.completer import OutcomeKind
-from aioq.job import Claim
+from aioq._service import Service
+from aioq.job import Claim, OutcomeKind
 from aioq.queries import HIST_WIDTH
 from aioq.store import Executor, Store
 
@@ -48,7 +48,7 @@ assert len(BUCKETS) + 1 == HIST_WIDTH, "queries.HIST_WIDTH must match BUCKETS"
 
 _COUNTED = {
     OutcomeKind.COMPLETE: "completed",
-    OutcomeKind.RETRY: "retried",
+    OutcomeKind.FAIL: "retried",
     OutcomeKind.BURY: "dead",
 }
 
@@ -118,8 +118,10 @@ class StatsRecorder:
             new.run = [a + b for a, b in zip(new.run, old.run, strict=True)]
 
 
-class StatsWriter:
+class StatsWriter(Service):
     """Writes the recorder's counts and this worker's row once a ``interval``; prunes old rows."""
+
+    name = "stats writer"
 
     def __init__(
         self,
@@ -133,18 +135,42 @@ class StatsWriter:
         interval: float = DEFAULT_STATS_INTERVAL,
         retention: float = DEFAULT_STATS_RETENTION,
     ) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.recorder = recorder
         self.worker_id = worker_id
         self.queues = list(queues)
         self.concurrency = concurrency
-        self.interval = interval
+        self.write_interval = interval
         self.retention = retention
         self.missing = False  # no history tables (an old schema), or no right to write them
 
+    def interval(self) -> float:
+        """Seconds between writes."""
+        return self.write_interval
+
     async def run_once(self) -> int:
         """Write the counts so far and this worker's row; prune a batch; return rows written."""
+        if self.missing:
+            self.recorder.take()  # nowhere to write them
+            return 0
+        try:
+            return await self._write()
+        except (asyncpg.UndefinedTableError, asyncpg.InsufficientPrivilegeError) as exc:
+            # A schema from before the history migration, or a role granted only the older
+            # tables: the worker runs on, without history.
+            self.missing = True
+            self.recorder.take()
+            logger.warning(
+                "worker %s writes no stats history (%s): run `aioq schema apply` as the owner,"
+                " and grant the role the tables the README lists under Permissions",
+                self.worker_id,
+                exc,
+            )
+            return 0
+
+    async def _write(self) -> int:
         counts = self.recorder.take()
         keys = list(counts)
         try:
@@ -172,33 +198,15 @@ class StatsWriter:
         await self.store.prune_stats(self.db, self.retention, PRUNE_BATCH)
         return len(keys)
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write every ``interval`` until cancelled; then write the rest and remove our row."""
         try:
-            await repeat("stats writer", self._step, lambda: self.interval, logger)
+            await super().run(task_status=task_status)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 try:
                     if not self.missing:
-                        await self.run_once()
+                        await self._write()
                         await self.store.forget_worker(self.db, self.worker_id)
                 except Exception:
                     logger.warning("could not write the last stats of worker %s", self.worker_id)
-
-    async def _step(self) -> bool:
-        if self.missing:
-            self.recorder.take()  # nowhere to write them
-            return False
-        try:
-            await self.run_once()
-        except (asyncpg.UndefinedTableError, asyncpg.InsufficientPrivilegeError) as exc:
-            # A schema from before migration 2, or a role granted only the older tables: the
-            # worker runs on, without history.
-            self.missing = True
-            logger.warning(
-                "worker %s writes no stats history (%s): run `aioq schema apply` as the owner,"
-                " and grant the role the tables the README lists under Permissions",
-                self.worker_id,
-                exc,
-            )
-        return False

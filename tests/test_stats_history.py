@@ -13,8 +13,7 @@ from starlette.testclient import TestClient
 
 import aioq
 import aioq.web
-from aioq.completer import OutcomeKind
-from aioq.job import Claim
+from aioq.job import Claim, OutcomeKind
 from aioq.stats_history import BUCKETS, StatsRecorder, StatsWriter, bucket, percentile
 from aioq.store import Store
 
@@ -27,7 +26,7 @@ MakeWorker = Callable[..., aioq.Worker]
 
 def claim(queue: str = "q", task: str = "t", waited: float = 0.0) -> Claim:
     return Claim(
-        id=1, queue=queue, task=task, args="{}", priority=0, attempt=1, max_attempts=3,
+        id=1, number=1, queue=queue, task=task, args="{}", priority=0, attempt=1, max_attempts=3,
         lease=30.0, waited=waited,
     )  # fmt: skip
 
@@ -71,7 +70,7 @@ def test_buckets_and_percentiles() -> None:
 def test_recorder_counts_outcomes_not_snoozes() -> None:
     recorder = StatsRecorder()
     recorder.observe(claim(waited=0.2), OutcomeKind.COMPLETE, 0.003)
-    recorder.observe(claim(), OutcomeKind.RETRY, 1.5)
+    recorder.observe(claim(), OutcomeKind.FAIL, 1.5)
     recorder.observe(claim(task="u"), OutcomeKind.BURY, 1.5)
     recorder.observe(claim(), OutcomeKind.SNOOZE, 0.1)
     recorder.observe(claim(), OutcomeKind.RELEASE, 0.1)

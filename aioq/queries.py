@@ -599,7 +599,7 @@ LEFT JOIN LATERAL (
 ) AS m ON true
 ORDER BY m.id DESC
 """
-# Along the primary key; dead jobs alone along jobs_dead_id_idx (migration 2), so a page of them
+# Along the primary key; dead jobs alone along jobs_dead_id_idx (migration 3), so a page of them
 # never steps over the live ones. The status is a literal: the partial index needs it.
 DASH_PAGE = _DASH_PAGE.format(where="")
 DASH_DEAD_PAGE = _DASH_PAGE.format(where="status = 'dead' AND")

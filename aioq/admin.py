@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from aioq.job import Job, JobStatus
-from aioq.store import Executor, Store
+from aioq.store import Store, Target, executor
 
 __all__ = (
     "QueueStats",
@@ -59,8 +59,9 @@ class Stats:
     archived: bool  # whether the archive holds completed jobs (else completions are n/a)
 
 
-async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
+async def stats(conn: Target, *, schema: str = "aioq") -> Stats:
     """Return per-queue counts and the jobs table's size and vacuum figures."""
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     rows = await store.queue_stats(conn)
     completed = await store.archive_stats(conn)
@@ -97,13 +98,14 @@ async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
     )
 
 
-async def cancel_jobs(conn: Executor, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
+async def cancel_jobs(conn: Target, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
     """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
+    conn = await executor(conn)
     return list(await Store.for_schema(schema).cancel(conn, job_ids))
 
 
 async def purge_dead(
-    conn: Executor,
+    conn: Target,
     *,
     older_than: float | None = None,
     batch_size: int = DEFAULT_PURGE_BATCH,
@@ -116,6 +118,7 @@ async def purge_dead(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     total = 0
     while True:
@@ -126,7 +129,7 @@ async def purge_dead(
 
 
 async def retry_dead(
-    conn: Executor,
+    conn: Target,
     *,
     job_id: int | Sequence[int] | None = None,
     task: str | None = None,
@@ -137,17 +140,19 @@ async def retry_dead(
     """Replay dead jobs (by id, task or queue; ``all=True`` for every one); return their ids."""
     if job_id is None and task is None and queue is None and not all:
         raise ValueError("retry_dead needs job_id, task, queue or all=True")
+    conn = await executor(conn)
     ids = [job_id] if isinstance(job_id, int) else job_id
     return await Store.for_schema(schema).replay(conn, ids=ids, task=task, queue=queue)
 
 
-async def get_job(conn: Executor, job_id: int, *, schema: str = "aioq") -> Job | None:
+async def get_job(conn: Target, job_id: int, *, schema: str = "aioq") -> Job | None:
     """Return a job still in the table (pending, running or dead), or None."""
+    conn = await executor(conn)
     return await Store.for_schema(schema).get(conn, job_id)
 
 
 async def list_jobs(
-    conn: Executor,
+    conn: Target,
     *,
     status: JobStatus | str | None = None,
     task: str | None = None,
@@ -156,6 +161,7 @@ async def list_jobs(
     schema: str = "aioq",
 ) -> list[Job]:
     """Return jobs matching the filters, oldest first."""
+    conn = await executor(conn)
     wanted = JobStatus(status).value if status is not None else None
     return await Store.for_schema(schema).list(
         conn, status=wanted, task=task, queue=queue, limit=limit

@@ -3,23 +3,54 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from aioq import queries as q
+from aioq.errors import ConfigError
 from aioq.job import Claim, Job
 
-__all__ = ("Connection", "Executor", "Store")
+if TYPE_CHECKING:  # only for the annotations: SQLAlchemy is imported when a caller passes it
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+__all__ = ("Connection", "Executor", "Store", "Target", "executor")
 
 Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 """A connection the caller owns: ``defer`` runs on it, inside its transaction."""
 
 Executor: TypeAlias = asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool
 """Anything that runs a statement: a connection, or a pool that lends one for it."""
+
+Target: TypeAlias = "Executor | AsyncConnection | AsyncSession"
+"""What ``defer`` and the admin functions accept: an asyncpg connection or pool, or a SQLAlchemy
+``AsyncConnection`` / ``AsyncSession`` on the asyncpg driver (its connection and transaction)."""
+
+_ASYNCPG = (asyncpg.Connection, PoolConnectionProxy, asyncpg.Pool)
+
+# Adapters for other libraries' connection objects, by the top-level package of their class;
+# imported only when such an object arrives, so ``import aioq`` never loads the library.
+_ADAPTERS = {"sqlalchemy": "aioq.contrib.sqlalchemy"}
+
+
+async def executor(target: Target) -> Executor:
+    """Return the asyncpg connection or pool to run statements on for ``target``."""
+    if isinstance(target, _ASYNCPG):
+        return target
+    adapter = _ADAPTERS.get(type(target).__module__.partition(".")[0])
+    if adapter is None:
+        raise ConfigError(
+            "conn",
+            f"got {type(target).__module__}.{type(target).__qualname__}; expected an asyncpg"
+            " Connection or Pool, or a SQLAlchemy AsyncConnection or AsyncSession on the"
+            " asyncpg driver",
+        )
+    resolve = importlib.import_module(adapter).executor
+    return await resolve(target)  # type: ignore[no-any-return]
 
 
 VACUUM_TIMEOUT = 3600.0

@@ -14,7 +14,7 @@ from typing_extensions import ParamSpec
 from aioq import queries
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError
-from aioq.store import Connection, Store
+from aioq.store import Store, Target, executor
 
 __all__ = ("Backoff", "Registry", "Task", "TaskCall", "default_registry", "task")
 
@@ -205,13 +205,11 @@ class Task(Generic[P, R]):
         changes = {k: v for k, v in changes.items() if v is not None}
         return TaskCall(self, replace(self.defaults, **changes))
 
-    async def defer(self, conn: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int:
-        """Enqueue a call on the caller's connection, inside its transaction; return the job id."""
+    async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         return await TaskCall(self, self.defaults).defer(conn, *args, **kwargs)
 
-    async def defer_many(
-        self, conn: Connection, calls: Iterable[Mapping[str, object]], /
-    ) -> list[int]:
+    async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         return await TaskCall(self, self.defaults).defer_many(conn, calls)
 
@@ -223,11 +221,12 @@ class TaskCall(Generic[P]):
     task: Task[P, Any]
     opts: JobOptions
 
-    async def defer(self, conn: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int:
-        """Enqueue a call on the caller's connection, inside its transaction; return the job id."""
+    async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         task, opts = self.task, self.opts
         encoded = encode_args(task.name, task.bind(args, kwargs))
         store = Store.for_schema(task.registry.schema)
+        conn = await executor(conn)
         for _ in range(10):
             job_id = await store.insert(
                 conn,
@@ -246,9 +245,7 @@ class TaskCall(Generic[P]):
             # The live job holding our unique_key finished between the conflict and the read.
         raise DeferError(task.name, f"unique_key {opts.unique_key!r} kept changing owner")
 
-    async def defer_many(
-        self, conn: Connection, calls: Iterable[Mapping[str, object]], /
-    ) -> list[int]:
+    async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         task, opts = self.task, self.opts
         if opts.unique_key is not None:
@@ -257,7 +254,7 @@ class TaskCall(Generic[P]):
         if not encoded:
             return []
         return await Store.for_schema(task.registry.schema).insert_many(
-            conn,
+            await executor(conn),
             queue=opts.queue,
             task=task.name,
             args=encoded,

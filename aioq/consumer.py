@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from aioq import hooks
 from aioq.codec import decode_args
 from aioq.completer import LEASE_LOST, SHUTDOWN, Completer, Outcome, OutcomeKind, Running
 from aioq.errors import Fail, PayloadError, Retry, UnknownTaskError
@@ -27,6 +29,7 @@ __all__ = ("Consumer", "format_error")
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 4000
+_NO_HOOK = contextlib.nullcontext()
 _DEFAULT_RETRY = Backoff()
 
 
@@ -150,16 +153,18 @@ class Consumer:
                 if running.cancel_reason is not None:
                     scope.cancel()
                 try:
-                    if task.is_async:
-                        await task.fn(**kwargs)
-                    else:
-                        # A thread cannot be stopped: on timeout or cancellation it is
-                        # abandoned and finishes in the background.
-                        await anyio.to_thread.run_sync(
-                            functools.partial(task.fn, **kwargs),
-                            abandon_on_cancel=True,
-                            limiter=self.limiter,
-                        )
+                    # aioq.hooks: an observer (tracing) wraps the run and sees its exception.
+                    with hooks.running(self.worker_id, claim) if hooks.observers else _NO_HOOK:
+                        if task.is_async:
+                            await task.fn(**kwargs)
+                        else:
+                            # A thread cannot be stopped: on timeout or cancellation it is
+                            # abandoned and finishes in the background.
+                            await anyio.to_thread.run_sync(
+                                functools.partial(task.fn, **kwargs),
+                                abandon_on_cancel=True,
+                                limiter=self.limiter,
+                            )
                 except asyncio.CancelledError as exc:
                     if _cancel_requested():
                         raise

@@ -64,6 +64,7 @@ class Claim:
     max_attempts: int
     lease: float
     waited: float  # seconds from run_at to the claim
+    traceparent: str | None = None  # W3C trace context of the defer (aioq.contrib.otel)
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Claim:
@@ -78,6 +79,7 @@ class Claim:
             max_attempts=row["max_attempts"],
             lease=row["lease"],
             waited=max(0.0, row["waited"] or 0.0),
+            traceparent=row["traceparent"],
         )
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from aioq import hooks
 from aioq._service import StepBackoff, jittered
 from aioq.completer import Completer, Running
 from aioq.job import Claim
@@ -169,8 +170,11 @@ class Producer:
         if asked <= 0:
             return 0, 0
         started = time.perf_counter()
+        start_ns = time.time_ns() if hooks.observers else 0
         claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
         self.last_claim_seconds = time.perf_counter() - started
+        if hooks.observers and claims:  # aioq.hooks: tracing, the test drain
+            hooks.claimed(self.worker_id, claims, start_ns, time.time_ns())
         if self.metrics is not None:
             self.metrics.observe_claim(claims, self.last_claim_seconds)
         self.slots.take(len(claims))

@@ -95,3 +95,9 @@ CREATE TRIGGER jobs_doorbell
     AFTER INSERT ON {{schema}}.jobs
     REFERENCING NEW TABLE AS new_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.ring_doorbell();
+
+-- aioq:migration 2
+
+-- The W3C traceparent of the span that deferred the job (aioq.contrib.otel), NULL when no
+-- tracer was recording: the worker's span for the run continues that trace.
+ALTER TABLE {{schema}}.jobs ADD COLUMN traceparent text;

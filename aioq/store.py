@@ -86,6 +86,8 @@ class Store:
         self._cancel = render(q.CANCEL_PENDING)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
+        self._ready_queues = render(q.READY_QUEUES)
+        self._waiting = render(q.WAITING_JOBS)
 
     @staticmethod
     @functools.cache
@@ -106,9 +108,10 @@ class Store:
         max_attempts: int,
         lease: float,
         unique_key: str | None,
+        traceparent: str | None = None,
     ) -> int | None:
         """Insert one job and return its id (with a unique_key: the live job's id, or None)."""
-        values = (queue, task, args, priority, run_at, delay, max_attempts, lease)
+        values = (queue, task, args, priority, run_at, delay, max_attempts, lease, traceparent)
         if unique_key is None:
             return await conn.fetchval(self._insert, *values)  # type: ignore[no-any-return]
         return await conn.fetchval(self._insert_unique, *values, unique_key)  # type: ignore[no-any-return]
@@ -125,10 +128,12 @@ class Store:
         delay: float,
         max_attempts: int,
         lease: float,
+        traceparent: str | None = None,
     ) -> list[int]:
         """Insert many jobs of one task in one statement and return their ids in order."""
         rows = await conn.fetch(
-            self._insert_many, queue, task, priority, run_at, delay, max_attempts, lease, args
+            self._insert_many,
+            *(queue, task, priority, run_at, delay, max_attempts, lease, args, traceparent),
         )
         return [row[0] for row in rows]
 
@@ -272,3 +277,11 @@ class Store:
         """Delete these jobs if they are still pending; return the ids deleted."""
         rows = await conn.fetch(self._cancel, list(ids))
         return sorted(row[0] for row in rows)
+
+    async def ready_queues(self, conn: Executor) -> Sequence[str]:
+        """Return the queues holding a job that is ready to run now."""
+        return [row[0] for row in await conn.fetch(self._ready_queues)]
+
+    async def waiting(self, conn: Executor, task: str) -> Sequence[asyncpg.Record]:
+        """Return a task's pending jobs (due or scheduled), oldest first."""
+        return await conn.fetch(self._waiting, task)

@@ -11,10 +11,10 @@ from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
-from aioq import queries
+from aioq import hooks, queries
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError
-from aioq.store import Store, Target, executor
+from aioq.store import Executor, Store, Target, executor
 
 __all__ = ("Backoff", "Registry", "Task", "TaskCall", "default_registry", "task")
 
@@ -225,8 +225,15 @@ class TaskCall(Generic[P]):
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         task, opts = self.task, self.opts
         encoded = encode_args(task.name, task.bind(args, kwargs))
-        store = Store.for_schema(task.registry.schema)
         conn = await executor(conn)
+        if not hooks.observers:
+            return await self._insert(conn, encoded, None)
+        with hooks.deferring(task.name, opts.queue, 1) as traceparent:
+            return await self._insert(conn, encoded, traceparent)
+
+    async def _insert(self, conn: Executor, encoded: str, traceparent: str | None) -> int:
+        task, opts = self.task, self.opts
+        store = Store.for_schema(task.registry.schema)
         for _ in range(10):
             job_id = await store.insert(
                 conn,
@@ -239,6 +246,7 @@ class TaskCall(Generic[P]):
                 max_attempts=opts.max_attempts,
                 lease=opts.lease,
                 unique_key=opts.unique_key,
+                traceparent=traceparent,
             )
             if job_id is not None:
                 return job_id
@@ -253,17 +261,20 @@ class TaskCall(Generic[P]):
         encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
         if not encoded:
             return []
-        return await Store.for_schema(task.registry.schema).insert_many(
-            await executor(conn),
-            queue=opts.queue,
-            task=task.name,
-            args=encoded,
-            priority=opts.priority,
-            run_at=opts.run_at,
-            delay=opts.delay,
-            max_attempts=opts.max_attempts,
-            lease=opts.lease,
-        )
+        conn = await executor(conn)
+        with hooks.deferring(task.name, opts.queue, len(encoded)) as traceparent:
+            return await Store.for_schema(task.registry.schema).insert_many(
+                conn,
+                queue=opts.queue,
+                task=task.name,
+                args=encoded,
+                priority=opts.priority,
+                run_at=opts.run_at,
+                delay=opts.delay,
+                max_attempts=opts.max_attempts,
+                lease=opts.lease,
+                traceparent=traceparent,
+            )
 
 
 class Registry:

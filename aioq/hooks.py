@@ -9,16 +9,16 @@ except around the task's run and the defer, where its context manager wraps the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from aioq.job import Claim
 
 __all__ = (
+    "Deferral",
     "Observer",
     "claimed",
     "deferring",
@@ -32,17 +32,28 @@ __all__ = (
 logger = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class Deferral:
+    """One call of ``defer`` (or ``defer_many``) as observers see it."""
+
+    task: str
+    queue: str
+    count: int
+    traceparent: str | None = None  # an observer sets it: stored with the jobs
+    ids: Sequence[int] = ()  # the core sets it once the jobs are inserted
+
+
 class Observer:
     """Base of an observer: override the points of interest; the others do nothing."""
 
-    def deferring(self, task: str, queue: str, count: int) -> AbstractContextManager[str | None]:
-        """Wrap the insert of ``count`` jobs; yield a W3C traceparent to store with them."""
+    def deferring(self, deferral: Deferral) -> AbstractContextManager[object]:
+        """Wrap the insert of a deferral's jobs; may set its ``traceparent``."""
         return nullcontext()
 
     def claimed(self, worker_id: str, claims: Sequence[Claim], start_ns: int, end_ns: int) -> None:
         """See the claims of one claim statement that ran from ``start_ns`` to ``end_ns``."""
 
-    def running(self, worker_id: str, claim: Claim) -> AbstractContextManager[None]:
+    def running(self, worker_id: str, claim: Claim) -> AbstractContextManager[object]:
         """Wrap one run of a task (inside its job context; exceptions pass through it)."""
         return nullcontext()
 
@@ -73,23 +84,25 @@ def uninstall(observer: Observer) -> None:
         observers.remove(observer)
 
 
-@contextmanager
-def deferring(task: str, queue: str, count: int) -> Iterator[str | None]:
-    """Enter every observer's ``deferring``; yield the first traceparent one gives."""
-    with ExitStack() as stack:
-        traceparent = None
-        for observer in tuple(observers):
-            given = stack.enter_context(observer.deferring(task, queue, count))
-            traceparent = traceparent or given
-        yield traceparent
+def deferring(deferral: Deferral) -> AbstractContextManager[object]:
+    """Return every observer's ``deferring`` as one context manager around an insert."""
+    if len(observers) == 1:  # the usual case, without an ExitStack's cost
+        return observers[0].deferring(deferral)
+    return _all([observer.deferring(deferral) for observer in observers])
+
+
+def running(worker_id: str, claim: Claim) -> AbstractContextManager[object]:
+    """Return every observer's ``running`` as one context manager around a task's run."""
+    if len(observers) == 1:
+        return observers[0].running(worker_id, claim)
+    return _all([observer.running(worker_id, claim) for observer in observers])
 
 
 @contextmanager
-def running(worker_id: str, claim: Claim) -> Iterator[None]:
-    """Enter every observer's ``running`` around one run of a task."""
+def _all(managers: Iterable[AbstractContextManager[object]]) -> Iterator[None]:
     with ExitStack() as stack:
-        for observer in tuple(observers):
-            stack.enter_context(observer.running(worker_id, claim))
+        for manager in managers:
+            stack.enter_context(manager)
         yield
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -112,6 +113,7 @@ def _seconds(name: str, value: float | timedelta) -> float:
 
 
 _FITTING_NAMES_CACHED = 64
+_NO_HOOK = contextlib.nullcontext()
 
 
 class Task(Generic[P, R]):
@@ -228,8 +230,11 @@ class TaskCall(Generic[P]):
         conn = await executor(conn)
         if not hooks.observers:
             return await self._insert(conn, encoded, None)
-        with hooks.deferring(task.name, opts.queue, 1) as traceparent:
-            return await self._insert(conn, encoded, traceparent)
+        deferral = hooks.Deferral(task.name, opts.queue, 1)
+        with hooks.deferring(deferral):
+            job_id = await self._insert(conn, encoded, deferral.traceparent)
+            deferral.ids = (job_id,)
+            return job_id
 
     async def _insert(self, conn: Executor, encoded: str, traceparent: str | None) -> int:
         task, opts = self.task, self.opts
@@ -262,8 +267,9 @@ class TaskCall(Generic[P]):
         if not encoded:
             return []
         conn = await executor(conn)
-        with hooks.deferring(task.name, opts.queue, len(encoded)) as traceparent:
-            return await Store.for_schema(task.registry.schema).insert_many(
+        deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            deferral.ids = await Store.for_schema(task.registry.schema).insert_many(
                 conn,
                 queue=opts.queue,
                 task=task.name,
@@ -273,8 +279,9 @@ class TaskCall(Generic[P]):
                 delay=opts.delay,
                 max_attempts=opts.max_attempts,
                 lease=opts.lease,
-                traceparent=traceparent,
+                traceparent=deferral.traceparent,
             )
+            return list(deferral.ids)
 
 
 class Registry:

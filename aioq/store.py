@@ -41,7 +41,9 @@ async def executor(target: Target) -> Executor:
     """Return the asyncpg connection or pool to run statements on for ``target``."""
     if isinstance(target, _ASYNCPG):
         return target
-    adapter = _ADAPTERS.get(type(target).__module__.partition(".")[0])
+    # By the class or a base: an application's own AsyncSession subclass lives in its module.
+    packages = (cls.__module__.partition(".")[0] for cls in type(target).__mro__)
+    adapter = next((_ADAPTERS[p] for p in packages if p in _ADAPTERS), None)
     if adapter is None:
         raise ConfigError(
             "conn",

@@ -51,11 +51,15 @@ async def test_session_rollback_leaves_no_job_even_when_defer_is_its_first_state
     assert await aioq.list_jobs(conn) == []
 
 
+class AppSession(AsyncSession):
+    """An application's own session class, defined outside SQLAlchemy's modules."""
+
+
 async def test_session_commit_writes_the_job_with_the_row(
     engine: AsyncEngine, conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
 ) -> None:
     await conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY)")
-    async with AsyncSession(engine) as session, session.begin():
+    async with AppSession(engine) as session, session.begin():
         await session.execute(text("INSERT INTO orders VALUES (7)"))
         job_id = await send.defer(session, order_id=7, note="hi")
         # Not visible outside the transaction until it commits.

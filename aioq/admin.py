@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from aioq.job import Job, JobStatus
+from aioq.queries import DEFAULT_SCHEMA
 from aioq.store import Store, Target, executor
 
 __all__ = (
@@ -59,7 +60,7 @@ class Stats:
     archived: bool  # whether the archive holds completed jobs (else completions are n/a)
 
 
-async def stats(conn: Target, *, schema: str = "aioq") -> Stats:
+async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     """Return per-queue counts and the jobs table's size and vacuum figures."""
     conn = await executor(conn)
     store = Store.for_schema(schema)
@@ -98,7 +99,9 @@ async def stats(conn: Target, *, schema: str = "aioq") -> Stats:
     )
 
 
-async def cancel_jobs(conn: Target, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
+async def cancel_jobs(
+    conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+) -> list[int]:
     """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
     conn = await executor(conn)
     return list(await Store.for_schema(schema).cancel(conn, job_ids))
@@ -109,7 +112,7 @@ async def purge_dead(
     *,
     older_than: float | None = None,
     batch_size: int = DEFAULT_PURGE_BATCH,
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
 ) -> int:
     """Delete dead jobs (that died over ``older_than`` seconds ago), in batches.
 
@@ -135,7 +138,7 @@ async def retry_dead(
     task: str | None = None,
     queue: str | None = None,
     all: bool = False,
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
 ) -> list[int]:
     """Replay dead jobs (by id, task or queue; ``all=True`` for every one); return their ids."""
     if job_id is None and task is None and queue is None and not all:
@@ -145,7 +148,7 @@ async def retry_dead(
     return await Store.for_schema(schema).replay(conn, ids=ids, task=task, queue=queue)
 
 
-async def get_job(conn: Target, job_id: int, *, schema: str = "aioq") -> Job | None:
+async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
     """Return a job: pending, running or dead, or ``succeeded`` from the archive; else None.
 
     Finished jobs are deleted unless workers keep them (``keep_completed=True``); then they
@@ -164,7 +167,7 @@ async def list_jobs(
     task: str | None = None,
     queue: str | None = None,
     limit: int = 100,
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
 ) -> list[Job]:
     """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
     conn = await executor(conn)
@@ -172,4 +175,4 @@ async def list_jobs(
     store = Store.for_schema(schema)
     if wanted == JobStatus.SUCCEEDED:
         return await store.list_archived(conn, task=task, queue=queue, limit=limit)
-    return await store.list(conn, status=wanted, task=task, queue=queue, limit=limit)
+    return await store.list_jobs(conn, status=wanted, task=task, queue=queue, limit=limit)

@@ -109,6 +109,12 @@ ALTER TABLE {{schema}}.jobs
 
 -- aioq:migration 3
 
+-- The W3C traceparent of the span that deferred the job (aioq.contrib.otel), NULL when no
+-- tracer was recording: the worker's span for the run continues that trace.
+ALTER TABLE {{schema}}.jobs ADD COLUMN traceparent text;
+
+-- aioq:migration 4
+
 -- Workers record themselves here (the stats writer upserts its row every minute and deletes it
 -- on a clean stop), so the dashboard can list them without asking the workers anything.
 CREATE TABLE {{schema}}.workers (

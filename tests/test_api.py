@@ -34,7 +34,8 @@ def test_importing_aioq_pulls_in_no_optional_dependency() -> None:
     code = (
         "import sys, aioq\n"
         "loaded = [m for m in ('prometheus_client', 'fastapi', 'starlette', 'httpx', 'httpx2',"
-        " 'jinja2', 'uvicorn', 'aioq.web', 'aioq.cli') if m in sys.modules]\n"
+        " 'jinja2', 'uvicorn', 'sqlalchemy', 'opentelemetry', 'psycopg', 'pytest', 'aioq.contrib',"
+        " 'aioq.testing', 'aioq.web', 'aioq.cli') if m in sys.modules]\n"
         "print(','.join(loaded))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

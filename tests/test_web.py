@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.to_thread
@@ -502,3 +504,30 @@ async def test_actions_race_busy_workers_without_touching_a_running_job(
     hard_id = workers[2].id
     strict = {i for i in removed if hard_id not in starts.get(i, set())}
     assert not strict & ends  # a job the page removed never finished a run
+
+
+def test_a_read_only_role_with_the_documented_grants_sees_every_page(
+    admin_dsn: str, dsn: str
+) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    grant = re.search(r"A read-only\s+dashboard needs only `(GRANT SELECT ON [^`]+)`", readme)
+    assert grant, "README: the read-only dashboard's grants"
+    (job,) = add_jobs(dsn, "mail", 1)
+    bury(dsn, [job], "boom")
+    name, password = f"aioq_ro_{secrets.token_hex(4)}", secrets.token_hex(8)
+    sql(admin_dsn, f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+    try:
+        sql(dsn, f"GRANT USAGE ON SCHEMA aioq TO {name}")
+        sql(dsn, f"{grant[1]} TO {name}")
+        parts = urlsplit(dsn)
+        as_role = urlunsplit(
+            parts._replace(netloc=f"{name}:{password}@{parts.hostname}:{parts.port}")
+        )
+        with TestClient(aioq.web.app(dsn=as_role)) as client:
+            for path in ("/", "/live", "/jobs", "/jobs?status=dead", f"/jobs/{job}", "/jobs/999",
+                         "/throughput", "/throughput?range=day&queue=mail"):  # fmt: skip
+                assert client.get(path).status_code in (200, 404), path
+            assert "boom" in client.get(f"/jobs/{job}").text
+    finally:
+        sql(dsn, f"DROP OWNED BY {name}")
+        sql(admin_dsn, f"DROP ROLE {name}")

@@ -28,6 +28,7 @@ from aioq.errors import (
 )
 from aioq.job import Job, JobContext, JobStatus, current_job
 from aioq.migrate import install, schema_sql
+from aioq.schedule import Schedule, periodic
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
 
@@ -48,6 +49,7 @@ __all__ = (
     "QueueStats",
     "Registry",
     "Retry",
+    "Schedule",
     "SchemaError",
     "SerializationError",
     "ServerError",
@@ -66,6 +68,7 @@ __all__ = (
     "get_job",
     "install",
     "list_jobs",
+    "periodic",
     "purge_dead",
     "retry_dead",
     "schema_sql",

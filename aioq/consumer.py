@@ -139,6 +139,7 @@ class Consumer:
                 task=claim.task,
                 queue=claim.queue,
                 worker_id=self.worker_id,
+                scheduled_at=claim.scheduled_at,
             )
         )
         # One scope serves the timeout (its deadline), a lost lease and a shutdown (both set

@@ -64,6 +64,7 @@ class Claim:
     max_attempts: int
     lease: float
     waited: float  # seconds from run_at to the claim
+    scheduled_at: datetime | None = None  # the tick of a periodic job
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Claim:
@@ -78,6 +79,7 @@ class Claim:
             max_attempts=row["max_attempts"],
             lease=row["lease"],
             waited=max(0.0, row["waited"] or 0.0),
+            scheduled_at=row["scheduled_at"],
         )
 
 
@@ -91,6 +93,7 @@ class JobContext:
     task: str
     queue: str
     worker_id: str
+    scheduled_at: datetime | None = None  # the tick a periodic job runs for, else None
 
     @property
     def is_last_attempt(self) -> bool:

@@ -95,7 +95,7 @@ SET status = 'running', attempts = j.attempts + 1, locked_by = $3, locked_at = n
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, extract(epoch FROM j.lease)::float8 AS lease,
-          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited
+          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.scheduled_at
 """
 
 # One queue: the index's leading column is an equality, so the scan reads in claim order.
@@ -360,4 +360,49 @@ CANCEL_PENDING = """
 DELETE FROM {s}.jobs
 WHERE id = ANY($1::bigint[]) AND status = 'pending'
 RETURNING id
+"""
+
+
+# --- periodic jobs (aioq/schedule.py) ---
+
+# $1 schedule names. The database's clock comes with the rows: ticks are judged by it.
+SCHEDULE_STATE = """
+SELECT clock_timestamp() AS now, n.name, s.last_tick
+FROM unnest($1::text[]) AS n(name)
+LEFT JOIN {s}.schedules AS s ON s.name = n.name
+"""
+
+# First sight of a schedule: record its latest past tick as done, so its first job is the
+# next tick. A worker that finds the row already there changes nothing.
+SCHEDULE_START = """
+INSERT INTO {s}.schedules (name, task, queue, spec, last_tick, next_tick)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+"""
+
+# Enqueue ticks $5 (ascending) of schedule $1 once: the UPDATE advances last_tick only while it
+# is older than the first of them, and the jobs are inserted only if it did. Two workers racing:
+# the second waits for the first's row lock, re-reads the row it committed, and matches nothing.
+# A late worker whose tick already ran (its job deleted) matches nothing either.
+SCHEDULE_TICK = """
+WITH advanced AS (
+    UPDATE {s}.schedules
+    SET task = $2, queue = $3, spec = $4, last_tick = ($5::timestamptz[])[cardinality($5::timestamptz[])], next_tick = $6,
+        updated_at = now()
+    WHERE name = $1 AND last_tick < ($5::timestamptz[])[1]
+    RETURNING name
+)
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, scheduled_at)
+SELECT $3, $2, $7::text::jsonb, $8, t.tick, $9, make_interval(secs => $10::float8), t.tick
+FROM unnest($5::timestamptz[]) WITH ORDINALITY AS t(tick, n)
+WHERE EXISTS (SELECT FROM advanced)
+ORDER BY t.n
+RETURNING id
+"""
+
+LIST_SCHEDULES = """
+SELECT name, task, queue, spec, last_tick, next_tick, updated_at
+FROM {s}.schedules
+ORDER BY name
 """

@@ -55,6 +55,11 @@ class Store:
         self._cancel = render(q.CANCEL_PENDING)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
+        # periodic jobs
+        self._schedule_state = render(q.SCHEDULE_STATE)
+        self._schedule_start = render(q.SCHEDULE_START)
+        self._schedule_tick = render(q.SCHEDULE_TICK)
+        self._list_schedules = render(q.LIST_SCHEDULES)
 
     @staticmethod
     @functools.cache
@@ -241,3 +246,65 @@ class Store:
         """Delete these jobs if they are still pending; return the ids deleted."""
         rows = await conn.fetch(self._cancel, list(ids))
         return sorted(row[0] for row in rows)
+
+    # --- periodic jobs ---
+
+    async def schedule_state(
+        self, conn: Executor, names: Sequence[str]
+    ) -> tuple[datetime, dict[str, datetime]]:
+        """Return the database's clock and the last tick of each known schedule."""
+        rows = await conn.fetch(self._schedule_state, list(names))
+        last = {row["name"]: row["last_tick"] for row in rows if row["last_tick"] is not None}
+        return rows[0]["now"], last
+
+    async def start_schedule(
+        self,
+        conn: Executor,
+        *,
+        name: str,
+        task: str,
+        queue: str,
+        spec: str,
+        last_tick: datetime,
+        next_tick: datetime,
+    ) -> bool:
+        """Record a schedule seen for the first time; False if it was there already."""
+        row = await conn.fetchval(
+            self._schedule_start, name, task, queue, spec, last_tick, next_tick
+        )
+        return row is not None
+
+    async def tick(
+        self,
+        conn: Executor,
+        *,
+        name: str,
+        task: str,
+        queue: str,
+        spec: str,
+        ticks: Sequence[datetime],
+        next_tick: datetime,
+        args: str,
+        priority: int,
+        max_attempts: int,
+        lease: float,
+    ) -> Sequence[int]:
+        """Enqueue one job per tick unless a tick at or after the first is enqueued already."""
+        rows = await conn.fetch(
+            self._schedule_tick,
+            name,
+            task,
+            queue,
+            spec,
+            list(ticks),
+            next_tick,
+            args,
+            priority,
+            max_attempts,
+            lease,
+        )
+        return [row[0] for row in rows]
+
+    async def list_schedules(self, conn: Executor) -> Sequence[asyncpg.Record]:
+        """Return every schedule the fleet has seen, by name."""
+        return await conn.fetch(self._list_schedules)

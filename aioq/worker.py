@@ -25,6 +25,7 @@ from aioq.metrics import Metrics, QueueSampler
 from aioq.notifier import Listener
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 from aioq.queries import quote_schema
+from aioq.schedule import Scheduler
 from aioq.store import Store
 from aioq.task import Registry, check_text, default_registry
 
@@ -82,6 +83,9 @@ class WorkerConfig:
     statement_cache: bool = True
     listen_dsn: str | None = None
     command_timeout: float | None = DEFAULT_COMMAND_TIMEOUT
+    # Enqueue the ticks of the registry's @aioq.periodic schedules (every worker may: the
+    # database keeps it to one job per tick).
+    periodic: bool = True
     worker_id: str = field(default_factory=lambda: _default_worker_id())
 
     def __post_init__(self) -> None:
@@ -337,6 +341,11 @@ class Worker:
                         interval=cfg.vacuum_interval,
                     )
                     services.start_soon(vacuumer.run)
+                if cfg.periodic and self.registry.schedules:
+                    scheduler = Scheduler(
+                        store=self.store, db=pool, schedules=list(self.registry.schedules.values())
+                    )
+                    services.start_soon(scheduler.run)
                 if self.metrics is not None:
                     sampler = QueueSampler(store=self.store, db=pool, metrics=self.metrics)
                     services.start_soon(sampler.run)

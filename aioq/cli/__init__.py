@@ -33,6 +33,7 @@ from aioq.cli.admin import (
     cmd_stats,
 )
 from aioq.cli.common import DEFAULT_SCHEMA, EXIT_ERROR, UsageError, duration, positive_int
+from aioq.cli.schedules import cmd_schedules
 from aioq.cli.worker import cmd_dev, cmd_worker
 from aioq.errors import AioqError
 from aioq.job import JobStatus
@@ -222,6 +223,14 @@ def _build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--dead", action="store_true", required=True, help="purge dead jobs")
     purge.add_argument("--older-than", type=duration, metavar="DURATION", help="e.g. 7d")
     purge.set_defaults(handler=cmd_jobs_purge)
+
+    commands.add_parser(
+        "schedules",
+        parents=[db, out],
+        help="periodic schedules with their last and next tick",
+        description="List the @aioq.periodic schedules the workers have seen: the last tick"
+        " enqueued and the next one.",
+    ).set_defaults(handler=cmd_schedules)
 
     defer = commands.add_parser(
         "defer", parents=[db, out], help="enqueue a job by task name; print its id"

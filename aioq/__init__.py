@@ -27,6 +27,7 @@ from aioq.errors import (
     UnknownTaskError,
 )
 from aioq.job import Job, JobContext, JobStatus, current_job
+from aioq.limits import QueueInfo, queues, set_queue
 from aioq.migrate import install, schema_sql
 from aioq.schedule import Schedule, periodic
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
@@ -46,6 +47,7 @@ __all__ = (
     "JobControl",
     "JobStatus",
     "PayloadError",
+    "QueueInfo",
     "QueueStats",
     "Registry",
     "Retry",
@@ -70,8 +72,10 @@ __all__ = (
     "list_jobs",
     "periodic",
     "purge_dead",
+    "queues",
     "retry_dead",
     "schema_sql",
+    "set_queue",
     "stats",
     "task",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,6 +92,8 @@ class Completer:
         self.batch_size = batch_size
         self.max_pending = max_pending
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
+        # Called with each group of outcomes once written (queue limits: room again).
+        self.on_written: Callable[[list[Outcome]], None] | None = None
         self.pending: list[Outcome] = []
         self._unsure: set[tuple[int, int]] = set()  # (job id, attempt) whose write failed
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
@@ -154,6 +157,8 @@ class Completer:
                         raise
                     written += group
                     self._settle(group, kept)
+                    if self.on_written is not None:
+                        self.on_written(group)
             finally:
                 if len(written) == len(batch):
                     del self.pending[: len(batch)]

@@ -11,6 +11,7 @@ import asyncpg
 from anyio.abc import TaskStatus
 
 from aioq._service import StepBackoff
+from aioq.queries import LIMITS_CHANGED
 
 __all__ = ("Listener",)
 
@@ -40,10 +41,13 @@ class Listener:
         self.keepalive = keepalive
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
+        self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload in self.queues:
             self.ring()
+        elif payload == LIMITS_CHANGED and self.on_limits is not None:
+            self.on_limits()
 
     async def run_once(self) -> None:
         """Connect, LISTEN, and return when the connection is lost or stops answering."""

@@ -17,6 +17,7 @@ from aioq.job import Claim
 from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
+    from aioq.limits import QueueGate
     from aioq.metrics import Metrics
 
 __all__ = ("Doorbell", "Handoff", "Producer", "Slots")
@@ -162,6 +163,7 @@ class Producer:
         self.stopping = stopping
         self.last_claim_seconds = 0.0
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
+        self.gate: QueueGate | None = None  # queue limits (aioq/limits.py); the worker sets it
 
     async def run_once(self, handoff: Handoff) -> tuple[int, int]:
         """Claim up to the free slots; return (claimed, asked)."""
@@ -169,7 +171,10 @@ class Producer:
         if asked <= 0:
             return 0, 0
         started = time.perf_counter()
-        claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
+        if self.gate is not None:
+            claims = await self.gate.claim(self.db, asked, self.worker_id)
+        else:
+            claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
         self.last_claim_seconds = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.observe_claim(claims, self.last_claim_seconds)
@@ -209,7 +214,10 @@ class Producer:
                     break
                 # Nothing more is ready: sleep until a NOTIFY (or, with until_idle, the last
                 # running job) rings, or the poll delay passes.
-                await self.doorbell.wait(jittered(self._next_poll_delay(claimed)))
+                delay = jittered(self._next_poll_delay(claimed))
+                if self.gate is not None:  # a rate window may open before the next poll
+                    delay = min(delay, self.gate.wake_after)
+                await self.doorbell.wait(delay)
         finally:
             handoff.close()
 

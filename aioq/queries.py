@@ -30,6 +30,11 @@ def channel_name(schema: str) -> str:
     return f"aioq:{schema}"
 
 
+# The payload of a notification that queue limits changed (aioq.set_queue): not a queue name,
+# since queue names are never empty.
+LIMITS_CHANGED = ""
+
+
 def render(template: str, schema: str) -> str:
     """Fill a statement template with the quoted schema name."""
     return template.replace("{s}", quote_schema(schema))
@@ -405,4 +410,116 @@ LIST_SCHEDULES = """
 SELECT name, task, queue, spec, last_tick, next_tick, updated_at
 FROM {s}.schedules
 ORDER BY name
+"""
+
+# --- queue limits and pauses (aioq/limits.py) ---
+
+_LIMITED = "(max_running IS NOT NULL OR rate_limit IS NOT NULL OR paused)"
+
+# Which of a worker's queues go through the limited claim; read about once a second.
+LIMITED_QUEUES = f"""
+SELECT name, extract(epoch FROM rate_period)::float8 AS rate_period FROM {{s}}.queues WHERE name = ANY($1::text[]) AND {_LIMITED}
+"""
+
+# The first statement of a limited claim's transaction: take the queue's turn. Whoever held it
+# before has committed once this returns, so the next statement (a new snapshot) sees its claims.
+LOCK_QUEUE = f"""
+SELECT {_LIMITED} AS limited FROM {{s}}.queues WHERE name = $1 FOR NO KEY UPDATE
+"""
+
+# The claim of a limited queue, run right after LOCK_QUEUE in the same transaction: as many
+# jobs as the queue has room for (none while paused; max_running minus its running jobs; the
+# rate's limit minus the claims counted in the last period), then the claims are counted in the
+# current slot and slots past the period are dropped. $1 queue, $2 wanted, $3 worker id.
+# Claim times are clock_timestamp() (not the transaction's start): the turns are serialized,
+# so each claim's time is after the claims it counted.
+CLAIM_LIMITED = """
+WITH room AS MATERIALIZED (
+    SELECT t.now, q.rate_limit, q.rate_period,
+           extract(epoch FROM q.rate_period) / 10 AS slot_s,
+           CASE WHEN q.paused THEN 0 ELSE greatest(0, least(
+               $2,
+               CASE WHEN q.max_running IS NOT NULL THEN q.max_running - (
+                   SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND status = 'running') END,
+               CASE WHEN q.rate_limit IS NOT NULL THEN q.rate_limit - (
+                   SELECT coalesce(sum(c.claims), 0) FROM {s}.queue_claims AS c
+                   WHERE c.queue = $1 AND c.slot_end > t.now - q.rate_period) END
+           )) END AS n
+    FROM {s}.queues AS q, (SELECT clock_timestamp() AS now) AS t
+    WHERE q.name = $1
+),
+picked AS (
+    SELECT id FROM {s}.jobs
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {s}.jobs AS j
+    SET status = 'running', attempts = j.attempts + 1, locked_by = $3,
+        locked_at = (SELECT now FROM room), lease_expires_at = (SELECT now FROM room) + j.lease
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
+              j.max_attempts, extract(epoch FROM j.lease)::float8 AS lease,
+              extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.scheduled_at
+),
+counted AS (
+    INSERT INTO {s}.queue_claims AS c (queue, slot_start, slot_end, claims)
+    SELECT $1, s.start, s.start + make_interval(secs => r.slot_s), n.claimed
+    FROM room AS r
+    CROSS JOIN LATERAL (
+        SELECT to_timestamp(floor(extract(epoch FROM r.now) / r.slot_s) * r.slot_s) AS start
+    ) AS s
+    CROSS JOIN (SELECT count(*) AS claimed FROM claimed) AS n
+    WHERE r.rate_limit IS NOT NULL AND n.claimed > 0
+    ON CONFLICT (queue, slot_start) DO UPDATE
+    SET claims = c.claims + EXCLUDED.claims, slot_end = greatest(c.slot_end, EXCLUDED.slot_end)
+),
+pruned AS (
+    DELETE FROM {s}.queue_claims AS c
+    USING room AS r
+    WHERE c.queue = $1 AND c.slot_end <= r.now - coalesce(r.rate_period, interval '0')
+)
+SELECT * FROM claimed
+"""
+
+# Upsert a queue's settings: $2/$4/$7 say which of max_running ($3), the rate ($5 claims per
+# $6 seconds) and paused ($8) to set; the others keep their value. With $9, a queue that has
+# neither settings nor live jobs is refused (a typo in a pause). Notifies the workers that
+# limits changed (LIMITS_CHANGED: they read them again), then rings the queue's doorbell, so
+# a resume (or a raised limit) is claimed at once.
+SET_QUEUE = """
+WITH changed AS (
+    INSERT INTO {s}.queues AS q (name, max_running, rate_limit, rate_period, paused)
+    SELECT $1, CASE WHEN $2 THEN $3::integer END, CASE WHEN $4 THEN $5::integer END,
+           CASE WHEN $4 THEN make_interval(secs => $6::float8) END, $7 AND $8
+    WHERE NOT $9
+       OR EXISTS (SELECT FROM {s}.queues WHERE name = $1)
+       OR EXISTS (SELECT FROM {s}.jobs WHERE queue = $1 AND status = 'pending')
+       OR EXISTS (SELECT FROM {s}.jobs WHERE queue = $1 AND status = 'running')
+    ON CONFLICT (name) DO UPDATE
+    SET max_running = CASE WHEN $2 THEN EXCLUDED.max_running ELSE q.max_running END,
+        rate_limit = CASE WHEN $4 THEN EXCLUDED.rate_limit ELSE q.rate_limit END,
+        rate_period = CASE WHEN $4 THEN EXCLUDED.rate_period ELSE q.rate_period END,
+        paused = CASE WHEN $7 THEN EXCLUDED.paused ELSE q.paused END,
+        updated_at = now()
+    RETURNING q.name
+),
+rang AS (
+    SELECT pg_notify($10, ''), pg_notify($10, name) FROM changed
+)
+SELECT name FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+"""
+
+# Every queue's settings, with the claims counted in its rate window now.
+QUEUE_SETTINGS = """
+SELECT q.name, q.max_running, q.rate_limit,
+       extract(epoch FROM q.rate_period)::float8 AS rate_period, q.paused, q.updated_at,
+       CASE WHEN q.rate_limit IS NOT NULL THEN (
+           SELECT coalesce(sum(c.claims), 0)::integer FROM {s}.queue_claims AS c
+           WHERE c.queue = q.name AND c.slot_end > clock_timestamp() - q.rate_period) END
+           AS window_claims
+FROM {s}.queues AS q
+ORDER BY q.name
 """

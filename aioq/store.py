@@ -60,6 +60,12 @@ class Store:
         self._schedule_start = render(q.SCHEDULE_START)
         self._schedule_tick = render(q.SCHEDULE_TICK)
         self._list_schedules = render(q.LIST_SCHEDULES)
+        # queue limits
+        self._limited_queues = render(q.LIMITED_QUEUES)
+        self._lock_queue = render(q.LOCK_QUEUE)
+        self._claim_limited = render(q.CLAIM_LIMITED)
+        self._set_queue = render(q.SET_QUEUE)
+        self._queue_settings = render(q.QUEUE_SETTINGS)
 
     @staticmethod
     @functools.cache
@@ -308,3 +314,52 @@ class Store:
     async def list_schedules(self, conn: Executor) -> Sequence[asyncpg.Record]:
         """Return every schedule the fleet has seen, by name."""
         return await conn.fetch(self._list_schedules)
+
+    # --- queue limits ---
+
+    async def limited_queues(
+        self, conn: Executor, queues: Sequence[str]
+    ) -> dict[str, float | None]:
+        """Return which of these queues have a limit or are paused, with their rate period."""
+        rows = await conn.fetch(self._limited_queues, list(queues))
+        return {row[0]: row[1] for row in rows}
+
+    async def lock_queue(self, conn: Connection, queue: str) -> bool | None:
+        """Take a queue's turn to claim (in a transaction); return whether it is limited.
+
+        None: the queue has no settings row.
+        """
+        return await conn.fetchval(self._lock_queue, queue)  # type: ignore[no-any-return]
+
+    async def claim_limited(
+        self, conn: Connection, queue: str, limit: int, worker_id: str
+    ) -> Sequence[Claim]:
+        """Claim as many of ``limit`` jobs as a limited queue has room for (after lock_queue)."""
+        rows = await conn.fetch(self._claim_limited, queue, limit, worker_id)
+        return [Claim.from_row(row) for row in rows]
+
+    async def set_queue(
+        self,
+        conn: Executor,
+        queue: str,
+        *,
+        max_running: tuple[bool, int | None],
+        rate: tuple[bool, int | None, float | None],
+        paused: tuple[bool, bool],
+        must_exist: bool,
+    ) -> bool:
+        """Change what is given of a queue's settings; False if refused as unknown."""
+        name = await conn.fetchval(
+            self._set_queue,
+            queue,
+            *max_running,
+            *rate,
+            *paused,
+            must_exist,
+            self.channel,
+        )
+        return name is not None
+
+    async def queue_settings(self, conn: Executor) -> Sequence[asyncpg.Record]:
+        """Return every queue's settings and the claims in its rate window now."""
+        return await conn.fetch(self._queue_settings)

@@ -20,6 +20,7 @@ from aioq.completer import SHUTDOWN, Completer, Running
 from aioq.consumer import Consumer
 from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
+from aioq.limits import DEFAULT_REFRESH, QueueGate
 from aioq.maintenance import Pruner, Vacuumer
 from aioq.metrics import Metrics, QueueSampler
 from aioq.notifier import Listener
@@ -86,6 +87,8 @@ class WorkerConfig:
     # Enqueue the ticks of the registry's @aioq.periodic schedules (every worker may: the
     # database keeps it to one job per tick).
     periodic: bool = True
+    # How often the worker reads which of its queues have limits (aioq.set_queue).
+    limits_refresh: float = DEFAULT_REFRESH
     worker_id: str = field(default_factory=lambda: _default_worker_id())
 
     def __post_init__(self) -> None:
@@ -117,6 +120,7 @@ class WorkerConfig:
             "reaper_interval",
             "prune_interval",
             "vacuum_interval",
+            "limits_refresh",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
@@ -183,6 +187,7 @@ class Worker:
         self.stopped = anyio.Event()
         self.listener: Listener | None = None
         self._producer: Producer | None = None
+        self.gate: QueueGate | None = None  # this run's view of its queues' limits
         self._tg: TaskGroup | None = None
         self.metrics = metrics
 
@@ -280,6 +285,12 @@ class Worker:
             listening=self._listening,
         )
         self._producer = producer
+        # Queue limits: claims of limited queues go through their limits (aioq/limits.py).
+        gate = QueueGate(
+            store=self.store, queues=cfg.queues, ring=self.doorbell.ring, refresh=cfg.limits_refresh
+        )
+        producer.gate = self.gate = gate
+        completer.on_written = gate.written
         completer.metrics = producer.metrics = self.metrics
         if self.stopping.is_set():
             producer.stop()
@@ -307,6 +318,7 @@ class Worker:
                         queues=cfg.queues,
                         ring=self.doorbell.ring,
                     )
+                    self.listener.on_limits = gate.changed
                     await services.start(self.listener.run)
                 heartbeat = Heartbeat(
                     store=self.store,

@@ -141,6 +141,3 @@ CREATE TABLE {{schema}}.queue_claims (
     claims integer NOT NULL,
     PRIMARY KEY (queue, slot_start)
 );
-
--- The running jobs of one queue, for max_running.
-CREATE INDEX jobs_running_queue_idx ON {{schema}}.jobs (queue) WHERE status = 'running';

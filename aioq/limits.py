@@ -37,6 +37,7 @@ __all__ = ("UNSET", "QueueGate", "QueueInfo", "queues", "set_queue")
 logger = logging.getLogger(__name__)
 
 DEFAULT_REFRESH = 1.0
+MIN_WAKE = 0.01  # the shortest wait for a rate window to move on
 RATE_SLOTS = 10  # a rate window is counted in slots of a tenth of its period (see CLAIM_LIMITED)
 MAX_INT = 2**31 - 1
 
@@ -210,10 +211,13 @@ class QueueGate:
         for queue in self.queues:
             if queue in self.limited and len(claims) < limit:
                 wanted = limit - len(claims)
-                got = await self._claim_limited(db, queue, wanted, worker_id)
+                got, rate_room = await self._claim_limited(db, queue, wanted, worker_id)
                 claims += got
-                if len(got) < wanted and queue in self.slots:
-                    self.wake_after = min(self.wake_after, self.slots[queue])
+                if rate_room is not None and len(got) == rate_room < wanted:
+                    # The rate held claims back (not a lack of jobs): look again when the
+                    # oldest counted slot may have left the window.
+                    slot = self.slots.get(queue, DEFAULT_REFRESH)
+                    self.wake_after = min(self.wake_after, max(slot, MIN_WAKE))
         free = [q for q in self.queues if q not in self.limited]
         if free and len(claims) < limit:
             claims += await self.store.claim(db, free, limit - len(claims), worker_id)
@@ -231,7 +235,7 @@ class QueueGate:
 
     async def _claim_limited(
         self, db: Executor, queue: str, limit: int, worker_id: str
-    ) -> Sequence[Claim]:
+    ) -> tuple[Sequence[Claim], int | None]:
         if isinstance(db, asyncpg.Pool):
             async with db.acquire() as conn:
                 return await self._claim_in_turn(conn, queue, limit, worker_id)
@@ -239,13 +243,13 @@ class QueueGate:
 
     async def _claim_in_turn(
         self, conn: Connection, queue: str, limit: int, worker_id: str
-    ) -> Sequence[Claim]:
+    ) -> tuple[Sequence[Claim], int | None]:
         async with conn.transaction():
             limited = await self.store.lock_queue(conn, queue)
             if limited:
                 return await self.store.claim_limited(conn, queue, limit, worker_id)
             # Its limits were removed since we last looked: a plain claim, in the same turn.
-            return await self.store.claim(conn, [queue], limit, worker_id)
+            return await self.store.claim(conn, [queue], limit, worker_id), None
 
     def changed(self) -> None:
         """Limits changed somewhere (a notification): read them before the next claim."""

@@ -431,22 +431,28 @@ SELECT {_LIMITED} AS limited FROM {{s}}.queues WHERE name = $1 FOR NO KEY UPDATE
 # jobs as the queue has room for (none while paused; max_running minus its running jobs; the
 # rate's limit minus the claims counted in the last period), then the claims are counted in the
 # current slot and slots past the period are dropped. $1 queue, $2 wanted, $3 worker id.
+# One row per job claimed, or one row with a NULL id when none was; rate_room on every row
+# is what the rate allowed (NULL: no rate), for the worker to know the rate held it back.
 # Claim times are clock_timestamp() (not the transaction's start): the turns are serialized,
 # so each claim's time is after the claims it counted.
 CLAIM_LIMITED = """
-WITH room AS MATERIALIZED (
-    SELECT t.now, q.rate_limit, q.rate_period,
+WITH counted_room AS MATERIALIZED (
+    SELECT t.now, q.rate_limit, q.rate_period, q.paused,
            extract(epoch FROM q.rate_period) / 10 AS slot_s,
-           CASE WHEN q.paused THEN 0 ELSE greatest(0, least(
-               $2,
-               CASE WHEN q.max_running IS NOT NULL THEN q.max_running - (
-                   SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND status = 'running') END,
-               CASE WHEN q.rate_limit IS NOT NULL THEN q.rate_limit - (
-                   SELECT coalesce(sum(c.claims), 0) FROM {s}.queue_claims AS c
-                   WHERE c.queue = $1 AND c.slot_end > t.now - q.rate_period) END
-           )) END AS n
+           CASE WHEN q.max_running IS NOT NULL THEN q.max_running - (
+               SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND status = 'running') END
+               AS running_room,
+           CASE WHEN q.rate_limit IS NOT NULL THEN q.rate_limit - (
+               SELECT coalesce(sum(c.claims), 0) FROM {s}.queue_claims AS c
+               WHERE c.queue = $1 AND c.slot_end > t.now - q.rate_period) END AS rate_room
     FROM {s}.queues AS q, (SELECT clock_timestamp() AS now) AS t
     WHERE q.name = $1
+),
+room AS MATERIALIZED (
+    SELECT r.*,
+           CASE WHEN r.paused THEN 0 ELSE greatest(0, least($2, r.running_room, r.rate_room)) END
+               AS n
+    FROM counted_room AS r
 ),
 picked AS (
     SELECT id FROM {s}.jobs
@@ -481,7 +487,7 @@ pruned AS (
     USING room AS r
     WHERE c.queue = $1 AND c.slot_end <= r.now - coalesce(r.rate_period, interval '0')
 )
-SELECT * FROM claimed
+SELECT c.*, r.rate_room FROM room AS r LEFT JOIN claimed AS c ON true
 """
 
 # Upsert a queue's settings: $2/$4/$7 say which of max_running ($3), the rate ($5 claims per

@@ -333,10 +333,14 @@ class Store:
 
     async def claim_limited(
         self, conn: Connection, queue: str, limit: int, worker_id: str
-    ) -> Sequence[Claim]:
-        """Claim as many of ``limit`` jobs as a limited queue has room for (after lock_queue)."""
+    ) -> tuple[Sequence[Claim], int | None]:
+        """Claim as many of ``limit`` jobs as a limited queue has room for (after lock_queue).
+
+        Returns the claims and what the rate allowed (None: the queue has no rate).
+        """
         rows = await conn.fetch(self._claim_limited, queue, limit, worker_id)
-        return [Claim.from_row(row) for row in rows]
+        claims = [Claim.from_row(row) for row in rows if row["id"] is not None]
+        return claims, (rows[0]["rate_room"] if rows else None)
 
     async def set_queue(
         self,

@@ -168,7 +168,12 @@ async def test_a_rate_window_counts_claims(conn: asyncpg.Connection) -> None:
     assert len(await gate.claim(conn, 5, "w")) == 2
     assert await gate.claim(conn, 5, "w") == []
     assert gate.wake_after == pytest.approx(360.0)  # a tenth of the period
-    [info] = await aioq.queues(conn)
+    # An idle rate-limited queue is not polled faster: no jobs held back, nothing to wake for.
+    idle = QueueGate(store=Store(), queues=["quiet"], ring=lambda: None)
+    await aioq.set_queue(conn, "quiet", rate=(7, 1.0))
+    assert await idle.claim(conn, 5, "w") == []
+    assert idle.wake_after == float("inf")
+    [info, _] = await aioq.queues(conn)
     assert info.window_claims == 7
     # Completing the jobs does not give the window back: it counts claims, not running jobs.
     await conn.execute("DELETE FROM aioq.jobs WHERE status = 'running'")

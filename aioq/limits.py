@@ -199,6 +199,7 @@ class QueueGate:
         # looks again then (no doorbell rings when a rate window moves on).
         self.wake_after = math.inf
         self._read_at = -math.inf
+        self._old_schema = False
 
     async def claim(self, db: Executor, limit: int, worker_id: str) -> list[Claim]:
         """Claim up to ``limit`` jobs of the worker's queues, within their limits."""
@@ -225,7 +226,19 @@ class QueueGate:
 
     async def read(self, db: Executor) -> None:
         """Read which of the worker's queues are limited or paused now."""
-        rows = await self.store.limited_queues(db, self.queues)
+        try:
+            rows = await self.store.limited_queues(db, self.queues)
+        except asyncpg.UndefinedTableError:
+            # A schema from before queue limits: no queue can have one. Claim as before, and
+            # say once what to run (a missing grant, by contrast, fails the claim loudly).
+            if not self._old_schema:
+                logger.warning(
+                    "schema %s has no queues table (older than this aioq): queue limits are"
+                    " off until `aioq schema apply` upgrades it",
+                    self.store.schema,
+                )
+            self._old_schema = True
+            rows = {}
         limited = frozenset(rows)
         if limited != self.limited:
             logger.debug("limited queues now: %s", ", ".join(sorted(limited)) or "none")

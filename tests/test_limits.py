@@ -404,3 +404,51 @@ def test_queues_cli(dsn: str) -> None:
     assert [(q["name"], q["max_running"], q["rate"], q["paused"]) for q in after] == [
         ("billing", 5, None, False)
     ]
+
+
+@pytest.mark.anyio
+async def test_ten_workers_of_fifty_never_run_more_than_max_running(
+    conn: asyncpg.Connection, make_worker: MakeWorker, registry: aioq.Registry
+) -> None:
+    """10 workers x concurrency 50 on a queue with max_running=5, sampled in the database."""
+
+    @registry.task(name="nap")
+    async def nap(sleep: float = 0.0) -> None:
+        await anyio.sleep(sleep)
+
+    await aioq.set_queue(conn, "billing", max_running=5)
+    await defer_noops(conn, "billing", 150, sleep=0.03)
+    samples: list[int] = []
+    running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
+    async with anyio.create_task_group() as tg:
+        workers = [make_worker(concurrency=50, queues=["billing"]) for _ in range(10)]
+        for worker in workers:
+            tg.start_soon(worker.run)
+        with anyio.fail_after(HANG_GUARD):
+            while await conn.fetchval("SELECT count(*) FROM aioq.jobs"):
+                samples.append(await conn.fetchval(running))
+                await anyio.sleep(0.01)
+        for worker in workers:
+            worker.stop()
+    assert max(samples) <= 5, max(samples)
+    assert 5 in samples  # the limit was reached, not just respected
+
+
+@pytest.mark.anyio
+async def test_a_schema_without_limits_tables_claims_as_before(
+    conn: asyncpg.Connection,
+    make_worker: MakeWorker,
+    registry: aioq.Registry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Workers of this version on a schema not yet upgraded: no queue can be limited."""
+
+    @registry.task(name="nap")
+    async def nap(sleep: float = 0.0) -> None: ...
+
+    await conn.execute("DROP TABLE aioq.queues, aioq.queue_claims")
+    await defer_noops(conn, "default", 20)
+    with anyio.fail_after(HANG_GUARD):
+        await make_worker(limits_refresh=0.01).run_until_idle()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+    assert caplog.text.count("queue limits are off until `aioq schema apply`") == 1

@@ -17,10 +17,12 @@ from typing import TypeVar
 import anyio
 import asyncpg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from procs import aioq_cli, assert_one_line_error, children
 
 import aioq
-from aioq.schedule import Scheduler
+from aioq.schedule import MAX_CATCH_UP_TICKS, Scheduler
 from aioq.store import Store
 
 T = TypeVar("T")
@@ -482,3 +484,38 @@ def test_schedules_cli_without_database_or_schema(dsn: str) -> None:
     empty = aioq_cli(dsn, "schedules")
     assert empty.returncode == 0, empty
     assert "(none)" in empty.stdout
+
+
+# --- properties of the tick arithmetic ---
+
+MOMENT = st.datetimes(
+    min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1), timezones=st.just(UTC)
+)
+
+
+@settings(deadline=None)
+@given(
+    every=st.integers(min_value=1, max_value=7200),
+    last=MOMENT,
+    gap=st.floats(min_value=0, max_value=25_000),
+    catch_up=st.floats(min_value=0, max_value=40_000),
+)
+def test_due_ticks_are_the_newest_ticks_after_last(
+    every: int, last: datetime, gap: float, catch_up: float
+) -> None:
+    s = schedule_of(aioq.Registry(), every=every, catch_up=catch_up)
+    last = s.latest(last) or last  # last_tick is always a tick
+    now = last + timedelta(seconds=gap)
+    ticks, skipped = s.due(last, now)
+    all_missed = s.ticks(last, now, 10**9)
+    if not all_missed:
+        assert (ticks, skipped) == ([], 0)
+        return
+    # The latest tick is always due; the due ones are the newest missed ones, consecutive;
+    # the skipped ones are the rest, all older than catch_up.
+    assert ticks[-1] == all_missed[-1] == s.latest(now)
+    assert ticks == all_missed[len(all_missed) - len(ticks) :]
+    assert skipped == len(all_missed) - len(ticks)
+    assert all(t >= now - timedelta(seconds=catch_up) for t in ticks[:-1])
+    if skipped and len(ticks) < MAX_CATCH_UP_TICKS:  # else the cap skipped the oldest
+        assert all_missed[skipped - 1] < now - timedelta(seconds=catch_up)

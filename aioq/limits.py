@@ -203,12 +203,12 @@ class QueueGate:
 
     async def claim(self, db: Executor, limit: int, worker_id: str) -> list[Claim]:
         """Claim up to ``limit`` jobs of the worker's queues, within their limits."""
+        self.wake_after = math.inf
         if time.monotonic() - self._read_at >= self.refresh:
             await self.read(db)
         if not self.limited:
             return await self.store.claim(db, self.queues, limit, worker_id)
         claims: list[Claim] = []
-        self.wake_after = math.inf
         for queue in self.queues:
             if queue in self.limited and len(claims) < limit:
                 wanted = limit - len(claims)

@@ -168,6 +168,13 @@ async def test_a_rate_window_counts_claims(conn: asyncpg.Connection) -> None:
     assert len(await gate.claim(conn, 5, "w")) == 2
     assert await gate.claim(conn, 5, "w") == []
     assert gate.wake_after == pytest.approx(360.0)  # a tenth of the period
+    # Once the rate is gone, so is the early wake-up.
+    await aioq.set_queue(conn, "api", rate=None)
+    gate.changed()
+    assert len(await gate.claim(conn, 1, "w")) == 1
+    assert gate.wake_after == float("inf")
+    await aioq.set_queue(conn, "api", rate=(7, 3600.0))
+    gate.changed()
     # An idle rate-limited queue is not polled faster: no jobs held back, nothing to wake for.
     idle = QueueGate(store=Store(), queues=["quiet"], ring=lambda: None)
     await aioq.set_queue(conn, "quiet", rate=(7, 1.0))

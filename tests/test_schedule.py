@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from procs import aioq_cli, assert_one_line_error, children
+from procs import LISTENERS, aioq_cli, assert_one_line_error, children
 
 import aioq
 from aioq.schedule import MAX_CATCH_UP_TICKS, Scheduler
@@ -394,6 +394,10 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def _listening(conn: asyncpg.Connection, n: int) -> bool:
+    return len(await conn.fetch(LISTENERS)) == n
+
+
 @pytest.mark.anyio
 async def test_three_worker_processes_enqueue_each_tick_once_through_a_sigkill(
     dsn: str, conn: asyncpg.Connection, tmp_path: Path
@@ -477,6 +481,21 @@ async def test_restart_after_downtime_catches_up_per_policy(
     assert ticks == [first + timedelta(seconds=k) for k in range(len(ticks))]
     missed = [t for t in ticks if last < t < restarted]
     assert len(missed) >= 5
+
+
+@pytest.mark.anyio
+async def test_worker_cli_no_periodic(dsn: str, conn: asyncpg.Connection, tmp_path: Path) -> None:
+    """--no-periodic (also passed on to --processes children) enqueues no tick."""
+    (tmp_path / "ticker.py").write_text(TICKER)
+    worker = _spawn(tmp_path, dsn, "--processes", "2", "--no-periodic", "--queue", "ticks")
+    try:
+        await eventually(lambda: _listening(conn, 2))  # both children serve
+        await anyio.sleep(2.5)  # two ticks pass with nobody enqueueing them
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert await conn.fetchval("SELECT count(*) FROM aioq.schedules") == 0
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
 
 
 def test_schedules_cli_without_database_or_schema(dsn: str) -> None:

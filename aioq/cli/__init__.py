@@ -183,6 +183,12 @@ def _build_parser() -> argparse.ArgumentParser:
         " mode (default: $AIOQ_LISTEN_DSN, else the DSN)",
     )
     worker.add_argument(
+        "--no-periodic",
+        dest="periodic",
+        action="store_false",
+        help="do not enqueue the ticks of the module's @aioq.periodic schedules",
+    )
+    worker.add_argument(
         "--no-statement-cache",
         dest="statement_cache",
         action="store_false",

@@ -82,6 +82,8 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
         command += ["--keep-completed"]
     if not args.statement_cache:
         command += ["--no-statement-cache"]
+    if not args.periodic:
+        command += ["--no-periodic"]
     for queue in args.queue or ():
         command += ["--queue", queue]
     if args.schema:
@@ -113,6 +115,7 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         shutdown_grace=args.shutdown_grace,
         command_timeout=args.command_timeout,
         statement_cache=args.statement_cache,
+        periodic=args.periodic,
         listen_dsn=args.listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None,
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

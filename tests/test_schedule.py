@@ -106,6 +106,20 @@ def test_bad_schedules_fail_at_import_naming_the_task(
     assert not registry.schedules
 
 
+def test_cron_without_the_extra_says_what_to_install(
+    registry: aioq.Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @registry.task(name="nightly")
+    async def nightly() -> None: ...
+
+    monkeypatch.setitem(sys.modules, "cronsim", None)  # as if not installed
+    with pytest.raises(aioq.ConfigError, match=r"pip install 'aioq-pg\[cron\]'") as caught:
+        aioq.periodic(cron="* * * * *")(nightly)
+    assert "'nightly'" in str(caught.value)
+    assert not registry.schedules
+    aioq.periodic(every=60)(nightly)  # every= needs nothing
+
+
 def test_periodic_needs_a_task_under_it(registry: aioq.Registry) -> None:
     with pytest.raises(aioq.ConfigError, match=r"put @aioq.periodic above @aioq.task"):
 

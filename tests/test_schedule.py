@@ -374,6 +374,19 @@ async def test_a_worker_with_periodic_false_enqueues_nothing(
     assert await conn.fetchval("SELECT count(*) FROM aioq.schedules") == 0
 
 
+def test_job_context_carries_a_tick(registry: aioq.Registry) -> None:
+    from aioq.testing import job_context
+
+    @registry.task(name="hourly")
+    def hourly() -> datetime | None:
+        return aioq.current_job().scheduled_at
+
+    with job_context(task=hourly, scheduled_at=utc(2026, 5, 4, 10)):
+        assert hourly() == utc(2026, 5, 4, 10)
+    with job_context(task=hourly):
+        assert hourly() is None
+
+
 # --- real worker processes ---
 
 TICKER = textwrap.dedent(

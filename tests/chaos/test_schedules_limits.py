@@ -63,7 +63,10 @@ def test_sigkill_as_ticks_fall_due(
     enqueued once by whoever gets there (the tick jobs wait in a queue nobody serves)."""
     sql = open_sql(dsn)
     (workdir / "chaosticks.py").write_text(TICKER)
-    fleet = fleets(workdir, dsn, processes=3, target="chaosticks:registry")
+    # Serving only `default` (a worker serves all its registry's queues by default).
+    fleet = fleets(
+        workdir, dsn, processes=3, target="chaosticks:registry", extra=["--queue", "default"]
+    )
     wait_serving(fleet, sql)
     wait_for(lambda: sql.value("SELECT count(*) FROM aioq.jobs") >= 2, "the first ticks", 30)
     kills = 0

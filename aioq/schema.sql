@@ -97,6 +97,17 @@ CREATE TRIGGER jobs_doorbell
     FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.ring_doorbell();
 
 -- aioq:migration 2
+
+-- Claim identity. `claims` counts the claims of a job and never decreases (a snooze, a release
+-- or a replay leaves it alone, where `attempts` is refunded or reset), so (id, claims) names
+-- one claim among all of a job's claims: every write after the claim is fenced on it, and a
+-- stale write (a lost lease, a retried write whose reply was lost) matches no later claim.
+-- `snoozes` counts the runs that ended in aioq.Retry; each also added one to max_attempts.
+ALTER TABLE {{schema}}.jobs
+    ADD COLUMN claims integer NOT NULL DEFAULT 0,
+    ADD COLUMN snoozes integer NOT NULL DEFAULT 0;
+
+-- aioq:migration 3
 -- Periodic jobs. One row per schedule: the latest tick enqueued. A tick's job is inserted in
 -- the same statement that advances last_tick, conditioned on last_tick being older, so each
 -- tick is enqueued once whatever the number of workers, even after its job left the table.
@@ -115,7 +126,7 @@ CREATE TABLE {{schema}}.schedules (
 -- aioq.current_job().scheduled_at.
 ALTER TABLE {{schema}}.jobs ADD COLUMN scheduled_at timestamptz;
 
--- aioq:migration 3
+-- aioq:migration 4
 -- Queue limits and pauses, read by every worker, so the whole fleet obeys them. A queue with
 -- no row here (or with no limit set and not paused) is claimed by the plain claim statement and
 -- pays nothing for this; a limited queue's claims lock its row, so they take turns, and count

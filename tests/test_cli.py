@@ -19,8 +19,8 @@ import asyncpg
 import pytest
 from procs import LISTENERS, aioq_cli, assert_one_line_error, children, pid_of
 
-import aioq.migrate
 from aioq.dev.pgbin import free_port
+from aioq.migrate import migrations
 
 TASKS = textwrap.dedent(
     """
@@ -137,7 +137,7 @@ def test_schema_sql_status_apply(dsn: str) -> None:
     assert sql.returncode == 0
     assert 'CREATE TABLE "other".jobs' in sql.stdout
 
-    latest = len(aioq.migrate.migrations())
+    latest = len(migrations())
     every = list(range(1, latest + 1))
     status = aioq_cli(dsn, "schema", "status")
     assert status.returncode == 0, status

@@ -49,10 +49,10 @@ def render(template: str, schema: str) -> str:
 
 
 INSERT_JOB = """
-INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease)
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
 VALUES ($1, $2, $3::text::jsonb, $4,
         coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
-        $7, make_interval(secs => $8::float8))
+        $7, make_interval(secs => $8::float8), $9)
 RETURNING id
 """
 
@@ -60,10 +60,11 @@ RETURNING id
 # committed after this statement's snapshot, no id comes back and the caller asks again.
 INSERT_UNIQUE_JOB = """
 WITH inserted AS (
-    INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, unique_key)
+    INSERT INTO {s}.jobs
+        (queue, task, args, priority, run_at, max_attempts, lease, traceparent, unique_key)
     VALUES ($1, $2, $3::text::jsonb, $4,
             coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
-            $7, make_interval(secs => $8::float8), $9)
+            $7, make_interval(secs => $8::float8), $9, $10)
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
     DO NOTHING
     RETURNING id
@@ -71,33 +72,40 @@ WITH inserted AS (
 SELECT id FROM inserted
 UNION ALL
 SELECT id FROM {s}.jobs
-WHERE unique_key = $9 AND status IN ('pending', 'running') AND NOT EXISTS (SELECT FROM inserted)
+WHERE unique_key = $10 AND status IN ('pending', 'running') AND NOT EXISTS (SELECT FROM inserted)
 LIMIT 1
 """
 
 INSERT_JOBS = """
-INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease)
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
 SELECT $1, $2, a.args::jsonb, $3,
        coalesce($4::timestamptz, now() + make_interval(secs => $5::float8)),
-       $6, make_interval(secs => $7::float8)
+       $6, make_interval(secs => $7::float8), $9
 FROM unnest($8::text[]) WITH ORDINALITY AS a(args, n)
 ORDER BY a.n
 RETURNING id
 """
 
+# What a claim returns: Claim.from_row reads these (the limited claim returns the same).
+_CLAIMED = """j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
+          j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
+          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
+          j.scheduled_at"""
+
 # `id = ANY(ARRAY(...))` rather than a join with picked: the prepared statement's generic
 # plan guesses LIMIT $2 at a tenth of the ready rows, and with a join it then hashes a
 # sequential scan of the whole table on every claim (6 ms at a 30 000-job backlog, against
 # 0.1 ms). The array is looked up in the primary key whatever the estimate.
-_CLAIM_SET = """
+_CLAIM_SET = (
+    """
 UPDATE {s}.jobs AS j
 SET status = 'running', attempts = j.attempts + 1, claims = j.claims + 1, locked_by = $3,
     locked_at = now(), lease_expires_at = now() + j.lease
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
-          j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
-          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.scheduled_at
-"""
+RETURNING """
+    + _CLAIMED
+    + "\n"
+)
 
 # One queue: the index's leading column is an equality, so the scan reads in claim order.
 CLAIM_ONE_QUEUE = (
@@ -506,7 +514,8 @@ SELECT {_LIMITED} AS limited FROM {{s}}.queues WHERE name = $1 FOR NO KEY UPDATE
 # Claim times are clock_timestamp() (not the transaction's start): the turns are serialized,
 # so each claim's time is after the claims it counted. The UPDATE and its RETURNING are
 # _CLAIM_SET's (claim identity included).
-CLAIM_LIMITED = """
+CLAIM_LIMITED = (
+    """
 WITH counted_room AS MATERIALIZED (
     SELECT t.now, q.rate_limit, q.rate_period, q.paused,
            extract(epoch FROM q.rate_period) / 10 AS slot_s,
@@ -537,9 +546,9 @@ claimed AS (
     SET status = 'running', attempts = j.attempts + 1, claims = j.claims + 1, locked_by = $3,
         locked_at = (SELECT now FROM room), lease_expires_at = (SELECT now FROM room) + j.lease
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
-              j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
-              extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.scheduled_at
+    RETURNING """
+    + _CLAIMED
+    + """
 ),
 counted AS (
     INSERT INTO {s}.queue_claims AS c (queue, slot_start, slot_end, claims)
@@ -560,6 +569,7 @@ pruned AS (
 )
 SELECT c.*, r.rate_room FROM room AS r LEFT JOIN claimed AS c ON true
 """
+)
 
 # Upsert a queue's settings: $2/$4/$7 say which of max_running ($3), the rate ($5 claims per
 # $6 seconds) and paused ($8) to set; the others keep their value. With $9, a queue that has
@@ -625,3 +635,17 @@ LIMIT $3
 
 # Whether any worker keeps finished jobs: an empty archive means they are being deleted.
 ARCHIVE_IN_USE = "SELECT EXISTS (SELECT FROM {s}.archive)"
+
+# --- testing (aioq.testing) -------------------------------------------------------------------
+
+# The queues that hold a job ready to run now: the test drain serves exactly these.
+READY_QUEUES = """
+SELECT DISTINCT queue FROM {s}.jobs WHERE status = 'pending' AND run_at <= now() ORDER BY queue
+"""
+
+# A task's waiting jobs (pending, due or scheduled), oldest first, for assertions in tests.
+WAITING_JOBS = """
+SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts
+FROM {s}.jobs WHERE status = 'pending' AND task = $1
+ORDER BY run_at, id
+"""

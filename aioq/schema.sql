@@ -108,6 +108,12 @@ ALTER TABLE {{schema}}.jobs
     ADD COLUMN snoozes integer NOT NULL DEFAULT 0;
 
 -- aioq:migration 3
+
+-- The W3C traceparent of the span that deferred the job (aioq.contrib.otel), NULL when no
+-- tracer was recording: the worker's span for the run continues that trace.
+ALTER TABLE {{schema}}.jobs ADD COLUMN traceparent text;
+
+-- aioq:migration 4
 -- Periodic jobs. One row per schedule: the latest tick enqueued. A tick's job is inserted in
 -- the same statement that advances last_tick, conditioned on last_tick being older, so each
 -- tick is enqueued once whatever the number of workers, even after its job left the table.
@@ -126,7 +132,7 @@ CREATE TABLE {{schema}}.schedules (
 -- aioq.current_job().scheduled_at.
 ALTER TABLE {{schema}}.jobs ADD COLUMN scheduled_at timestamptz;
 
--- aioq:migration 4
+-- aioq:migration 5
 -- Queue limits and pauses, read by every worker, so the whole fleet obeys them. A queue with
 -- no row here (or with no limit set and not paused) is claimed by the plain claim statement and
 -- pays nothing for this; a limited queue's claims lock its row, so they take turns, and count

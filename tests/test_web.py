@@ -117,6 +117,7 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
         "expired": "0",
         "dead": "2",
         "oldest": "1m 30s",
+        "limits": "-",
     }
     img = queue_cells(page.text, "img")
     assert (img["ready"], img["running"], img["expired"], img["dead"]) == ("0", "2", "1", "0")
@@ -131,6 +132,20 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
     assert live.status_code == 200
     assert queue_cells(live.text, "mail")["dead"] == "2"
     assert "<html" not in live.text  # the fragment the page swaps in
+
+
+def test_queue_limits_and_pauses_show_on_the_overview(dsn: str, client: TestClient) -> None:
+    add_jobs(dsn, "mail", 2)
+    for args in (
+        ("set", "mail", "--max-running", "5", "--rate", "100/60s"),
+        ("pause", "mail"),
+        ("set", "idle", "--max-running", "2"),  # a queue with settings and no jobs
+    ):
+        assert aioq_cli(dsn, "queues", *args).returncode == 0, args
+    page = client.get("/").text
+    assert queue_cells(page, "mail")["limits"] == "paused max 5 running 100/1m"
+    assert queue_cells(page, "idle")["limits"] == "max 2 running"
+    assert queue_cells(page, "idle")["ready"] == "0"
 
 
 def test_counts_stop_at_the_cap_and_say_so(dsn: str) -> None:

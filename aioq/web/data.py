@@ -55,6 +55,10 @@ class QueueRow:
     oldest_ready_age: float = 0.0
     states: dict[str, int] = field(default_factory=dict)
     capped: set[str] = field(default_factory=set)
+    # Fleet-wide settings (aioq queues set / pause): None when not set.
+    max_running: int | None = None
+    rate: tuple[int, float] | None = None  # at most rate[0] claims in any rate[1] seconds
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,13 @@ async def load_overview(
         totals[row["state"]] += row["n"]
     for q in queues.values():  # the cap is per state, across queues
         q.capped |= {state for state in STATE_COLUMNS if totals[state] >= cap}
+    # The queues table holds one row per queue with settings (not the jobs' counts that
+    # aioq.queues() adds with a scan of the jobs table).
+    for row in await store.queue_settings(conn):
+        q = queues.setdefault(row["name"], QueueRow(row["name"]))
+        q.max_running, q.paused = row["max_running"], row["paused"]
+        if row["rate_limit"] is not None:
+            q.rate = (row["rate_limit"], row["rate_period"])
     workers = [
         WorkerRow(
             id=row["id"],

@@ -143,7 +143,7 @@ def test_queue_limits_and_pauses_show_on_the_overview(dsn: str, client: TestClie
     ):
         assert aioq_cli(dsn, "queues", *args).returncode == 0, args
     page = client.get("/").text
-    assert queue_cells(page, "mail")["limits"] == "paused max 5 running 100/1m"
+    assert queue_cells(page, "mail")["limits"] == "paused max 5 running rate 100/1m"
     assert queue_cells(page, "idle")["limits"] == "max 2 running"
     assert queue_cells(page, "idle")["ready"] == "0"
 

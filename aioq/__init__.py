@@ -2,6 +2,7 @@
 
 from aioq.admin import (
     QueueStats,
+    Replay,
     Stats,
     TableStats,
     cancel_jobs,
@@ -47,6 +48,7 @@ __all__ = (
     "PayloadError",
     "QueueStats",
     "Registry",
+    "Replay",
     "Retry",
     "SchemaError",
     "SerializationError",

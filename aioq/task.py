@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import inspect
+import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
 from aioq import queries
 from aioq.codec import encode_args
-from aioq.errors import ArgumentError, ConfigError, DeferError
+from aioq.errors import MAX_RETRY_DELAY, ArgumentError, ConfigError, DeferError, OptionError
 from aioq.store import Connection, Store
 
-__all__ = ("Backoff", "Registry", "Task", "TaskCall", "default_registry", "task")
+__all__ = (
+    "MAX_DURATION",
+    "MIN_LEASE",
+    "Backoff",
+    "Registry",
+    "Task",
+    "TaskCall",
+    "default_registry",
+    "task",
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -26,6 +36,15 @@ DEFAULT_PRIORITY = 0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_LEASE = 30.0
 DEFAULT_SCHEMA = "aioq"
+
+MIN_LEASE = 1.0
+"""The shortest lease a job may have, in seconds: the heartbeat must renew it in time even when
+a statement or the event loop is slowed for a moment; a shorter lease would expire on a healthy
+worker."""
+
+MAX_DURATION = 100 * 365.25 * 86400.0
+"""The longest delay or lease, in seconds (a century): far inside PostgreSQL's interval and
+timestamp range, so ``now() + delay`` and ``now() + lease`` can never overflow at defer or claim."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,9 +57,11 @@ class Backoff:
     jitter: float = 0.25  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
 
     def __post_init__(self) -> None:
-        if self.base < 0:
-            raise ConfigError("base", f"must be >= 0, got {self.base}")
-        if self.factor < 1:
+        # Each delay becomes an interval in the completer's statement: NaN or an overflowing
+        # value would fail the whole batch of outcomes it is written with.
+        check_duration("base", self.base, maximum=MAX_RETRY_DELAY)
+        check_duration("max", self.max, maximum=MAX_RETRY_DELAY)
+        if not (math.isfinite(self.factor) and self.factor >= 1):
             raise ConfigError("factor", f"must be >= 1, got {self.factor}")
         if self.max < self.base:
             raise ConfigError("max", f"must be >= base ({self.base}), got {self.max}")
@@ -68,6 +89,30 @@ def check_text(field: str, value: str) -> None:
         ) from None
 
 
+def check_duration(
+    field: str, value: object, *, minimum: float = 0.0, maximum: float = MAX_DURATION
+) -> None:
+    """Raise ConfigError unless ``value`` is a finite number of seconds in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(field, f"must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and minimum <= value <= maximum):
+        raise ConfigError(
+            field, f"must be finite, between {minimum:g} and {maximum:.0f} seconds; got {value!r}"
+        )
+
+
+def check_time(field: str, value: object) -> None:
+    """Raise ConfigError unless ``value`` is an aware datetime PostgreSQL can store."""
+    if not isinstance(value, datetime):
+        raise ConfigError(field, f"must be a datetime, got {type(value).__name__}")
+    if value.utcoffset() is None:
+        raise ConfigError(field, "must be an aware datetime (with tzinfo)")
+    try:
+        value.astimezone(UTC)  # what the driver sends; near year 1 or 9999 it overflows
+    except OverflowError:
+        raise ConfigError(field, f"{value.isoformat()} is out of range in UTC") from None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobOptions:
     """Where and when one deferred job runs."""
@@ -92,20 +137,19 @@ class JobOptions:
             raise ConfigError("priority", f"must fit in 32 bits, got {self.priority}")
         if not 1 <= self.max_attempts < 2**31:
             raise ConfigError("max_attempts", f"must be >= 1, got {self.max_attempts}")
-        if not self.lease > 0:
-            raise ConfigError("lease", f"must be > 0 seconds, got {self.lease}")
-        if self.delay < 0:
-            raise ConfigError("delay", f"must be >= 0 seconds, got {self.delay}")
+        # Durations and times are checked here, before any SQL: a value PostgreSQL refuses
+        # would abort the caller's transaction at defer.
+        check_duration("lease", self.lease, minimum=MIN_LEASE)
+        check_duration("delay", self.delay)
         if self.run_at is not None:
-            if self.run_at.tzinfo is None:
-                raise ConfigError("run_at", "must be an aware datetime (with tzinfo)")
+            check_time("run_at", self.run_at)
             if self.delay:
                 raise ConfigError("run_at", "give either run_at or delay, not both")
 
 
 def _seconds(name: str, value: float | timedelta) -> float:
     if isinstance(value, timedelta):
-        return value.total_seconds()
+        return value.total_seconds()  # a float: timedelta.max (8.6e13 s) is refused afterwards
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(name, f"must be seconds or a timedelta, got {type(value).__name__}")
     return float(value)
@@ -191,7 +235,11 @@ class Task(Generic[P, R]):
         unique_key: str | None = None,
         lease: float | None = None,
     ) -> TaskCall[P]:
-        """Return this task with options for the jobs deferred through it."""
+        """Return this task with options for the jobs deferred through it.
+
+        A value the job could not be stored with raises :class:`OptionError` (a DeferError and
+        a ConfigError) naming the option.
+        """
         changes: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -200,10 +248,13 @@ class Task(Generic[P, R]):
             "unique_key": unique_key,
             "lease": lease,
         }
-        if delay is not None:
-            changes["delay"] = _seconds("delay", delay)
-        changes = {k: v for k, v in changes.items() if v is not None}
-        return TaskCall(self, replace(self.defaults, **changes))
+        try:
+            if delay is not None:
+                changes["delay"] = _seconds("delay", delay)
+            changes = {k: v for k, v in changes.items() if v is not None}
+            return TaskCall(self, replace(self.defaults, **changes))
+        except ConfigError as exc:
+            raise OptionError(self.name, exc.field, exc.problem) from None
 
     async def defer(self, conn: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Enqueue a call on the caller's connection, inside its transaction; return the job id."""

@@ -13,6 +13,7 @@ import aioq
 from aioq.completer import Completer, Outcome, OutcomeKind, Running
 from aioq.lease import Heartbeat, Reaper
 from aioq.store import Store
+from aioq.task import MIN_LEASE
 
 pytestmark = pytest.mark.anyio
 
@@ -164,10 +165,10 @@ async def test_heartbeat_keeps_a_job_running_three_times_its_lease(
 ) -> None:
     runs: list[int] = []
 
-    @registry.task(lease=0.5)
+    @registry.task(lease=MIN_LEASE)
     async def slow() -> None:
         runs.append(aioq.current_job().attempt)
-        await anyio.sleep(1.5)  # the behaviour under test: outliving the lease thrice
+        await anyio.sleep(3 * MIN_LEASE)  # the behaviour under test: outliving it thrice
 
     job_id = await slow.defer(conn)
     # A second worker's reaper runs often, ready to rescue anything whose lease lapses.
@@ -186,7 +187,7 @@ async def test_vanished_workers_job_is_rescued_and_run(
     ran = anyio.Event()
     seen: list[tuple[int, int]] = []
 
-    @registry.task(lease=0.5)
+    @registry.task(lease=MIN_LEASE)
     async def work() -> None:
         job = aioq.current_job()
         seen.append((job.id, job.attempt))

@@ -28,7 +28,7 @@ from aioq.cli.common import (
 )
 from aioq.codec import encode_args
 from aioq.store import Store
-from aioq.task import DEFAULT_LEASE, check_text
+from aioq.task import JobOptions, check_text
 
 
 def cmd_schema_apply(args: argparse.Namespace) -> int:
@@ -307,20 +307,23 @@ def cmd_defer(args: argparse.Namespace) -> int:
     if not isinstance(values, dict):
         raise UsageError(f"--args must be a JSON object, got {type(values).__name__}")
     check_text("task", args.task)
-    check_text("queue", args.queue)
+    # The checks of options(...): a value PostgreSQL would refuse is a one-line error here.
+    opts = JobOptions(
+        queue=args.queue, priority=args.priority, delay=args.delay, max_attempts=args.max_attempts
+    )
     encoded = encode_args(args.task, values)
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         job_id = await Store.for_schema(schema_from(args)).insert(
             conn,
-            queue=args.queue,
+            queue=opts.queue,
             task=args.task,
             args=encoded,
-            priority=args.priority,
+            priority=opts.priority,
             run_at=None,
-            delay=args.delay,
-            max_attempts=args.max_attempts,
-            lease=DEFAULT_LEASE,
+            delay=opts.delay,
+            max_attempts=opts.max_attempts,
+            lease=opts.lease,
             unique_key=None,
         )
         if args.json:

@@ -22,6 +22,7 @@ from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
 from aioq.maintenance import Pruner, Vacuumer
 from aioq.metrics import Metrics, QueueSampler
+from aioq.migrate import check_installed
 from aioq.notifier import Listener
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 from aioq.queries import quote_schema
@@ -207,8 +208,13 @@ class Worker:
         try:
             await self._tg.start(self._serve_started)
         except BaseException as exc:
-            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
+            failed = exc
+            try:
+                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseExceptionGroup as group:
+                if group.split(lambda e: e is failed)[1] is not None:
+                    raise
+            raise  # the start-up error plain (no schema, no server), as run() raises it
         return self
 
     async def __aexit__(
@@ -251,6 +257,11 @@ class Worker:
         if self.stopped.is_set():
             raise ConfigError("worker", "a worker runs once; create a new Worker to run again")
         pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=4, **self._pool_kwargs())
+        try:
+            await check_installed(pool, cfg.schema)  # one clear error now, not a failing loop
+        except BaseException:
+            await pool.close()
+            raise
         completer = Completer(
             store=self.store,
             db=pool,

@@ -10,9 +10,11 @@ import signal
 import sys
 
 import anyio
+import asyncpg
 
 from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, UsageError, dsn_from
 from aioq.dev.server import EmbeddedPostgres
+from aioq.migrate import check_installed
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import Registry, default_registry
 from aioq.worker import Worker
@@ -46,8 +48,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     dsn = dsn_from(args)
     registry = _load_registry(args.target)  # in the supervisor too: a typo fails at once
     if args.processes > 1:
+        # Children would each fail on a missing schema and be restarted forever: check first.
+        anyio.run(_check_schema, dsn, args.schema or registry.schema)
         return _supervise(args, dsn)
     return anyio.run(_work, args, dsn, registry)
+
+
+async def _check_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)  # PgBouncer-safe
+    try:
+        await check_installed(conn, schema)
+    finally:
+        await conn.close()
 
 
 def _load_registry(target: str) -> Registry:

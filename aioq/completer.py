@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ import asyncpg
 from anyio.abc import TaskStatus
 
 from aioq._service import StepBackoff
-from aioq.job import Claim
+from aioq.job import Claim, OutcomeKind  # re-exported: the consumer builds outcomes
 from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
@@ -25,16 +24,6 @@ logger = logging.getLogger(__name__)
 
 # Errors about an outcome's data, not the connection: retrying the same batch cannot help.
 _REFUSED = (asyncpg.DataError, UnicodeError, OverflowError)
-
-
-class OutcomeKind(enum.Enum):
-    """What the completer does with a finished attempt."""
-
-    COMPLETE = "succeeded"  # delete (or archive)
-    RETRY = "retried"  # back to pending after a backoff, error recorded
-    SNOOZE = "snoozed"  # back to pending after the task's delay, attempt refunded (aioq.Retry)
-    RELEASE = "released"  # back to pending now, attempt refunded (shutdown)
-    BURY = "dead"  # no more attempts
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import asyncpg
 
 from aioq.errors import AioqError
 
-__all__ = ("Claim", "Job", "JobContext", "JobStatus", "current_job")
+__all__ = ("Claim", "Job", "JobContext", "JobStatus", "OutcomeKind", "current_job")
 
 
 class JobStatus(enum.StrEnum):
@@ -20,6 +20,16 @@ class JobStatus(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     DEAD = "dead"
+
+
+class OutcomeKind(enum.Enum):
+    """What becomes of a finished attempt (the completer writes it, the metrics count it)."""
+
+    COMPLETE = "succeeded"  # delete (or archive)
+    RETRY = "retried"  # back to pending after a backoff, error recorded
+    SNOOZE = "snoozed"  # back to pending after the task's delay, attempt refunded (aioq.Retry)
+    RELEASE = "released"  # back to pending now, attempt refunded (shutdown)
+    BURY = "dead"  # no more attempts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

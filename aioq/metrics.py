@@ -23,13 +23,11 @@ import asyncpg
 
 from aioq._service import repeat
 from aioq.errors import ConfigError
-from aioq.job import Claim
+from aioq.job import Claim, OutcomeKind
 from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-    from aioq.completer import OutcomeKind
 
 __all__ = ("DEFAULT_STATS_INTERVAL", "Metrics", "QueueSampler", "serve", "start")
 
@@ -131,12 +129,12 @@ class Metrics:
             )
             for name in _GAUGES
         }
-        self._outcome_counters: dict[str, Counter] = {
-            "succeeded": self.succeeded,
-            "retried": self.retried,
-            "dead": self.dead,
-            "snoozed": self.snoozed,
-            "released": self.released,
+        self._outcome_counters: dict[OutcomeKind, Counter] = {
+            OutcomeKind.COMPLETE: self.succeeded,
+            OutcomeKind.RETRY: self.retried,
+            OutcomeKind.BURY: self.dead,
+            OutcomeKind.SNOOZE: self.snoozed,
+            OutcomeKind.RELEASE: self.released,
         }
         self._known_queues: set[str] = set()
         self._servers: list[tuple[Any, threading.Thread]] = []
@@ -151,7 +149,7 @@ class Metrics:
 
     def observe_outcome(self, claim: Claim, kind: OutcomeKind, duration: float) -> None:
         """Record an outcome written under our claim."""
-        self._outcome_counters[kind.value].labels(claim.queue, claim.task).inc()
+        self._outcome_counters[kind].labels(claim.queue, claim.task).inc()
         self.duration.labels(claim.queue, claim.task, kind.value).observe(duration)
 
     def observe_lease_lost(self, claim: Claim) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+from procs import aioq_cli, assert_one_line_error
 
 import aioq
 from aioq.task import MAX_DURATION, MIN_LEASE
-from tests.procs import aioq_cli, assert_one_line_error
 
 pytestmark = pytest.mark.anyio
 

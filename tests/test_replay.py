@@ -8,10 +8,10 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+from db import run_sql
+from procs import aioq_cli
 
 import aioq
-from tests.conftest import run_sql
-from tests.procs import aioq_cli
 
 pytestmark = pytest.mark.anyio
 

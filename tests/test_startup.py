@@ -15,11 +15,11 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
+from db import run_sql, with_database
+from procs import aioq_cli, assert_one_line_error
 
 import aioq
 from aioq import migrate
-from tests.conftest import run_sql, with_database
-from tests.procs import aioq_cli, assert_one_line_error
 
 HANG_GUARD = 30.0
 LATEST = len(migrate.migrations())

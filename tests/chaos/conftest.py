@@ -6,19 +6,14 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from db import with_database
 from harness import Fleet, Sql, prepare, spawn_fleet
 
 import aioq
 from aioq.dev.server import EmbeddedPostgres, find_binaries
 from aioq.errors import ServerError
-
-
-def with_database(dsn: str, database: str) -> str:
-    """Return ``dsn`` pointing at another database."""
-    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
 
 
 @pytest.fixture(scope="module")

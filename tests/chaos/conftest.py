@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from db import with_database
-from harness import Fleet, Sql, prepare, spawn_fleet
+from harness import Sql, WorkerProcess, prepare, spawn_fleet
 
 import aioq
 from aioq.dev.server import EmbeddedPostgres, find_binaries
@@ -58,11 +58,11 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def fleets() -> Iterator[Callable[..., Fleet]]:
+def fleets() -> Iterator[Callable[..., WorkerProcess]]:
     """Start worker fleets (``spawn_fleet``); whatever is left is killed at teardown."""
-    started: list[Fleet] = []
+    started: list[WorkerProcess] = []
 
-    def start(*args: object, **kwargs: object) -> Fleet:
+    def start(*args: object, **kwargs: object) -> WorkerProcess:
         fleet = spawn_fleet(*args, **kwargs)  # type: ignore[arg-type]
         started.append(fleet)
         return fleet

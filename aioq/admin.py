@@ -11,6 +11,7 @@ import asyncpg
 from aioq.errors import AioqError
 from aioq.job import Job, JobStatus
 from aioq.store import Connection, Executor, Store
+from aioq.task import check_duration
 
 __all__ = (
     "QueueStats",
@@ -120,6 +121,8 @@ async def purge_dead(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if older_than is not None:
+        check_duration("older_than", older_than)  # before any SQL: now() - it must not overflow
     store = Store.for_schema(schema)
     total = 0
     while True:

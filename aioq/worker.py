@@ -27,7 +27,7 @@ from aioq.notifier import Listener
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 from aioq.queries import quote_schema
 from aioq.store import Store
-from aioq.task import Registry, check_text, default_registry
+from aioq.task import Registry, check_duration, check_text, default_registry
 
 __all__ = ("Worker", "WorkerConfig")
 
@@ -122,9 +122,8 @@ class WorkerConfig:
                 "command_timeout", f"must be None or > 0 seconds, got {self.command_timeout!r}"
             )
         for name in ("archive_retention", "dead_retention"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ConfigError(name, f"must be None or >= 0 seconds, got {value!r}")
+            if getattr(self, name) is not None:  # `now() - retention` must not overflow in SQL
+                check_duration(name, getattr(self, name))
         if self.shutdown_grace < 0:
             raise ConfigError("shutdown_grace", f"must be >= 0 seconds, got {self.shutdown_grace}")
         if not self.worker_id:

@@ -126,3 +126,25 @@ def test_cli_defer_refuses_a_delay_out_of_range(dsn: str) -> None:
     assert ok.returncode == 0, ok
     listed = aioq_cli(dsn, "jobs", "list", "--json")
     assert [job["id"] for job in json.loads(listed.stdout)] == [int(ok.stdout)]
+
+
+@pytest.mark.parametrize("older_than", [math.inf, math.nan, 1e12, -1.0], ids=repr)
+async def test_purge_dead_refuses_an_age_out_of_range_before_any_sql(
+    conn: asyncpg.Connection, older_than: float
+) -> None:
+    async with conn.transaction():
+        with pytest.raises(aioq.ConfigError, match=r"^older_than: "):
+            await aioq.purge_dead(conn, older_than=older_than)
+        assert await conn.fetchval("SELECT 1") == 1  # the transaction is still usable
+
+
+@pytest.mark.parametrize("field", ["archive_retention", "dead_retention"])
+@pytest.mark.parametrize("value", [math.inf, 1e12], ids=repr)
+def test_retention_out_of_range_is_refused(field: str, value: float) -> None:
+    with pytest.raises(aioq.ConfigError, match=f"^{field}: "):
+        aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_cli_purge_refuses_an_age_out_of_range(dsn: str) -> None:
+    result = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "99999999999d")
+    assert_one_line_error(result, "older_than", "seconds")

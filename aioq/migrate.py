@@ -122,7 +122,7 @@ async def check_installed(conn: Executor, schema: str = "aioq") -> None:
     if not await conn.fetchval(q.SCHEMA_EXISTS, f"{quoted}.jobs"):
         raise SchemaError(
             f"the aioq schema {schema!r} is not installed in this database:"
-            f" run `aioq schema apply{_flag(schema)}` (or `await aioq.install(conn)`)"
+            f" run: aioq schema apply{_flag(schema)} (or await aioq.install(conn))"
         )
     try:
         installed = await _installed(conn, schema)
@@ -132,7 +132,7 @@ async def check_installed(conn: Executor, schema: str = "aioq") -> None:
     if installed < latest:
         raise SchemaError(
             f"the aioq schema {schema!r} is at version {installed}, this aioq needs {latest}:"
-            f" run `aioq schema apply{_flag(schema)}` to upgrade it"
+            f" run: aioq schema apply{_flag(schema)}"
         )
     if installed > latest:
         raise SchemaError(

@@ -58,10 +58,10 @@ async def _start(worker: aioq.Worker, how: str) -> None:
 HOWS = ("run", "run_until_idle", "async with")
 
 STATES = {
-    "missing": ([], "is not installed in this database: run `aioq schema apply`"),
+    "missing": ([], "is not installed in this database: run: aioq schema apply"),
     "older": (
         ["DELETE FROM aioq.migrations"],
-        f"is at version 0, this aioq needs {LATEST}: run `aioq schema apply`",
+        f"is at version 0, this aioq needs {LATEST}: run: aioq schema apply",
     ),
     "newer": (
         ["INSERT INTO aioq.migrations (version) VALUES (999)"],
@@ -126,14 +126,14 @@ def test_cli_worker_without_schema_exits_2_with_one_line(
 ) -> None:
     (tmp_path / "jobs_mod.py").write_text(TASKS)
     result = aioq_cli(empty_dsn, "worker", "jobs_mod", "--processes", processes, cwd=tmp_path)
-    assert_one_line_error(result, "not installed", "run `aioq schema apply`")
+    assert_one_line_error(result, "not installed", "run: aioq schema apply")
 
 
 def test_cli_worker_with_an_outdated_schema_exits_2_with_one_line(dsn: str, tmp_path: Path) -> None:
     (tmp_path / "jobs_mod.py").write_text(TASKS)
     run_sql(dsn, "DELETE FROM aioq.migrations")
     result = aioq_cli(dsn, "worker", "jobs_mod", cwd=tmp_path)
-    assert_one_line_error(result, "version 0", f"needs {LATEST}", "run `aioq schema apply`")
+    assert_one_line_error(result, "version 0", f"needs {LATEST}", "run: aioq schema apply")
 
 
 def test_cli_worker_without_a_server_exits_2_with_one_line(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -14,8 +13,9 @@ from typing_extensions import ParamSpec
 
 from aioq import queries
 from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
+from aioq.backoff import Backoff
 from aioq.codec import encode_args
-from aioq.errors import MAX_RETRY_DELAY, ArgumentError, ConfigError, DeferError, OptionError
+from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.store import Connection, Store
 
 __all__ = (
@@ -36,44 +36,16 @@ DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_LEASE = 30.0
-DEFAULT_SCHEMA = "aioq"
-
 MIN_LEASE = 1.0
-"""The shortest lease a job may have, in seconds: the heartbeat must renew it in time even when
-a statement or the event loop is slowed for a moment; a shorter lease would expire on a healthy
-worker."""
+"""The shortest lease accepted (seconds). The heartbeat extends a claim a third of its lease
+after the claim and after each extension, so a lease of one second leaves a beat 0.33 s
+(two beats) of slack for a slow statement or a busy event loop; below that, a healthy
+worker would lose its own jobs to another worker's reaper."""
+DEFAULT_SCHEMA = queries.DEFAULT_SCHEMA
 
 MAX_DURATION = 100 * 365.25 * 86400.0
 """The longest delay or lease, in seconds (a century): far inside PostgreSQL's interval and
 timestamp range, so ``now() + delay`` and ``now() + lease`` can never overflow at defer or claim."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: ``base * factor**(attempt-1)``, capped at ``max``."""
-
-    base: float = 1.0
-    factor: float = 2.0
-    max: float = 3600.0
-    jitter: float = 0.25  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
-
-    def __post_init__(self) -> None:
-        # Each delay becomes an interval in the completer's statement: NaN or an overflowing
-        # value would fail the whole batch of outcomes it is written with.
-        check_duration("base", self.base, maximum=MAX_RETRY_DELAY)
-        check_duration("max", self.max, maximum=MAX_RETRY_DELAY)
-        if not (math.isfinite(self.factor) and self.factor >= 1):
-            raise ConfigError("factor", f"must be >= 1, got {self.factor}")
-        if self.max < self.base:
-            raise ConfigError("max", f"must be >= base ({self.base}), got {self.max}")
-        if not 0 <= self.jitter < 1:
-            raise ConfigError("jitter", f"must be in [0, 1), got {self.jitter}")
-
-    def delay(self, attempt: int) -> float:
-        """Return the delay in seconds before the attempt after ``attempt`` (1-based)."""
-        exponent = min(max(attempt - 1, 0), 64)
-        raw = min(self.max, self.base * self.factor**exponent)
-        return min(self.max, raw * random.uniform(1 - self.jitter, 1 + self.jitter))
 
 
 def check_text(field: str, value: str) -> None:

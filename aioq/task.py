@@ -106,6 +106,10 @@ class JobOptions:
         check_text("queue", self.queue)
         if self.unique_key is not None:
             check_text("unique_key", self.unique_key)
+        for name in ("priority", "max_attempts"):  # the driver would truncate 1.5 to 1
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(name, f"must be an integer, got {type(value).__name__}")
         if not -(2**31) <= self.priority < 2**31:
             raise ConfigError("priority", f"must fit in 32 bits, got {self.priority}")
         if not 1 <= self.max_attempts < 2**31:

@@ -148,3 +148,16 @@ def test_retention_out_of_range_is_refused(field: str, value: float) -> None:
 def test_cli_purge_refuses_an_age_out_of_range(dsn: str) -> None:
     result = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "99999999999d")
     assert_one_line_error(result, "older_than", "seconds")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"priority": 1.5}, {"priority": True}, {"max_attempts": 2.5}, {"max_attempts": "3"}],
+    ids=repr,
+)
+def test_integer_options_are_integers(
+    work: aioq.Task[[int], None], options: dict[str, Any]
+) -> None:
+    # The driver used to store priority=1.5 as 1 and max_attempts=2.5 as 2, silently.
+    with pytest.raises(aioq.OptionError, match=next(iter(options))):
+        work.options(**options)

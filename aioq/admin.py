@@ -11,7 +11,7 @@ import asyncpg
 from aioq.errors import AioqError
 from aioq.job import Job, JobStatus
 from aioq.queries import DEFAULT_SCHEMA
-from aioq.store import Connection, Executor, Store
+from aioq.store import Connection, Store, Target, executor
 from aioq.task import check_duration
 
 __all__ = (
@@ -65,8 +65,9 @@ class Stats:
     archived: bool  # whether the archive holds completed jobs (else completions are n/a)
 
 
-async def stats(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> Stats:
+async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     """Return per-queue counts and the jobs table's size and vacuum figures."""
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     rows = await store.queue_stats(conn)
     completed = await store.archive_stats(conn)
@@ -104,14 +105,15 @@ async def stats(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> Stats:
 
 
 async def cancel_jobs(
-    conn: Executor, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+    conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
 ) -> list[int]:
     """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
+    conn = await executor(conn)
     return list(await Store.for_schema(schema).cancel(conn, job_ids))
 
 
 async def purge_dead(
-    conn: Executor,
+    conn: Target,
     *,
     older_than: float | None = None,
     batch_size: int = DEFAULT_PURGE_BATCH,
@@ -126,6 +128,7 @@ async def purge_dead(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if older_than is not None:
         check_duration("older_than", older_than)  # before any SQL: now() - it must not overflow
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     total = 0
     while True:
@@ -148,7 +151,7 @@ REPLAY_TRIES = 10
 
 
 async def retry_dead(
-    conn: Executor,
+    conn: Target,
     *,
     job_id: int | Sequence[int] | None = None,
     task: str | None = None,
@@ -164,11 +167,12 @@ async def retry_dead(
     """
     if job_id is None and task is None and queue is None and not all:
         raise ValueError("retry_dead needs job_id, task, queue or all=True")
+    db = await executor(conn)
     ids = [job_id] if isinstance(job_id, int) else job_id
-    if isinstance(conn, asyncpg.Pool):
-        async with conn.acquire() as own:
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as own:
             return await _replay(own, ids, task, queue, schema)
-    return await _replay(conn, ids, task, queue, schema)
+    return await _replay(db, ids, task, queue, schema)
 
 
 async def _replay(
@@ -198,19 +202,20 @@ def _why_skipped(row: asyncpg.Record) -> str:
     return f"unique_key {key!r} went to dead job {row['newest']}, the newest with that key"
 
 
-async def get_job(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
+async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
     """Return a job: pending, running or dead, or ``succeeded`` from the archive; else None.
 
     Finished jobs are deleted unless workers keep them (``keep_completed=True``); then they
     are found here until pruned after ``archive_retention``.
     """
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     found = await store.get(conn, job_id)
     return found if found is not None else await store.get_archived(conn, job_id)
 
 
 async def list_jobs(
-    conn: Executor,
+    conn: Target,
     *,
     status: JobStatus | str | None = None,
     task: str | None = None,
@@ -219,6 +224,7 @@ async def list_jobs(
     schema: str = DEFAULT_SCHEMA,
 ) -> list[Job]:
     """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
+    conn = await executor(conn)
     wanted = JobStatus(status).value if status is not None else None
     store = Store.for_schema(schema)
     if wanted == JobStatus.SUCCEEDED:

@@ -106,3 +106,9 @@ CREATE TRIGGER jobs_doorbell
 ALTER TABLE {{schema}}.jobs
     ADD COLUMN claims integer NOT NULL DEFAULT 0,
     ADD COLUMN snoozes integer NOT NULL DEFAULT 0;
+
+-- aioq:migration 3
+
+-- The W3C traceparent of the span that deferred the job (aioq.contrib.otel), NULL when no
+-- tracer was recording: the worker's span for the run continues that trace.
+ALTER TABLE {{schema}}.jobs ADD COLUMN traceparent text;

@@ -1,4 +1,4 @@
-"""Scenario 11: a randomized run of the core's promises under mixed faults (issue 10).
+"""Scenario 12: a randomized run of the core's promises under mixed faults (issue 10).
 
 Three worker processes (``python -m aioq worker``, each its own process, restarted when it ends)
 serve jobs whose leases are drawn from the allowed range and whose durations straddle them: async
@@ -449,7 +449,7 @@ def test_randomized_faults_keep_the_core_promises(
         report = os.environ.get("AIOQ_CHAOS_REPORT")
         if report:
             with open(report, "a") as out:
-                out.write(json.dumps({"scenario": "11 randomized", "profile": PROFILE, "seed": seed, "jobs": len(leases), "runs": len(runs), "faults": dict(Counter(f.kind for f in faults)), "violations": len(violations), **figures}) + "\n")  # fmt: skip
+                out.write(json.dumps({"scenario": "12 randomized", "profile": PROFILE, "seed": seed, "jobs": len(leases), "runs": len(runs), "faults": dict(Counter(f.kind for f in faults)), "violations": len(violations), **figures}) + "\n")  # fmt: skip
     finally:
         sql.close()
     assert not violations, (

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
@@ -18,6 +18,9 @@ from aioq.backoff import Backoff
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.store import Executor, Store, Target, executor
+
+if TYPE_CHECKING:
+    from aioq.schedule import Schedule
 
 __all__ = (
     "MAX_DURATION",
@@ -343,6 +346,7 @@ class Registry:
         queries.quote_schema(schema)
         self.schema = schema
         self._tasks: dict[str, Task[..., Any]] = {}
+        self.schedules: dict[str, Schedule] = {}  # @aioq.periodic adds to it, by schedule name
 
     def __repr__(self) -> str:
         return f"<aioq.Registry schema={self.schema!r} tasks={sorted(self._tasks)}>"

@@ -492,15 +492,14 @@ def spawn_fleet(
     processes: int = 3,
     concurrency: int = 10,
     extra: Sequence[str] = (),
+    target: str = "chaostasks:registry",
 ) -> WorkerProcess:
-    """Start ``aioq worker chaostasks:registry --processes N`` on ``dsn`` (AIOQ_DSN)."""
+    """Start ``aioq worker TARGET --processes N`` (chaostasks:registry) on ``dsn`` (AIOQ_DSN)."""
     args = ["--processes", str(processes), "--concurrency", str(concurrency)]
     args += ["--poll-interval", "0.2", "--shutdown-grace", "2", "--keep-completed"]
     args += ["--log-format", "json", *extra]
     env = {"CHAOS_RECORD_DSN": record_dsn or dsn}
-    fleet = WorkerProcess(
-        "chaostasks:registry", *args, dsn=dsn, cwd=workdir, env=env, processes=processes
-    )
+    fleet = WorkerProcess(target, *args, dsn=dsn, cwd=workdir, env=env, processes=processes)
     return fleet.start()
 
 

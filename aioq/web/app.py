@@ -354,14 +354,14 @@ class _Pages:
         schema = self.config.schema
         async with self.db.transaction(readonly=False) as conn:
             if not ids:
-                done: object = []
+                count = 0
             elif action == "retry":
-                done = await admin.retry_dead(conn, job_id=ids, schema=schema)
+                replay = await admin.retry_dead(conn, job_id=ids, schema=schema)
+                count = len(replay.retried)  # a dead job whose unique_key is live stays dead
             elif action == "cancel":
-                done = await admin.cancel_jobs(conn, ids, schema=schema)
+                count = len(await admin.cancel_jobs(conn, ids, schema=schema))
             else:
-                done = await admin.delete_jobs(conn, ids, schema=schema)
-        count = len(done)  # type: ignore[arg-type]
+                count = len(await admin.delete_jobs(conn, ids, schema=schema))
         logger.info("aioq web: %s %d of %d jobs", action, count, len(ids))
         verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[action]
         message = f"{verb} {count} of {len(ids)} job{'s' if len(ids) != 1 else ''}"

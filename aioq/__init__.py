@@ -17,8 +17,14 @@ from aioq.errors import (
     ConfigError,
     DeferError,
     Fail,
+    JobCancelled,
     JobControl,
+    JobFailed,
+    NoResult,
     PayloadError,
+    ResultError,
+    ResultMissing,
+    ResultTimeout,
     Retry,
     SchemaError,
     SerializationError,
@@ -28,6 +34,7 @@ from aioq.errors import (
 )
 from aioq.job import Job, JobContext, JobStatus, current_job
 from aioq.migrate import install, schema_sql
+from aioq.results import result
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
 
@@ -41,12 +48,18 @@ __all__ = (
     "DeferError",
     "Fail",
     "Job",
+    "JobCancelled",
     "JobContext",
     "JobControl",
+    "JobFailed",
     "JobStatus",
+    "NoResult",
     "PayloadError",
     "QueueStats",
     "Registry",
+    "ResultError",
+    "ResultMissing",
+    "ResultTimeout",
     "Retry",
     "SchemaError",
     "SerializationError",
@@ -67,6 +80,7 @@ __all__ = (
     "install",
     "list_jobs",
     "purge_dead",
+    "result",
     "retry_dead",
     "schema_sql",
     "stats",

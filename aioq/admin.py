@@ -97,9 +97,36 @@ async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
     )
 
 
-async def cancel_jobs(conn: Executor, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
-    """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
-    return list(await Store.for_schema(schema).cancel(conn, job_ids))
+CANCEL_STATES = ("cancelled", "cancelling", "finished", "dead", "missing")
+_CANCEL_RACES = 10
+
+
+async def cancel_jobs(
+    conn: Executor, job_ids: Sequence[int], *, schema: str = "aioq"
+) -> dict[int, str]:
+    """Cancel jobs wherever they are; return each id's state after the call.
+
+    ``"cancelled"``: it was pending (or scheduled), or was cancelled before, and never runs;
+    ``"cancelling"``: it is running, and its worker, on whatever host, cancels the run and
+    records ``cancelled`` (within about a second, or one heartbeat interval when it missed the
+    notification) unless the run ends first, which then keeps its real outcome; ``"finished"``:
+    it succeeded (found in the results or the archive); ``"dead"``; ``"missing"``: no such job,
+    or it succeeded leaving no trace (no ``result_ttl``, no ``keep_completed``). Idempotent:
+    a second call changes nothing. Cancelled jobs are kept, like dead ones, until pruned.
+    """
+    ids = sorted({int(i) for i in job_ids})
+    store = Store.for_schema(schema)
+    states: dict[int, str] = {}
+    for _ in range(_CANCEL_RACES):
+        if not ids:
+            break
+        found = await store.cancel_jobs(conn, ids)
+        # 'raced': the job changed while the statement ran; a fresh snapshot tells what it is.
+        ids = [i for i, state in found.items() if state == "raced"]
+        states.update((i, state) for i, state in found.items() if state != "raced")
+    for job_id in ids:  # still changing after every try: it is finishing right now
+        states[job_id] = "finished"
+    return dict(sorted(states.items()))
 
 
 async def purge_dead(
@@ -142,7 +169,11 @@ async def retry_dead(
 
 
 async def get_job(conn: Executor, job_id: int, *, schema: str = "aioq") -> Job | None:
-    """Return a job still in the table (pending, running or dead), or None."""
+    """Return a job: pending, running, dead, cancelled, or succeeded with a kept result; or None.
+
+    Its ``progress`` and ``progress_note`` are as the task last reported them; ``result`` is
+    the stored return value as JSON text (tasks with ``result_ttl``, until it expires).
+    """
     return await Store.for_schema(schema).get(conn, job_id)
 
 

@@ -19,7 +19,7 @@ from aioq.store import Executor, Store
 if TYPE_CHECKING:
     from aioq.metrics import Metrics
 
-__all__ = ("Completer", "Outcome", "OutcomeKind", "Running")
+__all__ = ("CANCELLED", "LEASE_LOST", "SHUTDOWN", "Completer", "Outcome", "OutcomeKind", "Running")
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class OutcomeKind(enum.Enum):
     SNOOZE = "snoozed"  # back to pending after the task's delay, attempt refunded (aioq.Retry)
     RELEASE = "released"  # back to pending now, attempt refunded (shutdown)
     BURY = "dead"  # no more attempts
+    CANCEL = "cancelled"  # cancelled on request (jobcontrol): kept, never retried
 
 
 @dataclass(slots=True)
@@ -44,7 +45,11 @@ class Running:
     claim: Claim
     scope: anyio.CancelScope | None = None
     finished: bool = False  # the outcome is with the completer
-    cancel_reason: str | None = None  # LEASE_LOST or SHUTDOWN
+    cancel_reason: str | None = None  # LEASE_LOST, SHUTDOWN or CANCELLED
+    # jobcontrol: a cancel request reached this run; a sync task (not interruptible) only
+    # sees the flag and keeps its claim until it returns.
+    cancel_requested: bool = False
+    interruptible: bool = True
 
     def cancel(self, reason: str) -> None:
         """Stop the local execution of this job."""
@@ -56,6 +61,7 @@ class Running:
 
 LEASE_LOST = "lease lost"
 SHUTDOWN = "shutdown"
+CANCELLED = "cancel requested"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,10 @@ class Outcome:
     duration: float = 0.0
     delay: float = 0.0
     error: str | None = None
+    # jobcontrol: the task's result_ttl (None: it keeps no result, and nobody awaits the job)
+    # and its return value as JSON text, for COMPLETE.
+    result_ttl: float | None = None
+    result: str | None = None
 
 
 class Completer:
@@ -236,11 +246,21 @@ class Completer:
         ids = [o.claim.id for o in group]
         attempts = [o.claim.attempt for o in group]
         if kind is OutcomeKind.COMPLETE:
+            if any(o.result_ttl is not None for o in group):  # jobcontrol: stored results
+                return await self._complete_results(group)
             return await store.complete(db, ids, attempts, me, archive=self.keep_completed)
+        if kind is OutcomeKind.CANCEL:  # jobcontrol
+            awaited = [o.result_ttl is not None for o in group]
+            return await store.cancel_running(db, ids, attempts, me, awaited=awaited)
         if kind is OutcomeKind.BURY:
-            return await store.bury(
+            kept = await store.bury(
                 db, ids, attempts, me, errors=[o.error or "dead" for o in group]
             )
+            # jobcontrol: wake whoever awaits these (a second statement, dead jobs only)
+            rung = sorted(kept.intersection(o.claim.id for o in group if o.result_ttl is not None))
+            if rung:
+                await store.ring_results(db, rung)
+            return kept
         return await store.reschedule(
             db,
             ids,
@@ -249,6 +269,30 @@ class Completer:
             delays=[o.delay for o in group],
             errors=[o.error if kind is OutcomeKind.RETRY else None for o in group],
             refunds=[kind is not OutcomeKind.RETRY for o in group],
+        )
+
+    async def _complete_results(self, group: list[Outcome]) -> set[int]:
+        """Write completions of a group where some keep their return value (jobcontrol)."""
+        store, db, me = self.store, self.db, self.worker_id
+        plain = [o for o in group if o.result_ttl is None]
+        kept: set[int] = set()
+        if plain:
+            kept = await store.complete(
+                db,
+                [o.claim.id for o in plain],
+                [o.claim.attempt for o in plain],
+                me,
+                archive=self.keep_completed,
+            )
+        stored = [o for o in group if o.result_ttl is not None]
+        return kept | await store.complete_result(
+            db,
+            [o.claim.id for o in stored],
+            [o.claim.attempt for o in stored],
+            me,
+            results=[o.result if o.result is not None else "null" for o in stored],
+            ttls=[o.result_ttl or 0.0 for o in stored],
+            archive=self.keep_completed,
         )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from aioq.codec import decode_args
+from aioq.codec import decode_args, encode_result
 from aioq.completer import LEASE_LOST, SHUTDOWN, Completer, Outcome, OutcomeKind, Running
-from aioq.errors import Fail, PayloadError, Retry, UnknownTaskError
+from aioq.control import RunHandle
+from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
 from aioq.job import Claim, JobContext, _current
 from aioq.task import Backoff, Registry
 
@@ -105,14 +106,25 @@ class Consumer:
 
     async def run_one(self, claim: Claim, running: Running) -> Outcome | None:
         """Run one attempt and return its outcome (None: lease lost); task faults never raise."""
+        outcome = await self._attempt(claim, running)
+        # jobcontrol: once a cancel request reached the run, the job ends cancelled whatever
+        # the task did next (a sync task returns when it sees the flag); never retried.
+        if outcome is not None and running.cancel_requested:
+            return Outcome(
+                claim, OutcomeKind.CANCEL, outcome.duration, result_ttl=outcome.result_ttl
+            )
+        return outcome
+
+    async def _attempt(self, claim: Claim, running: Running) -> Outcome | None:
         task = self.registry.get(claim.task)
         retry = task.retry if task is not None else _DEFAULT_RETRY
+        ttl = task.result_ttl if task is not None else None  # jobcontrol: someone may await it
         started = time.monotonic()
 
         def failed(error: str) -> Outcome:
             duration = time.monotonic() - started
             if claim.attempt >= claim.max_attempts:
-                return Outcome(claim, OutcomeKind.BURY, duration, error=error)
+                return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
             return Outcome(
                 claim, OutcomeKind.RETRY, duration, delay=retry.delay(claim.attempt), error=error
             )
@@ -131,6 +143,15 @@ class Consumer:
             )
             return failed(format_error(err, with_traceback=False))
 
+        running.interruptible = task.is_async  # jobcontrol: a thread only sees the flag
+        if running.cancel_requested:
+            return Outcome(claim, OutcomeKind.CANCEL, result_ttl=ttl)  # not started yet
+        handle = RunHandle(
+            running=running,
+            store=self.completer.store,
+            db=self.completer.db,
+            worker_id=self.worker_id,
+        )
         token = _current.set(
             JobContext(
                 id=claim.id,
@@ -139,6 +160,7 @@ class Consumer:
                 task=claim.task,
                 queue=claim.queue,
                 worker_id=self.worker_id,
+                handle=handle,
             )
         )
         # One scope serves the timeout (its deadline), a lost lease and a shutdown (both set
@@ -151,11 +173,11 @@ class Consumer:
                     scope.cancel()
                 try:
                     if task.is_async:
-                        await task.fn(**kwargs)
+                        value = await task.fn(**kwargs)
                     else:
                         # A thread cannot be stopped: on timeout or cancellation it is
                         # abandoned and finishes in the background.
-                        await anyio.to_thread.run_sync(
+                        value = await anyio.to_thread.run_sync(
                             functools.partial(task.fn, **kwargs),
                             abandon_on_cancel=True,
                             limiter=self.limiter,
@@ -174,17 +196,27 @@ class Consumer:
             return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay)
         except Fail as exc:
             duration = time.monotonic() - started
-            return Outcome(claim, OutcomeKind.BURY, duration, error=format_error(exc))
+            return Outcome(
+                claim, OutcomeKind.BURY, duration, error=format_error(exc), result_ttl=ttl
+            )
         except Exception as exc:
             return failed(format_error(exc))
         finally:
             running.scope = None
             _current.reset(token)
         duration = time.monotonic() - started
-        if scope.cancelled_caught:
+        if scope.cancelled_caught and not running.cancel_requested:
             if running.cancel_reason == SHUTDOWN:
                 return Outcome(claim, OutcomeKind.RELEASE, duration)
             if running.cancel_reason is not None:
                 return None  # the lease is lost
             return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
-        return Outcome(claim, OutcomeKind.COMPLETE, duration)
+        if running.cancel_requested and running.cancel_reason == LEASE_LOST:
+            return None  # the lease is lost: the reaper wrote the requested cancel
+        if ttl is None or running.cancel_requested:
+            return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl)
+        try:  # jobcontrol: the return value is kept as JSON; one that cannot be is a failure
+            result = encode_result(claim.task, claim.id, value)
+        except ResultError as exc:
+            return failed(format_error(exc, with_traceback=False))
+        return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl, result=result)

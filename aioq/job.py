@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import contextvars
 import enum
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 import asyncpg
 
-from aioq.errors import AioqError
+from aioq.errors import AioqError, ConfigError
 
-__all__ = ("Claim", "Job", "JobContext", "JobStatus", "current_job")
+__all__ = ("Claim", "Job", "JobContext", "JobHandle", "JobStatus", "current_job")
 
 
 class JobStatus(enum.StrEnum):
-    """The values of ``jobs.status``; a finished job leaves the table."""
+    """The values of ``jobs.status``; a job that succeeded leaves the table."""
 
     PENDING = "pending"
     RUNNING = "running"
     DEAD = "dead"
+    CANCELLED = "cancelled"  # kept, like dead, until dead_retention prunes it
+    SUCCEEDED = "succeeded"  # not a jobs row: a job found in results (it stored its value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,13 +39,17 @@ class Job:
     run_at: datetime
     attempts: int
     max_attempts: int
-    lease: float
+    lease: float | None  # None for a succeeded job (not kept)
     locked_by: str | None
     locked_at: datetime | None
     lease_expires_at: datetime | None
     last_error: str | None
     unique_key: str | None
     created_at: datetime
+    cancel_requested_at: datetime | None = None
+    progress: float | None = None  # 0..1, as the task last reported it
+    progress_note: str | None = None
+    result: str | None = None  # the stored return value as JSON text (succeeded jobs)
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Job:
@@ -81,6 +89,18 @@ class Claim:
         )
 
 
+class JobHandle(Protocol):
+    """What a running job's context asks its worker (see :mod:`aioq.control`)."""
+
+    @property
+    def cancel_requested(self) -> bool: ...
+
+    async def set_progress(self, progress: float, note: str | None) -> None: ...
+
+
+MAX_PROGRESS_NOTE = 1000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext:
     """What a running task knows about its job; ``id`` is the stable idempotency key."""
@@ -91,11 +111,39 @@ class JobContext:
     task: str
     queue: str
     worker_id: str
+    handle: JobHandle | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
         """Whether a failure now makes the job dead."""
         return self.attempt >= self.max_attempts
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether someone asked to cancel this job (for sync tasks, which cannot be interrupted).
+
+        A sync task polls it and returns early; the job then ends ``cancelled`` whatever it
+        returns. An async task is cancelled where it awaits and need not look.
+        """
+        return self.handle is not None and self.handle.cancel_requested
+
+    async def set_progress(self, progress: float, *, note: str | None = None) -> None:
+        """Store how far the job is (0 to 1) and an optional note, visible in ``get_job``.
+
+        From a sync task (a thread): ``anyio.from_thread.run(job.set_progress, 0.5)``.
+        """
+        if isinstance(progress, bool) or not isinstance(progress, int | float):
+            raise ConfigError("progress", f"must be a number from 0 to 1, got {progress!r}")
+        if not (math.isfinite(progress) and 0 <= progress <= 1):
+            raise ConfigError("progress", f"must be a number from 0 to 1, got {progress!r}")
+        if note is not None:
+            if not isinstance(note, str) or "\x00" in note or len(note) > MAX_PROGRESS_NOTE:
+                raise ConfigError(
+                    "note", f"must be text without NUL of at most {MAX_PROGRESS_NOTE} characters"
+                )
+            note = note.encode("utf-8", "backslashreplace").decode("utf-8")
+        if self.handle is not None:
+            await self.handle.set_progress(float(progress), note)
 
 
 _current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("aioq_current_job")

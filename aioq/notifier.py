@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import anyio
@@ -32,12 +32,16 @@ class Listener:
         queues: Collection[str],
         ring: Callable[[], None],
         keepalive: float = 5.0,
+        control: Mapping[str, Callable[[str], None]] | None = None,
     ) -> None:
         self.connect = connect
         self.channel = channel
         self.queues = frozenset(queues)
         self.ring = ring
         self.keepalive = keepalive
+        # jobcontrol: more channels on the same connection (the control channel), with the
+        # handler each notification's payload goes to.
+        self.control = dict(control or {})
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
 
@@ -52,6 +56,8 @@ class Listener:
             lost = anyio.Event()
             conn.add_termination_listener(lambda _conn: lost.set())
             await conn.add_listener(self.channel, self._on_notify)
+            for channel, handler in self.control.items():
+                await conn.add_listener(channel, _payload_to(handler))
             self.connections += 1
             self.connected.set()
             self.ring()  # anything deferred while we were away is found now
@@ -89,3 +95,10 @@ class Listener:
                     delay,
                 )
             await anyio.sleep(delay)
+
+
+def _payload_to(handler: Callable[[str], None]) -> Callable[[object, int, str, object], None]:
+    def on_notify(conn: object, pid: int, channel: str, payload: object) -> None:
+        handler(str(payload))
+
+    return on_notify

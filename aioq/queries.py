@@ -30,6 +30,20 @@ def channel_name(schema: str) -> str:
     return f"aioq:{schema}"
 
 
+def control_channel(schema: str) -> str:
+    """Return the schema's control channel: cancel requests for running jobs, payload the job id.
+
+    Five characters of prefix like the doorbell's, so any valid schema name fits PostgreSQL's
+    63-byte channel names.
+    """
+    return f"aioq!{schema}"
+
+
+def results_channel(schema: str) -> str:
+    """Return the schema's results channel: a job someone may await has ended, payload its id."""
+    return f"aioq={schema}"
+
+
 def render(template: str, schema: str) -> str:
     """Fill a statement template with the quoted schema name."""
     return template.replace("{s}", quote_schema(schema))
@@ -170,14 +184,16 @@ RESCHEDULE = _ringing(
     f"""
 WITH changed AS (
     UPDATE {{s}}.jobs AS j
-    SET status = 'pending', run_at = now() + make_interval(secs => f.delay),
+    -- jobcontrol: a job whose cancel was requested is never run again (cancelled, not pending).
+    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        run_at = now() + make_interval(secs => f.delay),
         last_error = coalesce(f.error, j.last_error),
         attempts = j.attempts - CASE WHEN f.refund THEN 1 ELSE 0 END,
         locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM unnest($1::bigint[], $2::integer[], $4::float8[], $5::text[], $6::boolean[])
          AS f(id, attempt, delay, error, refund)
     WHERE {_FENCE}
-    RETURNING j.id, j.queue, f.delay = 0 AS ready
+    RETURNING j.id, j.queue, f.delay = 0 AND j.status = 'pending' AS ready
 ){_RING}
 SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
 """,
@@ -205,7 +221,9 @@ WITH expired AS (
 ),
 changed AS (
     UPDATE {{s}}.jobs AS j
-    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    -- jobcontrol: a rescued job whose cancel was requested ends cancelled, never pending.
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
         run_at = now(),
         last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
                             j.attempts),
@@ -224,7 +242,8 @@ REPLAY_DEAD = _ringing(
     f"""
 WITH changed AS (
     UPDATE {{s}}.jobs AS j
-    SET status = 'pending', attempts = 0, run_at = now()
+    SET status = 'pending', attempts = 0, run_at = now(),
+        cancel_requested_at = NULL  -- jobcontrol: a request that came too late ends with the run
     WHERE j.status = 'dead'
       AND ($1::bigint[] IS NULL OR j.id = ANY($1))
       AND ($2::text IS NULL OR j.task = $2)
@@ -239,18 +258,26 @@ SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
     4,
 )
 
-GET_JOB = """
-SELECT id, queue, task, args::text AS args, status, priority, run_at, attempts, max_attempts,
-       extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at, lease_expires_at,
-       last_error, unique_key, created_at
-FROM {s}.jobs WHERE id = $1
+_JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
+       max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
+       lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
+       progress_note, NULL::text AS result"""
+
+# A job that succeeded and stored a result has left the jobs table for results (jobcontrol).
+GET_JOB = f"""
+SELECT {_JOB_COLUMNS}
+FROM {{s}}.jobs WHERE id = $1
+UNION ALL
+SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
+       NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
+       result::text
+FROM {{s}}.results WHERE id = $1
+LIMIT 1
 """
 
-LIST_JOBS = """
-SELECT id, queue, task, args::text AS args, status, priority, run_at, attempts, max_attempts,
-       extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at, lease_expires_at,
-       last_error, unique_key, created_at
-FROM {s}.jobs
+LIST_JOBS = f"""
+SELECT {_JOB_COLUMNS}
+FROM {{s}}.jobs
 WHERE ($1::text IS NULL OR status = $1)
   AND ($2::text IS NULL OR task = $2)
   AND ($3::text IS NULL OR queue = $3)
@@ -356,8 +383,159 @@ WHERE c.oid = '{s}.jobs'::regclass
 # SKIP_LOCKED: when another worker (or autovacuum) is vacuuming the table, skip it at once.
 VACUUM_JOBS = "VACUUM (SKIP_LOCKED) {s}.jobs"
 
-CANCEL_PENDING = """
-DELETE FROM {s}.jobs
-WHERE id = ANY($1::bigint[]) AND status = 'pending'
-RETURNING id
+# --- job control: cancel, progress, results (issue 12) ---
+
+# Pending (ready or scheduled) jobs become cancelled at once; running ones get a cancel request
+# that their worker acts on (a NOTIFY on the control channel now, its cancel watch within a
+# heartbeat interval otherwise). One UPDATE for both, so a job claimed while this statement
+# waits for its row lock is re-checked as running and still gets its request.
+# $1 ids, $2 control channel, $3 results channel (waiters of a job cancelled while pending).
+# A row that was live in this statement's snapshot but that the UPDATE did not change ended
+# (or changed hands) concurrently: 'raced', and the caller asks again with a fresh snapshot.
+CANCEL_JOBS = """
+WITH wanted AS (
+    SELECT DISTINCT id FROM unnest($1::bigint[]) AS w(id)
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = CASE WHEN j.status = 'pending' THEN 'cancelled' ELSE j.status END,
+        run_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.run_at END,
+        cancel_requested_at = coalesce(j.cancel_requested_at, now())
+    WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'running')
+    RETURNING j.id, j.status
+),
+rang AS (
+    SELECT pg_notify(CASE WHEN status = 'running' THEN $2 ELSE $3 END, id::text) FROM changed
+)
+SELECT w.id,
+       CASE WHEN c.status = 'cancelled' THEN 'cancelled'
+            WHEN c.status = 'running' THEN 'cancelling'
+            WHEN j.status IN ('dead', 'cancelled') THEN j.status
+            WHEN j.status IS NOT NULL THEN 'raced'
+            WHEN EXISTS (SELECT FROM {s}.results AS r WHERE r.id = w.id)
+              OR EXISTS (SELECT FROM {s}.archive AS a WHERE a.id = w.id) THEN 'finished'
+            ELSE 'missing'
+       END AS state
+FROM wanted AS w
+LEFT JOIN changed AS c ON c.id = w.id
+LEFT JOIN {s}.jobs AS j ON j.id = w.id
+WHERE (SELECT count(*) FROM rang) >= 0
+ORDER BY w.id
+"""
+
+# Our running jobs that someone asked to cancel: what the cancel watch delivers when the
+# control channel's notification was missed. $1 ids, $2 attempts, $3 worker id.
+CANCEL_REQUESTED = f"""
+SELECT j.id
+FROM {{s}}.jobs AS j
+JOIN unnest($1::bigint[], $2::integer[]) AS f(id, attempt) ON j.id = f.id
+WHERE {_FENCE} AND j.cancel_requested_at IS NOT NULL
+"""
+
+# The worker records a cancelled run, fenced like every other outcome; $4 says per job whether
+# its task stores results (someone may await it: ring the results channel $5).
+CANCEL_RUNNING = f"""
+WITH changed AS (
+    UPDATE {{s}}.jobs AS j
+    SET status = 'cancelled', run_at = now(),  -- when it ended: the pruner's clock
+        cancel_requested_at = coalesce(j.cancel_requested_at, now()),
+        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+    FROM unnest($1::bigint[], $2::integer[], $4::boolean[]) AS f(id, attempt, awaited)
+    WHERE {_FENCE}
+    RETURNING j.id, f.awaited
+),
+rang AS (
+    SELECT pg_notify($5, id::text) FROM changed WHERE awaited
+)
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+"""
+
+# Ring the results channel for jobs that ended in a state written by another statement (dead).
+RING_RESULTS = """
+SELECT count(pg_notify($1, id::text)) FROM unnest($2::bigint[]) AS r(id)
+"""
+
+# Completion of jobs whose task stores its result: out of the hot table into results (and the
+# archive too when the worker keeps completed jobs), and a NOTIFY per job for its waiters.
+# $4 results (JSON text), $5 their TTLs in seconds, $6 archive too, $7 the results channel.
+COMPLETE_RESULT = f"""
+WITH done AS (
+    DELETE FROM {{s}}.jobs AS j
+    USING unnest($1::bigint[], $2::integer[], $4::text[], $5::float8[])
+          AS f(id, attempt, result, ttl)
+    WHERE {_FENCE}
+    RETURNING j.*, f.result, f.ttl
+),
+kept AS (
+    INSERT INTO {{s}}.results (id, queue, task, args, priority, attempts, max_attempts, worker,
+                             progress, progress_note, created_at, started_at, finished_at,
+                             expires_at, result)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by, progress,
+           progress_note, created_at, locked_at, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => ttl), result::jsonb
+    FROM done
+    RETURNING id
+),
+archived AS (
+    INSERT INTO {{s}}.archive (id, queue, task, args, priority, attempts, max_attempts, worker,
+                             created_at, started_at, finished_at)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by,
+           created_at, locked_at, clock_timestamp()
+    FROM done WHERE $6::boolean
+    RETURNING 1
+),
+rang AS (
+    SELECT pg_notify($7, id::text) FROM kept
+)
+SELECT id FROM kept
+WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM archived) >= 0
+"""
+
+# A task reports how far it is; fenced, so a run that lost its lease changes nothing.
+SET_PROGRESS = f"""
+UPDATE {{s}}.jobs AS j
+SET progress = $4, progress_note = $5
+FROM (SELECT $1::bigint AS id, $2::integer AS attempt) AS f
+WHERE {_FENCE}
+RETURNING j.id
+"""
+
+# What a waiter needs: the live or kept job's state, or its stored result.
+RESULT_STATE = """
+SELECT status, last_error, NULL::text AS result, false AS expired FROM {s}.jobs WHERE id = $1
+UNION ALL
+SELECT 'succeeded', NULL, result::text, expires_at <= now() FROM {s}.results WHERE id = $1
+LIMIT 1
+"""
+
+# Retention: results past their TTL, and cancelled jobs past dead_retention (their run_at is
+# when they were cancelled), in bounded SKIP LOCKED batches like PRUNE_DEAD.
+PRUNE_RESULTS = """
+WITH deleted AS (
+    DELETE FROM {s}.results
+    WHERE id IN (
+        SELECT id FROM {s}.results
+        WHERE expires_at < now()
+        ORDER BY expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+"""
+
+PRUNE_CANCELLED = """
+WITH deleted AS (
+    DELETE FROM {s}.jobs
+    WHERE id IN (
+        SELECT id FROM {s}.jobs
+        WHERE status = 'cancelled' AND run_at < now() - make_interval(secs => $1::float8)
+        ORDER BY run_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
 """

@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from aioq.completer import SHUTDOWN, Completer, Running
 from aioq.consumer import Consumer
+from aioq.control import CancelWatch
 from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
 from aioq.maintenance import Pruner, Vacuumer
@@ -296,12 +297,22 @@ class Worker:
         try:
             async with anyio.create_task_group() as services:
                 await services.start(completer.run)
+                # jobcontrol: cancel requests, by notification and by polling
+                cancel_watch = CancelWatch(
+                    store=self.store,
+                    db=pool,
+                    worker_id=self.id,
+                    in_flight=self.in_flight,
+                    interval=cfg.heartbeat_interval,
+                )
+                services.start_soon(cancel_watch.run)
                 if cfg.listen:
                     self.listener = Listener(
                         connect=self._connect_listener,
                         channel=self.store.channel,
                         queues=cfg.queues,
                         ring=self.doorbell.ring,
+                        control={self.store.control_channel: cancel_watch.on_notify},
                     )
                     await services.start(self.listener.run)
                 heartbeat = Heartbeat(
@@ -319,16 +330,16 @@ class Worker:
                     batch_size=cfg.reaper_batch,
                 )
                 services.start_soon(reaper.run)
-                if cfg.archive_retention is not None or cfg.dead_retention is not None:
-                    pruner = Pruner(
-                        store=self.store,
-                        db=pool,
-                        archive_retention=cfg.archive_retention,
-                        dead_retention=cfg.dead_retention,
-                        interval=cfg.prune_interval,
-                        batch_size=cfg.prune_batch,
-                    )
-                    services.start_soon(pruner.run)
+                # Always: expired results are pruned whatever the retention (jobcontrol).
+                pruner = Pruner(
+                    store=self.store,
+                    db=pool,
+                    archive_retention=cfg.archive_retention,
+                    dead_retention=cfg.dead_retention,
+                    interval=cfg.prune_interval,
+                    batch_size=cfg.prune_batch,
+                )
+                services.start_soon(pruner.run)
                 if cfg.vacuum_threshold is not None:
                     vacuumer = Vacuumer(
                         store=self.store,

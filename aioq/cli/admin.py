@@ -207,15 +207,15 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         job = await admin.get_job(conn, args.id, schema=schema_from(args))
         if job is None:
-            print(f"aioq: job {args.id} not found (finished, cancelled or never existed)",
-                  file=sys.stderr)  # fmt: skip
+            print(f"aioq: job {args.id} not found (finished and not kept, pruned, or never"
+                  " existed)", file=sys.stderr)  # fmt: skip
             return EXIT_FAILED
         values = job_dict(job)
         if args.json:
             print_json(values)
             return EXIT_OK
         for key, value in values.items():
-            if key == "args":
+            if key == "args" or (key == "result" and job.result is not None):
                 value = json.dumps(value)
             elif value is None:
                 value = "-"
@@ -246,12 +246,33 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
     return with_db(args, run)
 
 
+_CANCEL_LINES = {
+    "cancelled": "cancelled {n} jobs",
+    "cancelling": "cancelling {n} running jobs (their workers stop them)",
+    "finished": "already finished (kept their outcome)",
+    "dead": "already dead (not cancelled)",
+    "missing": "not found",
+}
+
+
 def cmd_jobs_cancel(args: argparse.Namespace) -> int:
-    """Delete pending jobs; exit 1 if a given id was not pending."""
+    """Cancel jobs, running ones too; exit 1 if a given id had already ended or was not found."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        cancelled = await admin.cancel_jobs(conn, args.ids, schema=schema_from(args))
-        return _report(args, "cancelled", cancelled, "not pending jobs")
+        states = await admin.cancel_jobs(conn, args.ids, schema=schema_from(args))
+        by_state: dict[str, list[int]] = {state: [] for state in admin.CANCEL_STATES}
+        for job_id, state in states.items():
+            by_state[state].append(job_id)
+        if args.json:
+            print_json(by_state)
+        else:
+            for state, line in _CANCEL_LINES.items():
+                ids = by_state[state]
+                if ids or state == "cancelled":
+                    head = line.format(n=len(ids))
+                    print(f"{head}: {format_ints(ids)}" if ids else head)
+        ended = by_state["finished"] or by_state["dead"] or by_state["missing"]
+        return EXIT_FAILED if ended else EXIT_OK
 
     return with_db(args, run)
 

@@ -20,6 +20,7 @@ import pytest
 from procs import LISTENERS, aioq_cli, assert_one_line_error, children, pid_of
 
 from aioq.dev.pgbin import free_port
+from aioq.migrate import migrations
 
 TASKS = textwrap.dedent(
     """
@@ -136,21 +137,25 @@ def test_schema_sql_status_apply(dsn: str) -> None:
     assert sql.returncode == 0
     assert 'CREATE TABLE "other".jobs' in sql.stdout
 
+    latest = len(migrations())  # every helper's migration counts
+    everything = list(range(1, latest + 1))
     status = aioq_cli(dsn, "schema", "status")
     assert status.returncode == 0, status
     assert status.stdout.split("\n")[0].split() == ["SCHEMA", "INSTALLED", "LATEST", "PENDING"]
-    assert status.stdout.split("\n")[1].split()[:2] == ["aioq", "1"]
+    assert status.stdout.split("\n")[1].split()[:2] == ["aioq", str(latest)]
     data = json.loads(aioq_cli(dsn, "schema", "status", "--json").stdout)
-    assert data == {"schema": "aioq", "installed": 1, "latest": 1, "pending": []}
+    assert data == {"schema": "aioq", "installed": latest, "latest": latest, "pending": []}
 
     pending = aioq_cli(dsn, "schema", "status", "--schema", "other", "--json")
     assert pending.returncode == 1
-    assert json.loads(pending.stdout)["pending"] == [1]
+    assert json.loads(pending.stdout)["pending"] == everything
     applied = aioq_cli(dsn, "schema", "apply", "--schema", "other")
     assert applied.returncode == 0
-    assert applied.stdout.strip() == "schema other: applied migrations 1"
+    assert applied.stdout.strip() == "schema other: applied migrations " + " ".join(
+        map(str, everything)
+    )
     again = aioq_cli(dsn, "schema", "apply", "--schema", "other", "--json")
-    assert json.loads(again.stdout) == {"schema": "other", "applied": [], "version": 1}
+    assert json.loads(again.stdout) == {"schema": "other", "applied": [], "version": latest}
     assert aioq_cli(dsn, "schema", "status", "--schema", "other").returncode == 0
 
 
@@ -217,9 +222,16 @@ def test_retry_cancel_purge(dsn: str) -> None:
     cancelled = aioq_cli(dsn, "jobs", "cancel", str(ids[3]), str(ids[2]))
     assert cancelled.returncode == 1  # ids[2] is dead, not pending
     assert f"cancelled 1 jobs: {ids[3]}" in cancelled.stdout
-    assert f"not pending jobs (or not found): {ids[2]}" in cancelled.stdout
-    ok = aioq_cli(dsn, "jobs", "cancel", str(ids[0]), "--json")
-    assert (ok.returncode, json.loads(ok.stdout)) == (0, {"cancelled": [ids[0]], "missing": []})
+    assert f"already dead (not cancelled): {ids[2]}" in cancelled.stdout
+    ok = aioq_cli(dsn, "jobs", "cancel", str(ids[0]), "999999", "--json")
+    assert (ok.returncode, json.loads(ok.stdout)) == (
+        1,
+        {"cancelled": [ids[0]], "cancelling": [], "finished": [], "dead": [], "missing": [999999]},
+    )
+    again = aioq_cli(dsn, "jobs", "cancel", str(ids[0]))  # idempotent
+    assert (again.returncode, again.stdout.strip()) == (0, f"cancelled 1 jobs: {ids[0]}")
+    listed = aioq_cli(dsn, "jobs", "list", "--status", "cancelled", "--json")
+    assert sorted(j["id"] for j in json.loads(listed.stdout)) == [ids[0], ids[3]]
 
     young = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "1h")
     assert (young.returncode, young.stdout.strip()) == (0, "purged 0 dead jobs")
@@ -228,7 +240,10 @@ def test_retry_cancel_purge(dsn: str) -> None:
     )
     purged = aioq_cli(dsn, "jobs", "purge", "--dead", "--json")
     assert json.loads(purged.stdout) == {"purged": 1}
-    assert [r["id"] for r in fetch(dsn, "SELECT id FROM aioq.jobs")] == [ids[1]]
+    left = fetch(dsn, "SELECT id, status FROM aioq.jobs ORDER BY id")
+    assert [(r["id"], r["status"]) for r in left] == [
+        (ids[0], "cancelled"), (ids[1], "pending"), (ids[3], "cancelled")
+    ]  # fmt: skip
 
 
 def test_stats_watch_until_interrupted(

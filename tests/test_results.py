@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -352,3 +353,20 @@ def test_mypy_types_results_by_the_task(tmp_path: Path) -> None:
             expected.add((number, found.group(1)))
     assert len(expected) == 4
     assert reported == expected, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_jobcontrol_example_runs(dsn: str) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "jobcontrol.py"
+    done = subprocess.run(
+        [sys.executable, str(example)],
+        env={**os.environ, "AIOQ_DSN": dsn},
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1. total: 700; status succeeded, progress 0.5" in done.stdout
+    assert "3. cancel_jobs: {1: 'finished', 2: 'cancelling', 3: 'cancelling'}" in done.stdout
+    assert "job 3: was cancelled" in done.stdout

@@ -99,6 +99,12 @@ class Consumer:
             outcome: Outcome | None = Outcome(claim, OutcomeKind.RELEASE)
         else:
             outcome = await self.run_one(claim, running)
+            # jobcontrol: once a cancel request reached the run, the job ends cancelled
+            # whatever the task did next (a sync task returns when it sees the flag).
+            if running.cancel_requested and outcome is not None:
+                outcome = Outcome(
+                    claim, OutcomeKind.CANCEL, outcome.duration, result_ttl=outcome.result_ttl
+                )
         if outcome is None:
             self.completer.lost(claim)
         else:
@@ -106,16 +112,6 @@ class Consumer:
 
     async def run_one(self, claim: Claim, running: Running) -> Outcome | None:
         """Run one attempt and return its outcome (None: lease lost); task faults never raise."""
-        outcome = await self._attempt(claim, running)
-        # jobcontrol: once a cancel request reached the run, the job ends cancelled whatever
-        # the task did next (a sync task returns when it sees the flag); never retried.
-        if outcome is not None and running.cancel_requested:
-            return Outcome(
-                claim, OutcomeKind.CANCEL, outcome.duration, result_ttl=outcome.result_ttl
-            )
-        return outcome
-
-    async def _attempt(self, claim: Claim, running: Running) -> Outcome | None:
         task = self.registry.get(claim.task)
         retry = task.retry if task is not None else _DEFAULT_RETRY
         ttl = task.result_ttl if task is not None else None  # jobcontrol: someone may await it
@@ -146,12 +142,7 @@ class Consumer:
         running.interruptible = task.is_async  # jobcontrol: a thread only sees the flag
         if running.cancel_requested:
             return Outcome(claim, OutcomeKind.CANCEL, result_ttl=ttl)  # not started yet
-        handle = RunHandle(
-            running=running,
-            store=self.completer.store,
-            db=self.completer.db,
-            worker_id=self.worker_id,
-        )
+        handle = RunHandle(running, self.completer.store, self.completer.db, self.worker_id)
         token = _current.set(
             JobContext(
                 id=claim.id,

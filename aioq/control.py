@@ -101,7 +101,9 @@ class CancelWatch:
 class RunHandle:
     """The running job's side of ``current_job()``: its cancel flag and its progress writes."""
 
-    def __init__(self, *, running: Running, store: Store, db: Executor, worker_id: str) -> None:
+    __slots__ = ("db", "running", "store", "worker_id")
+
+    def __init__(self, running: Running, store: Store, db: Executor, worker_id: str) -> None:
         self.running = running
         self.store = store
         self.db = db

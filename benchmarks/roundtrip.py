@@ -80,7 +80,7 @@ async def saq_system(url: str) -> AsyncIterator[Callable[[int], Awaitable[object
 
     queue = Queue.from_url(url, name="roundtrip")
     await queue.connect()
-    worker = Worker(queue, functions=[value], concurrency=10)
+    worker = Worker(queue, functions=[("value", value)], concurrency=10)
     task = asyncio.create_task(worker.start())
     await asyncio.sleep(0.5)
     try:
@@ -99,7 +99,7 @@ async def saq_system(url: str) -> AsyncIterator[Callable[[int], Awaitable[object
 def arq_system(poll_delay: float) -> Callable[[str], Any]:
     @contextlib.asynccontextmanager
     async def system(url: str) -> AsyncIterator[Callable[[int], Awaitable[object]]]:
-        from arq import Worker, create_pool
+        from arq import Worker, create_pool, func
         from arq.connections import RedisSettings
 
         async def value(ctx: dict[str, Any], i: int) -> int:
@@ -107,7 +107,7 @@ def arq_system(poll_delay: float) -> Callable[[str], Any]:
 
         redis = await create_pool(RedisSettings.from_dsn(url), default_queue_name="roundtrip")
         worker = Worker(
-            functions=[value],
+            functions=[func(value, name="value")],
             redis_pool=redis,
             queue_name="roundtrip",
             max_jobs=10,

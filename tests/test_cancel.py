@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
-from procs import LISTENERS, children, pid_of
+from procs import LISTENERS, aioq_cli, children, pid_of
 
 import aioq
 from aioq.completer import Running
@@ -509,7 +510,7 @@ def fleet(dsn: str, fleet_dir: Path) -> Iterator[subprocess.Popen[str]]:
 
 
 async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
-    conn: asyncpg.Connection, fleet: subprocess.Popen[str]
+    conn: asyncpg.Connection, dsn: str, fleet: subprocess.Popen[str]
 ) -> None:
     with anyio.fail_after(60):
         while len(children(fleet.pid)) < 2 or len(await conn.fetch(LISTENERS)) < 2:
@@ -525,7 +526,7 @@ async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
         assert owners == workers  # both processes hold some
 
         latencies = []
-        for job_id in jobs:
+        for job_id in jobs[:2]:
             asked = await conn.fetchval("SELECT clock_timestamp()")
             assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             await wait_for(
@@ -536,6 +537,12 @@ async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
                 "SELECT at FROM runs WHERE job_id = $1 AND phase = 'cancelled'", job_id
             )
             latencies.append((seen - asked).total_seconds())
+        # The other two from a shell, through the console script.
+        cli = await anyio.to_thread.run_sync(
+            lambda: aioq_cli(dsn, "jobs", "cancel", str(jobs[2]), str(jobs[3]), "--json")
+        )
+        assert cli.returncode == 0, cli
+        assert json.loads(cli.stdout)["cancelling"] == jobs[2:]
         await wait_for(
             conn, "SELECT count(*) = 4 FROM aioq.jobs WHERE status = 'cancelled' AND attempts = 1"
         )

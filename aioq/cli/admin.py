@@ -219,7 +219,8 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
                 value = json.dumps(value)
             elif value is None:
                 value = "-"
-            print(f"{key + ':':<18}{value}")
+            label = key + ":"
+            print(f"{label:<18}{value}" if len(label) < 18 else f"{label} {value}")
         return EXIT_OK
 
     return with_db(args, run)

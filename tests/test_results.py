@@ -209,7 +209,9 @@ async def test_200_concurrent_waiters_share_one_listen_connection(
 
             for job_id in ids:
                 tg.start_soon(wait, job_id)
-            while sum(h.count for h in results._hubs.values()) < 200:
+            while sum(h.count for h in results._hubs.values()) < 200 or (
+                results.listening_connections() < 1 or not await conn.fetchval(RESULT_LISTENERS)
+            ):  # every waiter is in, and the first one's LISTEN is set up
                 await anyio.sleep(0.01)
             listeners_seen.add(await conn.fetchval(RESULT_LISTENERS))
             listeners_seen.add(results.listening_connections())

@@ -142,18 +142,7 @@ class Consumer:
         running.interruptible = task.is_async  # jobcontrol: a thread only sees the flag
         if running.cancel_requested:
             return Outcome(claim, OutcomeKind.CANCEL, result_ttl=ttl)  # not started yet
-        handle = RunHandle(running, self.completer.store, self.completer.db, self.worker_id)
-        token = _current.set(
-            JobContext(
-                id=claim.id,
-                attempt=claim.attempt,
-                max_attempts=claim.max_attempts,
-                task=claim.task,
-                queue=claim.queue,
-                worker_id=self.worker_id,
-                handle=handle,
-            )
-        )
+        token = _current.set(self._context(claim, running))
         # One scope serves the timeout (its deadline), a lost lease and a shutdown (both set
         # running.cancel_reason before they cancel it).
         deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
@@ -211,3 +200,15 @@ class Consumer:
         except ResultError as exc:
             return failed(format_error(exc, with_traceback=False))
         return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl, result=result)
+
+    def _context(self, claim: Claim, running: Running) -> JobContext:
+        """What ``current_job()`` returns in the task; its handle reaches this run (jobcontrol)."""
+        return JobContext(
+            id=claim.id,
+            attempt=claim.attempt,
+            max_attempts=claim.max_attempts,
+            task=claim.task,
+            queue=claim.queue,
+            worker_id=self.worker_id,
+            handle=RunHandle(running, self.completer.store, self.completer.db, self.worker_id),
+        )

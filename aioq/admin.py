@@ -169,12 +169,16 @@ async def retry_dead(
 
 
 async def get_job(conn: Executor, job_id: int, *, schema: str = "aioq") -> Job | None:
-    """Return a job: pending, running, dead, cancelled, or succeeded with a kept result; or None.
+    """Return a job: pending, running, dead, cancelled, or ``succeeded`` (kept); else None.
 
-    Its ``progress`` and ``progress_note`` are as the task last reported them; ``result`` is
-    the stored return value as JSON text (tasks with ``result_ttl``, until it expires).
+    A succeeded job is found while its result is kept (tasks with ``result_ttl``; ``result``
+    is the value as JSON text) or, when workers keep completed jobs (``keep_completed=True``),
+    in the archive until pruned after ``archive_retention``. ``progress`` and
+    ``progress_note`` are as the task last reported them.
     """
-    return await Store.for_schema(schema).get(conn, job_id)
+    store = Store.for_schema(schema)
+    found = await store.get(conn, job_id)
+    return found if found is not None else await store.get_archived(conn, job_id)
 
 
 async def list_jobs(
@@ -186,8 +190,9 @@ async def list_jobs(
     limit: int = 100,
     schema: str = "aioq",
 ) -> list[Job]:
-    """Return jobs matching the filters, oldest first."""
+    """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
     wanted = JobStatus(status).value if status is not None else None
-    return await Store.for_schema(schema).list(
-        conn, status=wanted, task=task, queue=queue, limit=limit
-    )
+    store = Store.for_schema(schema)
+    if wanted == JobStatus.SUCCEEDED:
+        return await store.list_archived(conn, task=task, queue=queue, limit=limit)
+    return await store.list(conn, status=wanted, task=task, queue=queue, limit=limit)

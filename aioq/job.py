@@ -17,18 +17,24 @@ __all__ = ("Claim", "Job", "JobContext", "JobHandle", "JobStatus", "current_job"
 
 
 class JobStatus(enum.StrEnum):
-    """The values of ``jobs.status``; a job that succeeded leaves the table."""
+    """The values of ``jobs.status``, and ``succeeded`` for a finished job (archive, results)."""
 
     PENDING = "pending"
     RUNNING = "running"
     DEAD = "dead"
     CANCELLED = "cancelled"  # kept, like dead, until dead_retention prunes it
-    SUCCEEDED = "succeeded"  # not a jobs row: a job found in results (it stored its value)
+    SUCCEEDED = "succeeded"  # not a jobs row: found in the archive or in results
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
-    """A job as stored, for inspection."""
+    """A job as stored, for inspection.
+
+    A ``succeeded`` job comes from the results (tasks with ``result_ttl``) or the archive,
+    which keep no run_at, lease, error or unique_key: there ``run_at`` and ``locked_at`` are
+    when the successful attempt started, ``locked_by`` the worker that ran it, ``lease`` None,
+    and ``finished_at`` is set.
+    """
 
     id: int
     queue: str
@@ -39,13 +45,14 @@ class Job:
     run_at: datetime
     attempts: int
     max_attempts: int
-    lease: float | None  # None for a succeeded job (not kept)
+    lease: float | None
     locked_by: str | None
     locked_at: datetime | None
     lease_expires_at: datetime | None
     last_error: str | None
     unique_key: str | None
     created_at: datetime
+    finished_at: datetime | None = None
     cancel_requested_at: datetime | None = None
     progress: float | None = None  # 0..1, as the task last reported it
     progress_note: str | None = None
@@ -154,4 +161,7 @@ def current_job() -> JobContext:
     try:
         return _current.get()
     except LookupError:
-        raise AioqError("current_job() called outside a running aioq task") from None
+        raise AioqError(
+            "current_job() called outside a running aioq task (to call a task in a test,"
+            " wrap the call in aioq.testing.job_context())"
+        ) from None

@@ -396,12 +396,19 @@ CANCEL_JOBS = """
 WITH wanted AS (
     SELECT DISTINCT id FROM unnest($1::bigint[]) AS w(id)
 ),
+locked AS (  -- in id order, like the fenced writes: two statements never deadlock
+    SELECT j.id FROM {s}.jobs AS j
+    WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'running')
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
 changed AS (
     UPDATE {s}.jobs AS j
     SET status = CASE WHEN j.status = 'pending' THEN 'cancelled' ELSE j.status END,
         run_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.run_at END,
         cancel_requested_at = coalesce(j.cancel_requested_at, now())
-    WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'running')
+    FROM locked
+    WHERE j.id = locked.id AND j.status IN ('pending', 'running')
     RETURNING j.id, j.status
 ),
 rang AS (

@@ -9,16 +9,18 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 
+from aioq.claims import CancelReason, Claims, Running
 from aioq.codec import decode_args, encode_result
-from aioq.completer import LEASE_LOST, SHUTDOWN, Completer, Outcome, OutcomeKind, Running
+from aioq.completer import Completer, Outcome
 from aioq.control import RunHandle
 from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
-from aioq.job import Claim, JobContext, _current
-from aioq.task import Backoff, Registry
+from aioq.job import Claim, JobContext, OutcomeKind, _current
+from aioq.task import Backoff, Registry, Task
 
 if TYPE_CHECKING:
     from aioq.producer import Handoff
@@ -69,7 +71,7 @@ class Consumer:
         *,
         registry: Registry,
         worker_id: str,
-        in_flight: dict[int, Running],
+        claims: Claims,
         limiter: anyio.CapacityLimiter,
         stopping: anyio.Event,
         completer: Completer,
@@ -77,7 +79,7 @@ class Consumer:
         self.completer = completer
         self.registry = registry
         self.worker_id = worker_id
-        self.in_flight = in_flight
+        self.claims = claims
         self.limiter = limiter
         self.stopping = stopping
 
@@ -91,8 +93,8 @@ class Consumer:
 
     async def handle(self, claim: Claim) -> None:
         """Run one claim (or release it when stopping) and hand its outcome to the completer."""
-        running = self.in_flight[claim.id]
-        if running.cancel_reason == LEASE_LOST:
+        running = self.claims.get(claim)
+        if running is None or running.cancel_reason is CancelReason.LEASE_LOST:
             self.completer.lost(claim)
             return
         if self.stopping.is_set():
@@ -121,8 +123,9 @@ class Consumer:
             duration = time.monotonic() - started
             if claim.attempt >= claim.max_attempts:
                 return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
+            delay = retry.delay(claim.attempt)
             return Outcome(
-                claim, OutcomeKind.RETRY, duration, delay=retry.delay(claim.attempt), error=error
+                claim, OutcomeKind.FAIL, duration, delay=delay, error=error, result_ttl=ttl
             )
 
         if task is None:
@@ -139,67 +142,52 @@ class Consumer:
             )
             return failed(format_error(err, with_traceback=False))
 
-        running.interruptible = task.is_async  # jobcontrol: a thread only sees the flag
-        if running.cancel_requested:
-            return Outcome(claim, OutcomeKind.CANCEL, result_ttl=ttl)  # not started yet
+        if running.cancel_requested:  # jobcontrol: cancelled before it started
+            return Outcome(claim, OutcomeKind.CANCEL, result_ttl=ttl)
         token = _current.set(self._context(claim, running))
-        # One scope serves the timeout (its deadline), a lost lease and a shutdown (both set
-        # running.cancel_reason before they cancel it).
-        deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
         try:
-            with anyio.CancelScope(deadline=deadline) as scope:
-                running.scope = scope
-                if running.cancel_reason is not None:
-                    scope.cancel()
-                try:
-                    if task.is_async:
-                        value = await task.fn(**kwargs)
-                    else:
-                        # A thread cannot be stopped: on timeout or cancellation it is
-                        # abandoned and finishes in the background.
-                        value = await anyio.to_thread.run_sync(
-                            functools.partial(task.fn, **kwargs),
-                            abandon_on_cancel=True,
-                            limiter=self.limiter,
-                        )
-                except asyncio.CancelledError as exc:
-                    if _cancel_requested():
-                        raise
-                    # The task's own code raised it (it awaited a future cancelled
-                    # elsewhere); nobody cancelled us. Letting it escape would end the
-                    # consumer's task group and release the job, attempt refunded, forever.
-                    raise RuntimeError(
-                        "the task raised CancelledError without being cancelled"
-                    ) from exc
+            scope, returned, value = await self._call(task, kwargs, running)
         except Retry as exc:
             duration = time.monotonic() - started
-            return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay)
+            return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay, result_ttl=ttl)
         except Fail as exc:
             duration = time.monotonic() - started
-            return Outcome(
-                claim, OutcomeKind.BURY, duration, error=format_error(exc), result_ttl=ttl
-            )
+            error = format_error(exc)
+            return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
         except Exception as exc:
+            return failed(format_error(exc))
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise  # the worker's own cancellation (checked in _call)
+            # SystemExit, KeyboardInterrupt, ... raised by the task's own code: a failure
+            # like any other, never the end of the worker or of the batch-mates.
             return failed(format_error(exc))
         finally:
             running.scope = None
             _current.reset(token)
         duration = time.monotonic() - started
-        if scope.cancelled_caught and not running.cancel_requested:
-            if running.cancel_reason == SHUTDOWN:
-                return Outcome(claim, OutcomeKind.RELEASE, duration)
-            if running.cancel_reason is not None:
-                return None  # the lease is lost
-            return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
-        if running.cancel_requested and running.cancel_reason == LEASE_LOST:
-            return None  # the lease is lost: the reaper wrote the requested cancel
-        if ttl is None or running.cancel_requested:
-            return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl)
-        try:  # jobcontrol: the return value is kept as JSON; one that cannot be is a failure
-            result = encode_result(claim.task, claim.id, value)
-        except ResultError as exc:
-            return failed(format_error(exc, with_traceback=False))
-        return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl, result=result)
+        if running.cancel_requested:  # jobcontrol: handle() records it cancelled
+            if running.cancel_reason is CancelReason.LEASE_LOST:
+                return None  # the reaper wrote the requested cancel
+            return Outcome(claim, OutcomeKind.CANCEL, duration, result_ttl=ttl)
+        if not scope.cancelled_caught:
+            return self._completed(claim, ttl, value, duration, failed)
+        if running.cancel_reason is CancelReason.SHUTDOWN:
+            # A thread that ran to its end after the stop: its work is done, record it.
+            kind = OutcomeKind.COMPLETE if returned else OutcomeKind.RELEASE
+            return Outcome(claim, kind, duration)
+        if running.cancel_reason is not None:
+            return None  # the lease is lost
+        if returned:
+            logger.warning(
+                "job %s %s: its thread overstayed the %gs timeout (ran %.1fs); the job stayed"
+                " claimed until it returned",
+                claim.id,
+                claim.task,
+                task.timeout,
+                duration,
+            )
+        return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
 
     def _context(self, claim: Claim, running: Running) -> JobContext:
         """What ``current_job()`` returns in the task; its handle reaches this run (jobcontrol)."""
@@ -210,5 +198,69 @@ class Consumer:
             task=claim.task,
             queue=claim.queue,
             worker_id=self.worker_id,
+            snoozes=claim.snoozes,
             handle=RunHandle(running, self.completer.store, self.completer.db, self.worker_id),
         )
+
+    @staticmethod
+    def _completed(
+        claim: Claim,
+        ttl: float | None,
+        value: object,
+        duration: float,
+        failed: Callable[[str], Outcome],
+    ) -> Outcome:
+        """The outcome of a run that returned: with its value as JSON when the task keeps it."""
+        if ttl is None:
+            return Outcome(claim, OutcomeKind.COMPLETE, duration)
+        try:  # jobcontrol: a value that cannot be stored fails the attempt
+            result = encode_result(claim.task, claim.id, value)
+        except ResultError as exc:
+            return failed(format_error(exc, with_traceback=False))
+        return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl, result=result)
+
+    async def _call(
+        self, task: Task[..., Any], kwargs: dict[str, Any], running: Running
+    ) -> tuple[anyio.CancelScope, bool, object]:
+        """Call the task under one scope; return the scope, whether a thread ran to its end,
+        and the task's return value.
+
+        The scope serves the timeout (its deadline), a lost lease and a shutdown (both set
+        ``running.cancel_reason`` before they cancel it).
+        """
+        deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
+        returned = False
+        value: object = None
+        with anyio.CancelScope(deadline=deadline) as scope:
+            running.scope = scope
+            if running.cancel_reason is not None:
+                scope.cancel()
+            try:
+                if task.is_async:
+                    value = await task.fn(**kwargs)
+                else:
+                    # A thread cannot be interrupted: on timeout, a lost lease or shutdown the
+                    # job stays claimed (the heartbeat extends it) until the thread returns;
+                    # abandoning it would let a retry run beside it.
+                    running.in_thread = True
+                    try:
+                        value = await anyio.to_thread.run_sync(
+                            functools.partial(task.fn, **kwargs),
+                            abandon_on_cancel=False,
+                            limiter=self.limiter,
+                        )
+                    finally:
+                        running.in_thread = False
+                    returned = True
+                    # A cancel that came while the thread ran lands here, inside the scope.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+            except asyncio.CancelledError as exc:
+                if _cancel_requested():
+                    raise
+                # The task's own code raised it (it awaited a future cancelled elsewhere);
+                # nobody cancelled us. Letting it escape would end the consumer's task group
+                # and release the job, attempt refunded, forever.
+                raise RuntimeError(
+                    "the task raised CancelledError without being cancelled"
+                ) from exc
+        return scope, returned, value

@@ -8,16 +8,20 @@ from typing import Any
 
 import anyio
 import asyncpg
-from anyio.abc import TaskStatus
 
-from aioq._service import StepBackoff
+from aioq._service import Service
+from aioq.backoff import Backoff
 
 __all__ = ("Listener",)
 
 logger = logging.getLogger(__name__)
 
 
-class Listener:
+class _Lost(Exception):
+    """The LISTEN connection ended (or stopped answering)."""
+
+
+class Listener(Service):
     """LISTENs on the schema's channel and rings the doorbell for notifications of our queues.
 
     Notifications are only a hint: polling goes on while this connection is down, and the
@@ -34,6 +38,7 @@ class Listener:
         keepalive: float = 5.0,
         control: Mapping[str, Callable[[str], None]] | None = None,
     ) -> None:
+        super().__init__()
         self.connect = connect
         self.channel = channel
         self.queues = frozenset(queues)
@@ -45,12 +50,15 @@ class Listener:
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
 
+    name = "listener"
+    backoff = Backoff(base=0.1, max=10.0, jitter=0.1)
+
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload in self.queues:
             self.ring()
 
     async def run_once(self) -> None:
-        """Connect, LISTEN, and return when the connection is lost or stops answering."""
+        """Connect, LISTEN, and raise once the connection is lost or stops answering."""
         conn: asyncpg.Connection = await self.connect()
         try:
             lost = anyio.Event()
@@ -59,6 +67,7 @@ class Listener:
             for channel, handler in self.control.items():
                 await conn.add_listener(channel, _payload_to(handler))
             self.connections += 1
+            self.failures.reset()  # the backoff starts afresh after a good connection
             self.connected.set()
             self.ring()  # anything deferred while we were away is found now
             logger.debug("listening on %s", self.channel)
@@ -68,6 +77,7 @@ class Listener:
                 if not lost.is_set():
                     # A cut network shows no termination: ask the server.
                     await conn.execute("SELECT 1", timeout=self.keepalive)
+            raise _Lost
         finally:
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
@@ -76,25 +86,21 @@ class Listener:
                 except Exception:
                     conn.terminate()
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Listen until cancelled, reconnecting with backoff."""
-        task_status.started()
-        backoff = StepBackoff(first=0.1, cap=10.0)
-        while True:
-            try:
-                await self.run_once()
-                backoff.reset()
-                delay = backoff.next()
-                logger.warning("LISTEN connection lost; reconnecting in %.2fs", delay)
-            except Exception as exc:
-                delay = backoff.next()
-                logger.warning(
-                    "LISTEN connection failed (%s: %s); polling meanwhile, retrying in %.2fs",
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
-            await anyio.sleep(delay)
+    def interval(self) -> float:
+        """Never used: every session ends in a failure, retried with backoff."""
+        return 0.0
+
+    def log_failure(self, exc: Exception, delay: float) -> None:
+        """One warning line: polling goes on meanwhile."""
+        if isinstance(exc, _Lost):
+            logger.warning("LISTEN connection lost; reconnecting in %.2fs", delay)
+        else:
+            logger.warning(
+                "LISTEN connection failed (%s: %s); polling meanwhile, retrying in %.2fs",
+                type(exc).__name__,
+                exc,
+                delay,
+            )
 
 
 def _payload_to(handler: Callable[[str], None]) -> Callable[[object, int, str, object], None]:

@@ -26,6 +26,7 @@ from aioq.errors import (
     ResultMissing,
     ResultTimeout,
 )
+from aioq.queries import DEFAULT_SCHEMA
 from aioq.store import Executor, Store
 
 __all__ = ("DEFAULT_RESULT_TIMEOUT", "result")
@@ -145,7 +146,7 @@ async def result(
     job_id: int,
     *,
     timeout: float | None = DEFAULT_RESULT_TIMEOUT,  # noqa: ASYNC109 (the API contract)
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
 ) -> Any:
     """Wait for a job to end and return its task's return value (decoded JSON).
 

@@ -137,8 +137,8 @@ def test_schema_sql_status_apply(dsn: str) -> None:
     assert sql.returncode == 0
     assert 'CREATE TABLE "other".jobs' in sql.stdout
 
-    latest = len(migrations())  # every helper's migration counts
-    everything = list(range(1, latest + 1))
+    latest = len(migrations())
+    every = list(range(1, latest + 1))
     status = aioq_cli(dsn, "schema", "status")
     assert status.returncode == 0, status
     assert status.stdout.split("\n")[0].split() == ["SCHEMA", "INSTALLED", "LATEST", "PENDING"]
@@ -148,12 +148,10 @@ def test_schema_sql_status_apply(dsn: str) -> None:
 
     pending = aioq_cli(dsn, "schema", "status", "--schema", "other", "--json")
     assert pending.returncode == 1
-    assert json.loads(pending.stdout)["pending"] == everything
+    assert json.loads(pending.stdout)["pending"] == every
     applied = aioq_cli(dsn, "schema", "apply", "--schema", "other")
     assert applied.returncode == 0
-    assert applied.stdout.strip() == "schema other: applied migrations " + " ".join(
-        map(str, everything)
-    )
+    assert applied.stdout.strip() == f"schema other: applied migrations {' '.join(map(str, every))}"
     again = aioq_cli(dsn, "schema", "apply", "--schema", "other", "--json")
     assert json.loads(again.stdout) == {"schema": "other", "applied": [], "version": latest}
     assert aioq_cli(dsn, "schema", "status", "--schema", "other").returncode == 0

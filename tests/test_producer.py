@@ -7,6 +7,7 @@ import asyncio
 import anyio
 import pytest
 
+from aioq.claims import Claims
 from aioq.job import Claim
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.anyio
 def claim(job_id: int) -> Claim:
     return Claim(
         id=job_id,
+        number=1,
         queue="default",
         task="t",
         args="{}",
@@ -81,8 +83,7 @@ def producer(poll_interval: float, listening: bool) -> Producer:
         worker_id="w",
         slots=Slots(1),
         doorbell=Doorbell(),
-        in_flight={},
-        completer=None,  # type: ignore[arg-type]
+        claims=Claims(),
         poll_interval=poll_interval,
         batch_size=10,
         stopping=anyio.Event(),

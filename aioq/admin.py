@@ -191,9 +191,13 @@ async def list_jobs(
     limit: int = 100,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[Job]:
-    """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
+    """Return jobs matching the filters, oldest first (``succeeded``: archive and results)."""
     wanted = JobStatus(status).value if status is not None else None
     store = Store.for_schema(schema)
     if wanted == JobStatus.SUCCEEDED:
-        return await store.list_archived(conn, task=task, queue=queue, limit=limit)
+        archived = await store.list_archived(conn, task=task, queue=queue, limit=limit)
+        # jobcontrol: and those that kept a result (the richer row when a job is in both)
+        kept = await store.list_results(conn, task=task, queue=queue, limit=limit)
+        by_id = {job.id: job for job in archived} | {job.id: job for job in kept}
+        return [by_id[i] for i in sorted(by_id)[:limit]]
     return await store.list_jobs(conn, status=wanted, task=task, queue=queue, limit=limit)

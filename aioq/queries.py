@@ -661,28 +661,18 @@ WITH deleted AS (
 SELECT count(*)::integer FROM deleted
 """
 
-# --- Finished jobs in the archive (issue 11) -------------------------------------------------
-# Shaped as GET_JOB's rows, status 'succeeded'. The archive keeps no run_at, lease, error or
-# unique_key: run_at and locked_at are when the successful attempt started.
-_ARCHIVED_JOB = """
+# Succeeded jobs that kept a result, shaped as GET_JOB's rows: for `jobs list --status
+# succeeded` beside the archive's. $1 task, $2 queue (NULL: any), $3 limit.
+LIST_RESULT_JOBS = """
 SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
        attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
        started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
-       NULL::text AS unique_key, created_at, finished_at
-FROM {s}.archive
-"""
-
-GET_ARCHIVED_JOB = _ARCHIVED_JOB + "WHERE id = $1\n"
-
-# $1 task, $2 queue (NULL: any), $3 limit.
-LIST_ARCHIVED_JOBS = (
-    _ARCHIVED_JOB
-    + """WHERE ($1::text IS NULL OR task = $1)
+       NULL::text AS unique_key, created_at, finished_at, progress, progress_note,
+       result::text AS result
+FROM {s}.results
+WHERE ($1::text IS NULL OR task = $1)
   AND ($2::text IS NULL OR queue = $2)
+  AND expires_at > now()
 ORDER BY id
 LIMIT $3
 """
-)
-
-# Whether any worker keeps finished jobs: an empty archive means they are being deleted.
-ARCHIVE_IN_USE = "SELECT EXISTS (SELECT FROM {s}.archive)"

@@ -65,6 +65,7 @@ class Store:
         self._result_state = render(q.RESULT_STATE)
         self._prune_results = render(q.PRUNE_RESULTS)
         self._prune_cancelled = render(q.PRUNE_CANCELLED)
+        self._list_results = render(q.LIST_RESULT_JOBS)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
         self._get_archived = render(q.GET_ARCHIVED_JOB)
@@ -366,3 +367,10 @@ class Store:
     async def prune_cancelled(self, conn: Executor, older_than: float, limit: int) -> int:
         """Delete up to ``limit`` jobs cancelled over ``older_than`` seconds ago."""
         return await conn.fetchval(self._prune_cancelled, older_than, limit)  # type: ignore[no-any-return]
+
+    async def list_results(
+        self, conn: Executor, *, task: str | None, queue: str | None, limit: int
+    ) -> list[Job]:
+        """Return succeeded jobs that kept an unexpired result, oldest first."""
+        rows = await conn.fetch(self._list_results, task, queue, limit)
+        return [Job.from_row(row) for row in rows]

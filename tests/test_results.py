@@ -67,6 +67,9 @@ async def test_results_round_trip(
     assert job.status is aioq.JobStatus.SUCCEEDED
     assert job.result is not None
     assert json.loads(job.result) == {"a": [1, 2.5, None, True]}
+    listed = await aioq.list_jobs(conn, status="succeeded", limit=3)
+    assert [j.id for j in listed] == ids[:3]
+    assert [j.result for j in listed] == ["7", '"text"', '{"a": [1, 2.5, null, true]}']
     none = await aioq.get_job(conn, ids[3])
     assert none is not None
     assert none.result == "null"  # None is stored, as null

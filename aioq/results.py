@@ -27,7 +27,7 @@ from aioq.errors import (
     ResultTimeout,
 )
 from aioq.queries import DEFAULT_SCHEMA
-from aioq.store import Executor, Store
+from aioq.store import Executor, Store, Target, executor
 
 __all__ = ("DEFAULT_RESULT_TIMEOUT", "result")
 
@@ -142,7 +142,7 @@ def listening_connections() -> int:
 
 
 async def result(
-    db: Executor,
+    db: Target,
     job_id: int,
     *,
     timeout: float | None = DEFAULT_RESULT_TIMEOUT,  # noqa: ASYNC109 (the API contract)
@@ -157,6 +157,7 @@ async def result(
     """
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         raise ConfigError("timeout", f"must be None or a number of seconds >= 0, got {timeout!r}")
+    db = await executor(db)  # an asyncpg connection or pool (or SQLAlchemy's, unwrapped)
     store = Store.for_schema(schema)
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
     key = (id(db), store.results_channel)

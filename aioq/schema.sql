@@ -108,6 +108,12 @@ ALTER TABLE {{schema}}.jobs
     ADD COLUMN snoozes integer NOT NULL DEFAULT 0;
 
 -- aioq:migration 3
+
+-- The W3C traceparent of the span that deferred the job (aioq.contrib.otel), NULL when no
+-- tracer was recording: the worker's span for the run continues that trace.
+ALTER TABLE {{schema}}.jobs ADD COLUMN traceparent text;
+
+-- aioq:migration 4
 -- Job control (issue 12): cancelled as a kept terminal state, cancel requests for running jobs,
 -- progress, and stored results of tasks with a result_ttl.
 

@@ -33,8 +33,10 @@ from aioq.errors import (
     UnknownTaskError,
 )
 from aioq.job import Job, JobContext, JobStatus, current_job
+from aioq.limits import QueueInfo, queues, set_queue
 from aioq.migrate import install, schema_sql
 from aioq.results import result
+from aioq.schedule import Schedule, periodic
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
 
@@ -55,12 +57,14 @@ __all__ = (
     "JobStatus",
     "NoResult",
     "PayloadError",
+    "QueueInfo",
     "QueueStats",
     "Registry",
     "ResultError",
     "ResultMissing",
     "ResultTimeout",
     "Retry",
+    "Schedule",
     "SchemaError",
     "SerializationError",
     "ServerError",
@@ -79,10 +83,13 @@ __all__ = (
     "get_job",
     "install",
     "list_jobs",
+    "periodic",
     "purge_dead",
+    "queues",
     "result",
     "retry_dead",
     "schema_sql",
+    "set_queue",
     "stats",
     "task",
 )

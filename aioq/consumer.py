@@ -202,6 +202,7 @@ class Consumer:
             queue=claim.queue,
             worker_id=self.worker_id,
             snoozes=claim.snoozes,
+            scheduled_at=claim.scheduled_at,
             handle=RunHandle(running, self.completer.store, self.completer.db, self.worker_id),
         )
 

@@ -11,6 +11,7 @@ import asyncpg
 
 from aioq._service import Service
 from aioq.backoff import Backoff
+from aioq.queries import LIMITS_CHANGED
 
 __all__ = ("Listener",)
 
@@ -49,6 +50,7 @@ class Listener(Service):
         self.control = dict(control or {})
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
+        self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
 
     name = "listener"
     backoff = Backoff(base=0.1, max=10.0, jitter=0.1)
@@ -56,6 +58,8 @@ class Listener(Service):
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload in self.queues:
             self.ring()
+        elif payload == LIMITS_CHANGED and self.on_limits is not None:
+            self.on_limits()
 
     async def run_once(self) -> None:
         """Connect, LISTEN, and raise once the connection is lost or stops answering."""

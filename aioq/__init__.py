@@ -2,6 +2,7 @@
 
 from aioq.admin import (
     QueueStats,
+    Replay,
     Stats,
     TableStats,
     cancel_jobs,
@@ -21,6 +22,7 @@ from aioq.errors import (
     JobControl,
     JobFailed,
     NoResult,
+    OptionError,
     PayloadError,
     ResultError,
     ResultMissing,
@@ -56,10 +58,12 @@ __all__ = (
     "JobFailed",
     "JobStatus",
     "NoResult",
+    "OptionError",
     "PayloadError",
     "QueueInfo",
     "QueueStats",
     "Registry",
+    "Replay",
     "ResultError",
     "ResultMissing",
     "ResultTimeout",

@@ -347,7 +347,7 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     [claim] = await store.claim(conn, ["default"], 1, "w")
     await aioq.cancel_jobs(conn, [fifth])
     assert await store.bury(conn, [fifth], [claim.number], "w", errors=["boom"]) == {fifth}
-    assert await aioq.retry_dead(conn, job_id=fifth) == [fifth]
+    assert (await aioq.retry_dead(conn, job_id=fifth)).retried == [fifth]
     assert await conn.fetchval(
         "SELECT cancel_requested_at IS NULL FROM aioq.jobs WHERE id = $1", fifth
     )

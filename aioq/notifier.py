@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import anyio
@@ -37,6 +37,7 @@ class Listener(Service):
         queues: Collection[str],
         ring: Callable[[], None],
         keepalive: float = 5.0,
+        control: Mapping[str, Callable[[str], None]] | None = None,
     ) -> None:
         super().__init__()
         self.connect = connect
@@ -44,6 +45,9 @@ class Listener(Service):
         self.queues = frozenset(queues)
         self.ring = ring
         self.keepalive = keepalive
+        # jobcontrol: more channels on the same connection (the control channel), with the
+        # handler each notification's payload goes to.
+        self.control = dict(control or {})
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
         self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
@@ -64,6 +68,8 @@ class Listener(Service):
             lost = anyio.Event()
             conn.add_termination_listener(lambda _conn: lost.set())
             await conn.add_listener(self.channel, self._on_notify)
+            for channel, handler in self.control.items():
+                await conn.add_listener(channel, _payload_to(handler))
             self.connections += 1
             self.failures.reset()  # the backoff starts afresh after a good connection
             self.connected.set()
@@ -99,3 +105,10 @@ class Listener(Service):
                 exc,
                 delay,
             )
+
+
+def _payload_to(handler: Callable[[str], None]) -> Callable[[object, int, str, object], None]:
+    def on_notify(conn: object, pid: int, channel: str, payload: object) -> None:
+        handler(str(payload))
+
+    return on_notify

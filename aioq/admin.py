@@ -146,7 +146,8 @@ async def cancel_jobs(
 async def delete_jobs(
     conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
 ) -> list[int]:
-    """Delete jobs that are pending or dead; return the ids deleted (running jobs are kept)."""
+    """Delete jobs that are pending, dead or cancelled; return the ids deleted (running jobs
+    are kept: cancel them)."""
     conn = await executor(conn)
     return list(await Store.for_schema(schema).delete(conn, job_ids))
 

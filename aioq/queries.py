@@ -595,7 +595,7 @@ WHERE names.queue IS NOT NULL
 ORDER BY names.queue
 """
 
-# Jobs in the states that are not the backlog (running, dead, expired leases), per queue, among
+# Jobs in the states that are not the backlog (running, dead, cancelled, expired leases), per queue, among
 # at most $1 rows of each, read through each state's partial index. `state` names the count.
 DASH_STATES = """
 SELECT queue, state, count(*) AS n FROM (
@@ -605,6 +605,8 @@ SELECT queue, state, count(*) AS n FROM (
      WHERE status = 'running' AND lease_expires_at < now() LIMIT $1)
     UNION ALL
     (SELECT queue, 'dead' FROM {s}.jobs WHERE status = 'dead' LIMIT $1)
+    UNION ALL
+    (SELECT queue, 'cancelled' FROM {s}.jobs WHERE status = 'cancelled' LIMIT $1)
 ) AS s
 GROUP BY queue, state
 """
@@ -633,7 +635,7 @@ LIMIT $2
 _DASH_PAGE = """
 WITH win AS MATERIALIZED (
     SELECT id, queue, task, status, priority, run_at, attempts, max_attempts, locked_by,
-           last_error, created_at
+           last_error, created_at, progress
     FROM {{s}}.jobs
     WHERE {where} id < coalesce($1::bigint, 9223372036854775807)
     ORDER BY id DESC
@@ -643,7 +645,7 @@ SELECT w.floor, w.scanned, m.*
 FROM (SELECT min(id) AS floor, count(*) AS scanned FROM win) AS w
 LEFT JOIN LATERAL (
     SELECT id, queue, task, status, priority, run_at, attempts, max_attempts, locked_by,
-           left(last_error, 300) AS error, created_at
+           left(last_error, 300) AS error, created_at, progress
     FROM win
     WHERE ($3::text IS NULL OR status = $3)
       AND ($4::text IS NULL OR queue = $4)
@@ -654,15 +656,18 @@ LEFT JOIN LATERAL (
 ) AS m ON true
 ORDER BY m.id DESC
 """
-# Along the primary key; dead jobs alone along jobs_dead_id_idx (migration 3), so a page of them
+# Along the primary key; dead (cancelled) jobs alone along jobs_dead_id_idx
+# (jobs_cancelled_id_idx), so a page of them
 # never steps over the live ones. The status is a literal: the partial index needs it.
 DASH_PAGE = _DASH_PAGE.format(where="")
 DASH_DEAD_PAGE = _DASH_PAGE.format(where="status = 'dead' AND")
+DASH_CANCELLED_PAGE = _DASH_PAGE.format(where="status = 'cancelled' AND")
 
-# Delete dead or pending jobs by id (a running job belongs to its worker); return the ids.
+# Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it
+# first); return the ids.
 DELETE_JOBS = """
 DELETE FROM {s}.jobs
-WHERE id = ANY($1::bigint[]) AND status IN ('pending', 'dead')
+WHERE id = ANY($1::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
 RETURNING id
 """
 

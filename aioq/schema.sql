@@ -236,3 +236,7 @@ CREATE TABLE {{schema}}.stats_history (
 -- by id among dead rows alone, that page would walk the primary key past every live job.
 -- Dead rows are off the hot path, so this costs the claim and the completion nothing.
 CREATE INDEX jobs_dead_id_idx ON {{schema}}.jobs (id) WHERE status = 'dead';
+
+-- The same for cancelled jobs (kept like dead ones until pruned), and what lets the overview
+-- count them per queue without reading the table.
+CREATE INDEX jobs_cancelled_id_idx ON {{schema}}.jobs (id) WHERE status = 'cancelled';

@@ -110,6 +110,7 @@ class Store:
         self._dash_workers = render(q.DASH_WORKERS)
         self._dash_page = render(q.DASH_PAGE)
         self._dash_dead_page = render(q.DASH_DEAD_PAGE)
+        self._dash_cancelled_page = render(q.DASH_CANCELLED_PAGE)
         self._delete = render(q.DELETE_JOBS)
         self._set_statement_timeout = q.SET_STATEMENT_TIMEOUT
         self._history_totals = render(q.HISTORY_TOTALS)
@@ -441,7 +442,7 @@ class Store:
         return [Job.from_row(row) for row in rows]
 
     async def delete(self, conn: Executor, ids: Sequence[int]) -> Sequence[int]:
-        """Delete these jobs if they are pending or dead; return the ids deleted."""
+        """Delete these jobs if they are pending, dead or cancelled; return the ids deleted."""
         rows = await conn.fetch(self._delete, list(ids))
         return sorted(row[0] for row in rows)
 
@@ -515,7 +516,7 @@ class Store:
         return await conn.fetch(self._dash_pending, max_queues, cap, max_priorities)
 
     async def dash_states(self, conn: Executor, cap: int) -> Sequence[asyncpg.Record]:
-        """Return (queue, state, n) for running, expired and dead jobs (at most cap of each)."""
+        """Return (queue, state, n): running, expired, dead, cancelled (at most cap of each)."""
         return await conn.fetch(self._dash_states, cap)
 
     async def dash_workers(self, conn: Executor, cap: int, limit: int) -> Sequence[asyncpg.Record]:
@@ -535,7 +536,9 @@ class Store:
         limit: int,
     ) -> Sequence[asyncpg.Record]:
         """Return a page of jobs below ``before``, newest first, read from a bounded window."""
-        sql = self._dash_dead_page if status == "dead" else self._dash_page
+        sql = {"dead": self._dash_dead_page, "cancelled": self._dash_cancelled_page}.get(
+            status or "", self._dash_page
+        )
         return await conn.fetch(sql, before, window, status, queue, task, text, limit)
 
     async def set_statement_timeout(self, conn: Executor, seconds: float) -> None:

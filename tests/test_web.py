@@ -98,6 +98,11 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
     sql(dsn, "UPDATE aioq.jobs SET run_at = now() + interval '1 hour' WHERE id = ANY($1)", later)
     sql(dsn, "UPDATE aioq.jobs SET run_at = now() - interval '90 seconds' WHERE id = $1", ready[0])
     bury(dsn, add_jobs(dsn, "mail", 2), "ValueError: boom")
+    sql(
+        dsn,
+        "UPDATE aioq.jobs SET status = 'cancelled' WHERE id = ANY($1)",
+        add_jobs(dsn, "mail", 1),
+    )
     running = add_jobs(dsn, "img", 2)
     sql(
         dsn,
@@ -116,6 +121,7 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
         "running": "0",
         "expired": "0",
         "dead": "2",
+        "cancelled": "1",
         "oldest": "1m 30s",
         "limits": "-",
     }
@@ -280,9 +286,12 @@ def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
     assert status_of(dsn, dead[0]) == "pending"
     assert status_of(dsn, pending[0]) == "pending"
 
-    assert post(client, "cancel", [*pending[1:], dead[1]]).status_code == 303
-    assert [status_of(dsn, i) for i in pending[1:]] == [None, None]
-    assert status_of(dsn, dead[1]) == "dead"  # cancel is for pending jobs
+    cancelled = post(client, "cancel", [*pending[1:], dead[1]])
+    assert cancelled.status_code == 303
+    assert "done=cancelled+2+of+3+jobs" in cancelled.headers["location"]
+    assert [status_of(dsn, i) for i in pending[1:]] == ["cancelled", "cancelled"]
+    assert status_of(dsn, dead[1]) == "dead"  # a dead job is not cancelled
+    assert job_ids(client.get("/jobs?status=cancelled").text) == sorted(pending[1:], reverse=True)
 
     running = add_jobs(dsn, "mail", 1)
     sql(
@@ -291,8 +300,8 @@ def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
         " + interval '1 minute' WHERE id = $1",
         running[0],
     )
-    assert post(client, "delete", [dead[1], dead[2], running[0]]).status_code == 303
-    assert [status_of(dsn, i) for i in dead[1:]] == [None, None]
+    assert post(client, "delete", [dead[1], dead[2], running[0], pending[1]]).status_code == 303
+    assert [status_of(dsn, i) for i in [*dead[1:], pending[1]]] == [None, None, None]
     assert status_of(dsn, running[0]) == "running"  # its worker owns it
 
     shown = client.get(done.headers["location"])
@@ -494,7 +503,7 @@ async def test_actions_race_busy_workers_without_touching_a_running_job(
                     assert done.status_code == 303
                     # Gone now: removed by the page, or claimed and completed meanwhile (its
                     # run ended before its completion was written, so it is in `ends` by now).
-                    gone = {i for i in found[::2] if status_of(dsn, i) is None}
+                    gone = {i for i in found[::2] if status_of(dsn, i) in (None, "cancelled")}
                     removed.update(gone - set(ends))
 
         workers = [
@@ -546,3 +555,66 @@ def test_a_read_only_role_with_the_documented_grants_sees_every_page(
     finally:
         sql(dsn, f"DROP OWNED BY {name}")
         sql(admin_dsn, f"DROP ROLE {name}")
+
+
+@pytest.mark.anyio
+async def test_a_running_job_is_cancelled_from_its_page_and_shows_its_progress(
+    dsn: str, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    started = anyio.Event()
+
+    @registry.task(name="slow")
+    async def slow() -> None:
+        await aioq.current_job().set_progress(0.25, note="step 1 of 4")
+        started.set()
+        await anyio.sleep(60)
+
+    @registry.task(name="answer", result_ttl=600)
+    async def answer() -> dict[str, int]:
+        return {"answer": 42}
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        job = await slow.defer(conn)
+        done = await answer.defer(conn)
+        async with make_worker(concurrency=2, heartbeat_interval=0.2):
+            with anyio.fail_after(30):
+                await started.wait()
+
+            def operator() -> None:
+                with TestClient(aioq.web.app(dsn=dsn, actions=True)) as client:
+                    page = client.get(f"/jobs/{job}")
+                    assert '<progress id="progress" max="1" value="0.25">' in page.text
+                    assert "step 1 of 4" in page.text
+                    assert 'value="cancel"' in page.text  # a running job can be cancelled
+                    assert 'value="delete"' not in page.text  # but not deleted
+                    assert ">25%</span>" in client.get("/jobs?status=running").text
+                    token = CSRF.search(page.text)
+                    assert token
+                    data = {"csrf": token[1], "action": "cancel", "ids": str(job)}
+                    sent = client.post("/actions", data=data, follow_redirects=False)
+                    assert "cancelled+1+of+1+job+%281+stopping%29" in sent.headers["location"]
+
+            await anyio.to_thread.run_sync(operator)
+            with anyio.fail_after(30):
+                while await status_async(conn, job) != "cancelled":
+                    await anyio.sleep(0.05)
+                while await status_async(conn, done) is not None:
+                    await anyio.sleep(0.05)
+
+        def check() -> None:
+            with TestClient(aioq.web.app(dsn=dsn, actions=True)) as client:
+                page = client.get(f"/jobs/{job}").text
+                assert '<span class="badge cancelled">cancelled</span>' in page
+                assert 'value="delete"' in page
+                stored = client.get(f"/jobs/{done}").text
+                assert '<span class="badge succeeded">succeeded</span>' in stored
+                assert "{&#34;answer&#34;:42}" in stored.replace(" ", "")
+
+        await anyio.to_thread.run_sync(check)
+    finally:
+        await conn.close()
+
+
+async def status_async(conn: asyncpg.Connection, job_id: int) -> str | None:
+    return await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", job_id)  # type: ignore[no-any-return]

@@ -39,6 +39,8 @@ async def big(conn: asyncpg.Connection) -> asyncpg.Connection:
         SELECT 'bulk', 'tasks.t1', 'running', 'w' || (i % 4), now(), now() + interval '1 minute'
         FROM generate_series(1, 50) AS i;
         INSERT INTO aioq.jobs (queue, task) SELECT 'small', 'tasks.s' FROM generate_series(1, 10);
+        INSERT INTO aioq.jobs (queue, task, status)
+        SELECT 'bulk', 'tasks.c', 'cancelled' FROM generate_series(1, 3000);
         INSERT INTO aioq.jobs (queue, task, priority, run_at)
         SELECT 'bulk', 'tasks.low', -i, now() - interval '1 day' FROM generate_series(1, 5) AS i;
         ANALYZE aioq.jobs;
@@ -83,11 +85,16 @@ PAGE_ARGS = {
 
 CASES: dict[str, tuple[str, tuple[Any, ...], int]] = {
     "per-queue pending": (q.DASH_PENDING, (200, CAP, 50), 2 * CAP + 10 + 2 * 50),
-    "states": (q.DASH_STATES, (CAP,), 3 * CAP),
+    "states": (q.DASH_STATES, (CAP,), 4 * CAP),
     "workers": (q.DASH_WORKERS, (CAP, 200), CAP),
     **{f"page: {k}": (q.DASH_PAGE, v, WINDOW) for k, v in PAGE_ARGS.items()},
     "dead page": (q.DASH_DEAD_PAGE, (None, WINDOW, "dead", "bulk", None, "Error", PAGE), WINDOW),
     "dead page, later": (q.DASH_DEAD_PAGE, (5000, WINDOW, "dead", None, None, None, PAGE), WINDOW),
+    "cancelled page": (
+        q.DASH_CANCELLED_PAGE,
+        (None, WINDOW, "cancelled", None, None, None, PAGE),
+        WINDOW,
+    ),
     "one job": (q.GET_JOB, (123456,), 1),
 }
 
@@ -95,7 +102,7 @@ CASES: dict[str, tuple[str, tuple[Any, ...], int]] = {
 async def test_dashboard_statements_use_indexes_and_read_a_bounded_number_of_rows(
     big: asyncpg.Connection,
 ) -> None:
-    assert await big.fetchval("SELECT count(*) FROM aioq.jobs") > 225_000
+    assert await big.fetchval("SELECT count(*) FROM aioq.jobs") > 228_000
     for mode in ("force_custom_plan", "force_generic_plan"):
         for name, (sql, args, bound) in CASES.items():
             nodes = await _explain(big, sql, args, mode)
@@ -116,4 +123,4 @@ async def _the_bounded_statements_still_count_right(big: asyncpg.Connection) -> 
     assert 86_000 < rows["bulk"]["oldest_ready_age"] < 87_000
     states = q.render(q.DASH_STATES, "aioq")
     counts = {(r["queue"], r["state"]): r["n"] for r in await big.fetch(states, CAP)}
-    assert counts == {("bulk", "running"): 50, ("bulk", "dead"): CAP}
+    assert counts == {("bulk", "running"): 50, ("bulk", "dead"): CAP, ("bulk", "cancelled"): CAP}

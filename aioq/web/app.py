@@ -61,7 +61,7 @@ SECURITY_HEADERS = {
 }
 # What an action's redirect may ask the next page to say; anything else in ?done= is ignored,
 # so a link cannot make the dashboard display text of someone else's choosing.
-DONE_MESSAGE = re.compile(r"(retried|cancelled|deleted) \d+ of \d+ jobs?")
+DONE_MESSAGE = re.compile(r"(retried|cancelled|deleted) \d+ of \d+ jobs?( \(\d+ stopping\))?")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -352,6 +352,7 @@ class _Pages:
         self, request: Request, action: str, ids: list[int], form: dict[str, list[str]]
     ) -> Response:
         schema = self.config.schema
+        stopping = 0  # running jobs asked to cancel: their workers stop them
         async with self.db.transaction(readonly=False) as conn:
             if not ids:
                 count = 0
@@ -359,12 +360,16 @@ class _Pages:
                 replay = await admin.retry_dead(conn, job_id=ids, schema=schema)
                 count = len(replay.retried)  # a dead job whose unique_key is live stays dead
             elif action == "cancel":
-                count = len(await admin.cancel_jobs(conn, ids, schema=schema))
+                states = list((await admin.cancel_jobs(conn, ids, schema=schema)).values())
+                stopping = states.count("cancelling")
+                count = states.count("cancelled") + stopping
             else:
                 count = len(await admin.delete_jobs(conn, ids, schema=schema))
         logger.info("aioq web: %s %d of %d jobs", action, count, len(ids))
         verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[action]
         message = f"{verb} {count} of {len(ids)} job{'s' if len(ids) != 1 else ''}"
+        if stopping:
+            message += f" ({stopping} stopping)"
         target = _safe_next((form.get("next") or [""])[0], request)
         joiner = "&" if "?" in target else "?"
         return RedirectResponse(f"{target}{joiner}{urlencode({'done': message})}", 303)

@@ -29,7 +29,7 @@ __all__ = (
 
 # The per-queue columns of the overview after ready and scheduled, in order: each a state
 # counted by DASH_STATES. A new terminal state (cancelled) is one more name here and in the SQL.
-STATE_COLUMNS = ("running", "expired", "dead")
+STATE_COLUMNS = ("running", "expired", "dead", "cancelled")
 MAX_QUEUES = 200
 MAX_PRIORITIES = 50  # distinct priorities per queue probed for the oldest ready job
 MAX_WORKERS = 200
@@ -41,7 +41,9 @@ LISTED_STATUSES = tuple(s.value for s in JobStatus if s is not JobStatus.SUCCEED
 # What may be done to a job in each state, by the actions of the dashboard.
 ACTIONS_BY_STATUS: dict[str, tuple[str, ...]] = {
     "pending": ("cancel", "delete"),
+    "running": ("cancel",),  # its worker stops the run and records it cancelled
     "dead": ("retry", "delete"),
+    "cancelled": ("delete",),
 }
 
 
@@ -98,7 +100,7 @@ async def load_overview(
         if row["sampled"] >= cap:
             q.capped |= {"ready", "scheduled"}
     totals: dict[str, int] = defaultdict(int)
-    for row in await store.dash_states(conn, cap):
+    for row in await store.dash_states(conn, cap):  # running, expired, dead, cancelled
         q = queues.setdefault(row["queue"], QueueRow(row["queue"]))
         q.states[row["state"]] = row["n"]
         totals[row["state"]] += row["n"]

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -146,6 +146,7 @@ class Producer:
         batch_size: int,
         stopping: anyio.Event,
         listening: Callable[[], bool] = lambda: False,
+        arm: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.db = db
@@ -157,6 +158,7 @@ class Producer:
         self.completer = completer
         self.poll_interval = poll_interval
         self.listening = listening
+        self.arm = arm  # before sleeping: ask inserts to ring (the listener's arm())
         self._poll_delay = poll_interval
         self.batch_size = batch_size
         self.stopping = stopping
@@ -207,6 +209,10 @@ class Producer:
                     continue  # more may be ready: claim again as soon as a slot is free
                 if until_idle and claimed == 0 and await self._idle(handoff):
                     break
+                if self.arm is not None and await self.arm():
+                    # Armed just now: a job inserted before could have skipped the ring, so
+                    # look once more before sleeping (no lost wake-up).
+                    continue
                 # Nothing more is ready: sleep until a NOTIFY (or, with until_idle, the last
                 # running job) rings, or the poll delay passes.
                 await self.doorbell.wait(jittered(self._next_poll_delay(claimed)))

@@ -237,6 +237,18 @@ class Store:
         assert row is not None  # the regclass cast raises for a missing table
         return row
 
+    async def arm_doorbell(
+        self, conn: asyncpg.Connection, queues: Sequence[str], within: float
+    ) -> None:
+        """Make inserts into these queues ring: a worker on this session is about to sleep."""
+        await conn.execute(q.ARM_DOORBELL, self.channel, list(queues), timeout=within)
+
+    async def disarm_doorbell(
+        self, conn: asyncpg.Connection, queues: Sequence[str], within: float
+    ) -> None:
+        """Stop the ringing that :meth:`arm_doorbell` asked for (the worker is awake)."""
+        await conn.execute(q.DISARM_DOORBELL, self.channel, list(queues), timeout=within)
+
     async def cancel(self, conn: Executor, ids: Sequence[int]) -> Sequence[int]:
         """Delete these jobs if they are still pending; return the ids deleted."""
         rows = await conn.fetch(self._cancel, list(ids))

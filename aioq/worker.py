@@ -236,6 +236,9 @@ class Worker:
     def _listening(self) -> bool:
         return self.listener is not None and self.listener.connected.is_set()
 
+    async def _arm_doorbell(self) -> bool:
+        return self.listener is not None and await self.listener.arm()
+
     async def _connect_listener(self) -> asyncpg.Connection:
         return await asyncpg.connect(
             self.config.listen_dsn or self.dsn,
@@ -274,6 +277,7 @@ class Worker:
             batch_size=cfg.claim_batch,
             stopping=self.stopping,
             listening=self._listening,
+            arm=self._arm_doorbell,
         )
         self._producer = producer
         completer.metrics = producer.metrics = self.metrics
@@ -302,6 +306,7 @@ class Worker:
                         channel=self.store.channel,
                         queues=cfg.queues,
                         ring=self.doorbell.ring,
+                        store=self.store,
                     )
                     await services.start(self.listener.run)
                 heartbeat = Heartbeat(

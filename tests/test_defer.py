@@ -57,6 +57,9 @@ def ping(registry: aioq.Registry) -> aioq.Task[[], None]:
     return ping
 
 
+WATCHED = ("sentinel", "rolled-back", "three", "many", "mixed-a", "mixed-b", "later")
+
+
 class Doorbells:
     """The payloads (queue names) delivered on the ``aioq:aioq`` channel to a second connection."""
 
@@ -85,11 +88,16 @@ class Doorbells:
 
 @pytest.fixture
 async def doorbells(dsn: str) -> AsyncIterator[Doorbells]:
-    """Listen on the default schema's channel from a connection of its own."""
+    """Listen on the default schema's channel from a connection of its own, waiting as a worker.
+
+    The doorbell rings only for queues a worker waits on (invariant 15): this connection arms
+    it for the queues these tests use, as a worker about to sleep does.
+    """
     bells = Doorbells()
     listener = await asyncpg.connect(dsn)
     try:
         await listener.add_listener("aioq:aioq", bells.on_notify)
+        await Store.for_schema("aioq").arm_doorbell(listener, WATCHED, 10)
         yield bells
     finally:
         await listener.close()

@@ -239,6 +239,8 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
             await owner.execute("REVOKE EXECUTE ON FUNCTION aioq.ring_doorbell() FROM PUBLIC")
             rung: list[str] = []
             await owner.add_listener("aioq:aioq", lambda *args: rung.append(args[-1]))
+            # Wait on "rung" as a sleeping worker does, so that its insert rings.
+            await Store.for_schema("aioq").arm_doorbell(owner, ["rung"], 10)
             for privilege, operation in needed:
                 await operation(conn)  # works with every grant
                 await owner.execute(f"REVOKE {privilege} FROM {name}")

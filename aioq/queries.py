@@ -364,13 +364,15 @@ RETURNING id
 
 # --- The conditional doorbell (invariant 15) -------------------------------------------------
 # A worker about to sleep holds a shared session advisory lock per served queue on its LISTEN
-# connection, keyed (hashtext(channel), hashtext(queue)); ring_doorbell() in schema.sql rings a
-# queue only when its exclusive try-lock on that key fails. The session holds the lock, so a
-# worker that dies (its connection closes) stops the ringing with it.
+# connection, keyed (the jobs table's oid, hashtext(queue)); the jobs_doorbell trigger in
+# schema.sql rings a queue only when its exclusive try of that lock fails. The session holds
+# the lock, so a worker that dies (its connection closes) stops the ringing with it.
 ARM_DOORBELL = """
-SELECT pg_advisory_lock_shared(hashtext($1), hashtext(q)) FROM unnest($2::text[]) AS q
+SELECT pg_advisory_lock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))
+FROM unnest($1::text[]) AS q
 """
 
 DISARM_DOORBELL = """
-SELECT pg_advisory_unlock_shared(hashtext($1), hashtext(q)) FROM unnest($2::text[]) AS q
+SELECT pg_advisory_unlock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))
+FROM unnest($1::text[]) AS q
 """

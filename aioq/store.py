@@ -55,6 +55,8 @@ class Store:
         self._cancel = render(q.CANCEL_PENDING)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
+        self._arm_doorbell = render(q.ARM_DOORBELL)
+        self._disarm_doorbell = render(q.DISARM_DOORBELL)
 
     @staticmethod
     @functools.cache
@@ -241,13 +243,13 @@ class Store:
         self, conn: asyncpg.Connection, queues: Sequence[str], within: float
     ) -> None:
         """Make inserts into these queues ring: a worker on this session is about to sleep."""
-        await conn.execute(q.ARM_DOORBELL, self.channel, list(queues), timeout=within)
+        await conn.execute(self._arm_doorbell, list(queues), timeout=within)
 
     async def disarm_doorbell(
         self, conn: asyncpg.Connection, queues: Sequence[str], within: float
     ) -> None:
         """Stop the ringing that :meth:`arm_doorbell` asked for (the worker is awake)."""
-        await conn.execute(q.DISARM_DOORBELL, self.channel, list(queues), timeout=within)
+        await conn.execute(self._disarm_doorbell, list(queues), timeout=within)
 
     async def cancel(self, conn: Executor, ids: Sequence[int]) -> Sequence[int]:
         """Delete these jobs if they are still pending; return the ids deleted."""

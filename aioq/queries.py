@@ -55,6 +55,12 @@ VALUES ($1, $2, $3::text::jsonb, $4,
 RETURNING id
 """
 
+# The common case (every option at the table's default): three parameters, the rest from the
+# column defaults in schema.sql. Store.insert picks it; a test keeps the two in step.
+INSERT_DEFAULT_JOB = """
+INSERT INTO {s}.jobs (queue, task, args) VALUES ($1, $2, $3::text::jsonb) RETURNING id
+"""
+
 # ON CONFLICT waits for a concurrent insert of the same key to commit; if the existing row was
 # committed after this statement's snapshot, no id comes back and the caller asks again.
 INSERT_UNIQUE_JOB = """

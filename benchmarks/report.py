@@ -24,6 +24,9 @@ PARAMS = (
     "tool",
     "clients",
     "batch",
+    "payload_kb",
+    "queues",
+    "target_rate",
 )
 
 Result = dict[str, Any]
@@ -36,6 +39,12 @@ def brief(r: Result) -> str:
     if "samples_ms" in r:
         s = r["samples_ms"]
         return f"p50 {pct(s, 0.5):.2f} ms  p99 {pct(s, 0.99):.2f} ms  ({len(s)} samples)"
+    if "start_ms_p50" in r:
+        return f"claim p50 {r['small_ms_p50']:.3f} / {r['start_ms_p50']:.3f} / {r['end_ms_p50']:.3f} ms"
+    if "rows_series" in r:
+        return f"{r['enqueue_rate']:,.0f}/s in, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+    if "of_ideal" in r:
+        return f"{r['rate']:,.0f} jobs/s ({r['of_ideal']:.0%} of ideal), pickup p99 {r['pickup_ms_p99']:.1f} ms"
     if "claim_ms_p50" in r:
         return f"claim p50 {r['claim_ms_p50']:.3f} ms, drain {r['rate']:,.0f}/s"
     if "series" in r:
@@ -324,6 +333,212 @@ def ceiling_section(rows: list[Result]) -> list[str]:
     return table(["tool", "clients", "claim batch", "jobs/s median (min–max)"], body)
 
 
+def _by(rows: list[Result], param: str) -> dict[Any, dict[str, list[Result]]]:
+    """Cells by a parameter value, then by system."""
+    out: dict[Any, dict[str, list[Result]]] = defaultdict(dict)
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        out[k.get(param)][k["system"]] = rs
+    return out
+
+
+def defer_conc_section(rows: list[Result]) -> list[str]:
+    body = []
+    by = _by(rows, "concurrency")
+    for c, cells in sorted(by.items()):
+        bare = stat(cells.get("bare", []))
+        aioq = stat(cells.get("aioq", []))
+        for system, rs in cells.items():
+            s = stat(rs)
+            vs = f"{s[0] / bare[0]:.0%}" if s and bare else "—"
+            ours = f"{aioq[0] / s[0]:.2f}x" if s and aioq and system not in ("aioq", "bare") else ""
+            body.append([str(c), system, fmt(s) + errors(rs), vs, ours])
+    return [
+        *table(
+            ["connections", "system", "jobs/s median (min–max)", "vs bare INSERT", "aioq / it"],
+            body,
+        ),
+        "Each connection defers one job per transaction (autocommit) for the run's seconds; "
+        "no worker runs, so aioq's doorbell has nobody to ring. procrastinate and chancy defer "
+        "through their own pools (procrastinate's grows to 60 connections). The bare INSERT "
+        "goes into a copy of aioq's jobs table without the trigger (`bare.jobs`).",
+        "",
+    ]
+
+
+def io_bound_section(rows: list[Result]) -> list[str]:
+    body = []
+    for c, cells in sorted(_by(rows, "concurrency").items()):
+        aioq = stat(cells.get("aioq", []))
+        for system, rs in cells.items():
+            s = stat(rs)
+            ideal = rs[0].get("ideal") if rs else None
+            capped = " (capped)" if any(r.get("capped") for r in rs) else ""
+            body.append(
+                [
+                    str(c),
+                    system,
+                    fmt(s) + capped + errors(rs),
+                    f"{s[0] / ideal:.0%}" if s and ideal else "—",
+                    f"{aioq[0] / s[0]:.2f}x" if s and aioq and system != "aioq" else "",
+                    fmt(stat(rs, "worker_cpu_per_1000"), 3, " s"),
+                    fmt(stat(rs, "pickup_ms_p50"), 1),
+                    fmt(stat(rs, "pickup_ms_p99"), 1),
+                ]
+            )
+    head = [
+        "concurrency",
+        "system",
+        "jobs/s",
+        "of ideal",
+        "aioq / it",
+        "worker CPU / 1 000 jobs",
+        "pickup p50 ms",
+        "pickup p99 ms",
+    ]
+    return [
+        *table(head, body),
+        "Each task awaits `asyncio.sleep(0.05)`; ideal = concurrency / 0.05 s. Pickup: from a "
+        "task's end (a slot frees) to the start of the next task, ends and starts matched in "
+        "order, over the first 95 % of the drain (saturated).",
+        "",
+    ]
+
+
+def payload_section(rows: list[Result]) -> list[str]:
+    body = []
+    for kb, cells in sorted(_by(rows, "payload_kb").items()):
+        for system, rs in cells.items():
+            body.append(
+                [
+                    f"{kb} KB",
+                    system,
+                    fmt(stat(rs, "defer_rate")) + errors(rs),
+                    fmt(stat(rs, "defer_mb_s"), 1),
+                    fmt(stat(rs, "defer_cpu_ms_per_job"), 3),
+                    fmt(stat(rs)),
+                    fmt(stat(rs, "worker_cpu_ms_per_job"), 3),
+                ]
+            )
+    head = [
+        "argument",
+        "system",
+        "bulk defer jobs/s",
+        "MB/s",
+        "client CPU ms / job",
+        "drain c50 jobs/s",
+        "worker CPU ms / job",
+    ]
+    return [
+        *table(head, body),
+        "The argument is a nested JSON object (order lines) of about the given size; the bulk API "
+        "defers batches of 1 000 (1 KB) or 50 (64 KB).",
+        "",
+    ]
+
+
+def backlog_section(rows: list[Result]) -> list[str]:
+    out = []
+    for r in rows:
+        if "error" in r:
+            out += [f"backlog failed: {r['error']}", ""]
+            continue
+        out += table(
+            ["claim round trip", "p50 ms", "p99 ms", "p50 vs 1 000-job backlog"],
+            [
+                [
+                    label,
+                    f"{r[f'{k}_ms_p50']:.3f}",
+                    f"{r[f'{k}_ms_p99']:.3f}",
+                    f"{r[f'{k}_ms_p50'] / r['small_ms_p50']:.2f}x",
+                ]
+                for label, k in (
+                    ("1 000 jobs pending", "small"),
+                    (f"{r['jobs']:,} pending, at the start", "start"),
+                    (f"{r['jobs']:,} pending, ready half drained to 1 000", "end"),
+                )
+            ],
+        )
+        out += [
+            f"`defer_many` of the {r['jobs']:,} jobs (half ready, half an hour ahead, batches "
+            f"of 10 000): {r['defer_many_s']:.1f} s ({r['defer_rate']:,.0f} jobs/s); `aioq stats` "
+            f"on it: {r['stats_s']:.2f} s (process start included); the c50 drain of the ready "
+            f"half ran at {r['drain_rate']:,.0f} jobs/s.",
+            "",
+        ]
+    return out
+
+
+def queues_section(rows: list[Result]) -> list[str]:
+    body = []
+    for q, cells in sorted(_by(rows, "queues").items()):
+        rs = cells.get("aioq", [])
+        body.append(
+            [
+                str(q),
+                fmt(stat(rs, "claim_ms_p50"), 3),
+                fmt(stat(rs, "claim_ms_p99"), 3),
+                fmt(stat(rs)) + errors(rs),
+                fmt(stat(rs, "worker_cpu_per_1000"), 3, " s"),
+            ]
+        )
+    return table(
+        ["queues served", "claim p50 ms", "claim p99 ms", "drain c50 jobs/s", "worker CPU / 1 000"],
+        body,
+    )
+
+
+def processes_section(rows: list[Result]) -> list[str]:
+    body = []
+    for p, cells in sorted(_by(rows, "processes").items()):
+        rs = cells.get("aioq", [])
+        share = stat(rs, "pg_cpu_share")
+        body.append(
+            [
+                str(p),
+                fmt(stat(rs)) + errors(rs),
+                fmt(stat(rs, "worker_cpu_per_1000"), 3, " s"),
+                fmt(stat(rs, "pg_cpu_per_1000"), 3, " s"),
+                f"{share[0]:.0%}" if share else "—",
+                fmt(stat(rs, "pg_cores_busy"), 2),
+                fmt(stat(rs, "lock_waits_avg"), 2),
+                fmt(stat(rs, "lwlock_waits_avg"), 2),
+                fmt(stat(rs, "wal_bytes_per_job")),
+            ]
+        )
+    head = [
+        "processes ×c50",
+        "jobs/s",
+        "worker CPU / 1 000",
+        "PostgreSQL CPU / 1 000",
+        "PostgreSQL share of CPU",
+        "PostgreSQL cores busy",
+        "sessions waiting on locks (avg)",
+        "on LWLocks (avg)",
+        "WAL bytes / job",
+    ]
+    return table(head, body)
+
+
+def mixed_section(rows: list[Result]) -> list[str]:
+    out = []
+    for r in rows:
+        if "error" in r:
+            out += [f"mixed failed: {r['error']}", ""]
+            continue
+        out += [
+            f"A {r['backlog']:,}-job backlog drains (c50) while jobs are deferred at "
+            f"{r['target_rate']:,.0f}/s (50 % of aioq's c50 drain median of this run), achieved "
+            f"{r['enqueue_rate']:,.0f}/s. Commit-to-start of the steady jobs: p50 "
+            f"{r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms (they queue behind the backlog until "
+            f"it is gone). Rows in aioq.jobs per second: "
+            + ", ".join(f"{x:,}" for x in r["rows_series"])
+            + f"; max {r['max_rows']:,} (backlog {r['backlog']:,}).",
+            "",
+        ]
+    return out
+
+
 def write(data: dict[str, Any], out: str) -> None:
     import charts
 
@@ -347,6 +562,14 @@ def write(data: dict[str, Any], out: str) -> None:
         "- PostgreSQL: " + ", ".join(f"{k} {v}" for k, v in meta["server"].items()),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         *(f"- {n}" for n in meta["notes"]),  # where the server and Redis came from
+        *(
+            [
+                "- Scenarios merged from runs (`--merge`): "
+                + "; ".join(f"{s} {t}" for s, t in meta["scenario_runs"].items())
+            ]
+            if meta.get("scenario_runs")
+            else []
+        ),
         *(f"- Skipped **{k}**: {v}" for k, v in meta["skipped"].items()),
         "",
         "## Targets",
@@ -370,13 +593,24 @@ def write(data: dict[str, Any], out: str) -> None:
             "defer_many: bulk API, 1 000 jobs per call",
             lambda r: enqueue_section("defer_many", r, apis.get("bulk", {})),
         ),
+        (
+            "defer_conc",
+            "defer_conc: deferring from 1, 16 and 64 connections at once",
+            defer_conc_section,
+        ),
         ("drain", "drain: preloaded no-op jobs, the library's own worker", drain_section),
+        ("io_bound", "io_bound: tasks that wait 50 ms, one worker process", io_bound_section),
+        ("payload", "payload: 1 KB and 64 KB arguments", payload_section),
         (
             "latency",
             "latency: commit to task start, idle worker, one job every 20 ms",
             latency_section,
         ),
         ("history", "history: aioq with dead rows in the hot table", history_section),
+        ("backlog", "backlog: a million pending jobs (aioq)", backlog_section),
+        ("queues", "queues: one worker serving 50 queues against one (aioq)", queues_section),
+        ("processes", "processes: `aioq worker --processes N` on one host", processes_section),
+        ("mixed", "mixed: steady deferring while a backlog drains (aioq)", mixed_section),
         ("soak", "soak: steady enqueue near capacity (aioq)", soak_section),
         ("ceiling", "ceiling: aioq's claim/complete SQL with no worker", ceiling_section),
     ]

@@ -87,19 +87,20 @@ async def can_connect(dsn: str) -> bool:
 def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     """Yield (admin DSN, where it came from): --dsn / AIOQ_BENCH_DSN, local :5432, or embedded."""
     dsn = args.dsn or os.environ.get("AIOQ_BENCH_DSN")
-    if dsn:
+    if dsn and not args.embedded:
         yield dsn, "AIOQ_BENCH_DSN / --dsn"
         return
-    if asyncio.run(can_connect(LOCAL_DSN)):
+    if not args.embedded and asyncio.run(can_connect(LOCAL_DSN)):
         yield LOCAL_DSN, "the local server at 127.0.0.1:5432"
         return
     from aioq.dev.server import EmbeddedPostgres
 
-    print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
+    if not args.embedded:
+        print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
     server = EmbeddedPostgres()
     server.start()
     try:
-        yield server.dsn, "aioq.dev.server.EmbeddedPostgres (a throwaway server)"
+        yield server.dsn, "aioq.dev.server.EmbeddedPostgres (a throwaway server, fsync on)"
     finally:
         server.stop()
 
@@ -285,6 +286,11 @@ def main() -> int:
     parser.add_argument("--systems", default=",".join(systems.ALL), help="comma-separated")
     parser.add_argument("--dsn", help="an admin DSN (default: $AIOQ_BENCH_DSN, local, embedded)")
     parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start a throwaway server (stock settings, fsync on) even if one is at :5432",
+    )
     parser.add_argument(
         "--merge",
         action="store_true",

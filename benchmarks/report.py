@@ -630,7 +630,27 @@ METHOD = [
     "its own process under a timeout; asyncio's default event loop for every system.",
     "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction per job; "
     "50 warm-up calls first. The reference is a bare asyncpg `INSERT ... RETURNING id` of the same "
-    "row into aioq's jobs table.",
+    "row into `bare.jobs`, a copy of aioq's jobs table (columns, defaults, indexes, storage "
+    "settings) without the doorbell trigger.",
+    "- defer_conc: k connections (1, 16, 64) each deferring one job per transaction in a loop "
+    "for 2 s, after 5 warm-up calls each; jobs/s = all jobs / elapsed. No worker runs.",
+    "- io_bound: a backlog of concurrency / 0.05 × 1.5 s jobs, preloaded through the bulk API; "
+    "each task awaits `asyncio.sleep(0.05)`; the clock runs from the worker's start to the last "
+    "task's end. Peers: the PostgreSQL ones that run a worker in this process at these "
+    "concurrencies, and saq for Redis (chancy and arq left out for the time budget).",
+    "- payload: N jobs with an extra `blob` argument (nested JSON of the given size) deferred "
+    "through the bulk API (timed: defer jobs/s, MB/s and client CPU), then drained at c50.",
+    "- backlog: aioq only. 300 single-job claims (each completed) with 1 000 jobs pending; then "
+    "1e6 jobs deferred (batches of 10 000, half with `delay=3600`), `aioq stats` run on it, 300 "
+    "claims, a c50 worker drains the ready half down to 1 300, 300 claims again.",
+    "- queues: aioq only; the same with the jobs spread over 50 queues and one worker serving "
+    "all 50, against one queue.",
+    "- processes: aioq's CLI `--processes N --concurrency 50`, jobs committed once every "
+    "process listens; every 20 ms pg_stat_activity is sampled for sessions of the database "
+    "waiting on a heavyweight lock or an LWLock (averages shown); WAL = pg_current_wal_lsn() "
+    "difference over the drain / jobs.",
+    "- mixed: aioq only; a 100 000-job backlog drains at c50 while `defer_many` every 20 ms "
+    "adds jobs at 50 % of this run's c50 drain median, for 60 s.",
     "- drain: jobs preloaded through the bulk API (not timed); the clock starts as the worker starts "
     "and stops when the in-process task counter reached N and the database shows no job left "
     "(pending or running). aioq `2xc50` is the CLI, `aioq worker --processes 2 --concurrency 50`: "
@@ -653,7 +673,9 @@ METHOD = [
     "- ceiling: `ceiling.py` runs aioq's own CLAIM_ONE_QUEUE and COMPLETE statements (rendered from "
     "aioq/queries.py) from k asyncpg connections with 50-job claims; pgbench runs the same claim "
     "then deletes the client's running rows (pgbench cannot pass arrays of claimed ids).",
-    "- The machine is shared (2 cores); other work may run concurrently, hence the min–max.",
+    "- The machine is shared (2 cores); other work may run concurrently, hence the min–max. "
+    "The issue-16 scenarios were measured while six other sessions ran their test suites on "
+    "the same two cores (load average 5–14): compare ratios within a run, not absolute rates.",
 ]
 
 

@@ -142,8 +142,14 @@ async def retry_dead(
 
 
 async def get_job(conn: Executor, job_id: int, *, schema: str = "aioq") -> Job | None:
-    """Return a job still in the table (pending, running or dead), or None."""
-    return await Store.for_schema(schema).get(conn, job_id)
+    """Return a job: pending, running or dead, or ``succeeded`` from the archive; else None.
+
+    Finished jobs are deleted unless workers keep them (``keep_completed=True``); then they
+    are found here until pruned after ``archive_retention``.
+    """
+    store = Store.for_schema(schema)
+    found = await store.get(conn, job_id)
+    return found if found is not None else await store.get_archived(conn, job_id)
 
 
 async def list_jobs(
@@ -155,8 +161,9 @@ async def list_jobs(
     limit: int = 100,
     schema: str = "aioq",
 ) -> list[Job]:
-    """Return jobs matching the filters, oldest first."""
+    """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
     wanted = JobStatus(status).value if status is not None else None
-    return await Store.for_schema(schema).list(
-        conn, status=wanted, task=task, queue=queue, limit=limit
-    )
+    store = Store.for_schema(schema)
+    if wanted == JobStatus.SUCCEEDED:
+        return await store.list_archived(conn, task=task, queue=queue, limit=limit)
+    return await store.list(conn, status=wanted, task=task, queue=queue, limit=limit)

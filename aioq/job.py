@@ -15,16 +15,22 @@ __all__ = ("Claim", "Job", "JobContext", "JobStatus", "current_job")
 
 
 class JobStatus(enum.StrEnum):
-    """The values of ``jobs.status``; a finished job leaves the table."""
+    """The values of ``jobs.status``, and ``succeeded`` for a finished job in the archive."""
 
     PENDING = "pending"
     RUNNING = "running"
     DEAD = "dead"
+    SUCCEEDED = "succeeded"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
-    """A job as stored, for inspection."""
+    """A job as stored, for inspection.
+
+    A ``succeeded`` job comes from the archive, which keeps no run_at, lease, error or
+    unique_key: there ``run_at`` and ``locked_at`` are when the successful attempt started,
+    ``locked_by`` the worker that ran it, ``lease`` None, and ``finished_at`` is set.
+    """
 
     id: int
     queue: str
@@ -35,13 +41,14 @@ class Job:
     run_at: datetime
     attempts: int
     max_attempts: int
-    lease: float
+    lease: float | None
     locked_by: str | None
     locked_at: datetime | None
     lease_expires_at: datetime | None
     last_error: str | None
     unique_key: str | None
     created_at: datetime
+    finished_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Job:
@@ -106,4 +113,7 @@ def current_job() -> JobContext:
     try:
         return _current.get()
     except LookupError:
-        raise AioqError("current_job() called outside a running aioq task") from None
+        raise AioqError(
+            "current_job() called outside a running aioq task (to call a task in a test,"
+            " wrap the call in aioq.testing.job_context())"
+        ) from None

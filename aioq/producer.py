@@ -115,7 +115,7 @@ class Handoff:
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
                     self._wake(1)  # it was woken for a claim it will not take: pass it on
-                else:
+                elif waiter in self._waiters:  # _wake drops it if it ran since the cancel
                     self._waiters.remove(waiter)
                 raise
         return self._claims.popleft()

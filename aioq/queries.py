@@ -368,6 +368,32 @@ WHERE id = ANY($1::bigint[]) AND status = 'pending'
 RETURNING id
 """
 
+# --- Finished jobs in the archive (issue 11) -------------------------------------------------
+# Shaped as GET_JOB's rows, status 'succeeded'. The archive keeps no run_at, lease, error or
+# unique_key: run_at and locked_at are when the successful attempt started.
+_ARCHIVED_JOB = """
+SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
+       attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
+       started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
+       NULL::text AS unique_key, created_at, finished_at
+FROM {s}.archive
+"""
+
+GET_ARCHIVED_JOB = _ARCHIVED_JOB + "WHERE id = $1\n"
+
+# $1 task, $2 queue (NULL: any), $3 limit.
+LIST_ARCHIVED_JOBS = (
+    _ARCHIVED_JOB
+    + """WHERE ($1::text IS NULL OR task = $1)
+  AND ($2::text IS NULL OR queue = $2)
+ORDER BY id
+LIMIT $3
+"""
+)
+
+# Whether any worker keeps finished jobs: an empty archive means they are being deleted.
+ARCHIVE_IN_USE = "SELECT EXISTS (SELECT FROM {s}.archive)"
+
 # --- The conditional doorbell (invariant 15) -------------------------------------------------
 # A worker about to sleep holds a shared session advisory lock per served queue on its LISTEN
 # connection, keyed (the jobs table's oid, hashtext(queue)); the jobs_doorbell trigger in

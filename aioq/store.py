@@ -59,6 +59,9 @@ class Store:
         self._cancel = render(q.CANCEL_PENDING)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
+        self._get_archived = render(q.GET_ARCHIVED_JOB)
+        self._list_archived = render(q.LIST_ARCHIVED_JOBS)
+        self._archive_in_use = render(q.ARCHIVE_IN_USE)
         self._arm_doorbell = render(q.ARM_DOORBELL)
         self._disarm_doorbell = render(q.DISARM_DOORBELL)
 
@@ -197,6 +200,22 @@ class Store:
         """Return one job, or None if it is not in the table."""
         row = await conn.fetchrow(self._get, job_id)
         return Job.from_row(row) if row is not None else None
+
+    async def get_archived(self, conn: Executor, job_id: int) -> Job | None:
+        """Return one finished job from the archive, or None if it is not there."""
+        row = await conn.fetchrow(self._get_archived, job_id)
+        return Job.from_row(row) if row is not None else None
+
+    async def list_archived(
+        self, conn: Executor, *, task: str | None, queue: str | None, limit: int
+    ) -> list[Job]:
+        """Return finished jobs from the archive matching the filters, oldest first."""
+        rows = await conn.fetch(self._list_archived, task, queue, limit)
+        return [Job.from_row(row) for row in rows]
+
+    async def archive_in_use(self, conn: Executor) -> bool:
+        """Return whether the archive holds any job (some worker keeps finished jobs)."""
+        return bool(await conn.fetchval(self._archive_in_use))
 
     async def list(
         self,

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar, overload
 from typing_extensions import ParamSpec
 
 from aioq import queries
+from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError
 from aioq.store import Connection, Store
@@ -137,6 +138,9 @@ class Task(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         self._fitting_names: set[frozenset[str]] = set()
+        # Compiled on the first defer, when forward references resolve; None: nothing to check.
+        self._check_values: ArgsChecker | None = None
+        self._checker_compiled = False
         for param in self.signature.parameters.values():
             if param.kind in (param.POSITIONAL_ONLY, param.VAR_POSITIONAL):
                 raise ConfigError(
@@ -153,14 +157,32 @@ class Task(Generic[P, R]):
         return self.fn(*args, **kwargs)
 
     def bind(self, args: tuple[object, ...], kwargs: Mapping[str, object]) -> dict[str, object]:
-        """Check arguments against the signature; return them as keyword arguments."""
+        """Check arguments against the signature and simple annotations; return them by name."""
         try:
             if not args:  # keywords only (defer_many's case): they are the arguments
                 self.check_arguments(kwargs)
-                return dict(kwargs)
-            bound = self.signature.bind(*args, **kwargs)
+                arguments = dict(kwargs)
+            else:
+                arguments = self._bind_positional(args, kwargs)
         except TypeError as exc:
             raise ArgumentError(self.name, str(exc)) from None
+        if not self._checker_compiled:
+            self._check_values = compile_checker(self.fn, self.signature)
+            self._checker_compiled = True
+        check = self._check_values
+        if check is not None:
+            problem = check(arguments)
+            if problem is not None:
+                raise ArgumentError(self.name, problem)
+        return arguments
+
+    def _bind_positional(
+        self, args: tuple[object, ...], kwargs: Mapping[str, object]
+    ) -> dict[str, object]:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(explain_mismatch(self.signature, args, kwargs) or exc) from None
         arguments: dict[str, object] = {}
         for name, value in bound.arguments.items():
             if self.signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
@@ -170,11 +192,14 @@ class Task(Generic[P, R]):
         return arguments
 
     def check_arguments(self, kwargs: Mapping[str, object]) -> None:
-        """Raise TypeError unless the function accepts these keyword arguments."""
+        """Raise TypeError, naming each wrong argument, unless the function accepts these."""
         names = frozenset(kwargs)
         if names in self._fitting_names:
             return
-        self.signature.bind(**kwargs)
+        try:
+            self.signature.bind(**kwargs)
+        except TypeError as exc:
+            raise TypeError(explain_mismatch(self.signature, (), kwargs) or exc) from None
         # bind() judges names only, so one check per set of names is enough (bounded: a
         # **kwargs task could see endless sets).
         if len(self._fitting_names) < _FITTING_NAMES_CACHED:
@@ -292,6 +317,16 @@ class Registry:
     def get(self, name: str) -> Task[..., Any] | None:
         """Return the task registered under ``name``, if any."""
         return self._tasks.get(name)
+
+    def queues(self) -> tuple[str, ...]:
+        """Return ``default`` and every queue a registered task names: what a worker serves."""
+        named = {t.defaults.queue for t in self._tasks.values()} - {DEFAULT_QUEUE}
+        return (DEFAULT_QUEUE, *sorted(named))
+
+    def unserved(self, queues: Iterable[str]) -> list[Task[..., Any]]:
+        """Return the registered tasks whose queue is not among ``queues``, by name."""
+        served = set(queues)
+        return [t for _, t in sorted(self._tasks.items()) if t.defaults.queue not in served]
 
     def add(self, new: Task[P, R]) -> Task[P, R]:
         """Register a task; a different function under a taken name is an error."""

@@ -51,6 +51,9 @@ DEFAULT_COMMAND_TIMEOUT = 30.0
 # completion each leave one), checked every DEFAULT_VACUUM_INTERVAL seconds.
 DEFAULT_VACUUM_THRESHOLD = 50_000
 DEFAULT_VACUUM_INTERVAL = 5.0
+# Connections of the worker's own pool: claims, completions, heartbeats and the maintenance
+# loops take one each for one statement at a time. The LISTEN connection comes on top.
+POOL_SIZE = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,15 +150,18 @@ class Worker:
 
     ``await worker.run()`` serves until cancelled or :meth:`stop`; ``async with worker:``
     serves in the background and stops gracefully on exit; ``await worker.run_until_idle()``
-    returns once no job is ready or running.
+    returns once no job is ready or running. Without ``queues`` it serves ``default`` and every
+    queue its registry's tasks name. It opens a pool of its own from ``dsn``, or borrows
+    ``pool`` (an application's, never closed here; ``dsn`` then serves only LISTEN).
     """
 
     def __init__(
         self,
         *,
-        dsn: str,
+        dsn: str | None = None,
+        pool: asyncpg.Pool | None = None,
         registry: Registry | None = None,
-        queues: Sequence[str] = ("default",),
+        queues: Sequence[str] | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         schema: str | None = None,
         metrics: Metrics | None = None,
@@ -164,13 +170,23 @@ class Worker:
         self.registry = registry if registry is not None else default_registry
         if isinstance(queues, str):
             queues = (queues,)
+        # No queues given: serve every queue the registry's tasks name (issue 11, point 1).
+        self.queues_given = queues is not None
         self.config = WorkerConfig(
-            queues=tuple(queues),
+            queues=tuple(queues) if queues is not None else self.registry.queues(),
             concurrency=concurrency,
             schema=self.registry.schema if schema is None else schema,
             **options,
         )
-        self.dsn = dsn
+        if dsn is None and (pool is None or (self.config.listen and not self.config.listen_dsn)):
+            raise ConfigError(
+                "dsn",
+                "a worker needs dsn= (with pool=, for its one LISTEN connection; or give"
+                " listen_dsn=, or listen=False to rely on polling)",
+            )
+        self.dsn = dsn or ""
+        # An application's pool (pool=) is used as it is and never closed by the worker.
+        self.pool = pool
         self.id = self.config.worker_id
         self.store = Store.for_schema(self.config.schema)
         self.in_flight: dict[int, Running] = {}
@@ -253,7 +269,12 @@ class Worker:
         cfg = self.config
         if self.stopped.is_set():
             raise ConfigError("worker", "a worker runs once; create a new Worker to run again")
-        pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=4, **self._pool_kwargs())
+        if self.pool is not None:
+            pool = self.pool
+        else:
+            pool = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
+            )
         completer = Completer(
             store=self.store,
             db=pool,
@@ -345,6 +366,7 @@ class Worker:
                 if self.metrics is not None:
                     sampler = QueueSampler(store=self.store, db=pool, metrics=self.metrics)
                     services.start_soon(sampler.run)
+                self._warn_unserved()
                 logger.info(
                     "worker %s serving queues %s with %d consumers",
                     self.id,
@@ -369,13 +391,28 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._release_leftovers(completer, pool)
-                with anyio.move_on_after(10) as closing:
-                    await pool.close()
-                if closing.cancelled_caught:  # a connection would not close in time
-                    pool.terminate()
+                if pool is not self.pool:  # ours to close; an application's pool is not
+                    with anyio.move_on_after(10) as closing:
+                        await pool.close()
+                    if closing.cancelled_caught:  # a connection would not close in time
+                        pool.terminate()
                 self.stopping.set()
                 self.stopped.set()
                 logger.info("worker %s stopped", self.id)
+
+    def _warn_unserved(self) -> None:
+        """Warn once per registered task whose queue the explicitly given queues leave out."""
+        if not self.queues_given:
+            return
+        for task in self.registry.unserved(self.config.queues):
+            logger.warning(
+                "worker %s does not serve queue %r of task %r: its jobs wait for another"
+                " worker (serving: %s)",
+                self.id,
+                task.defaults.queue,
+                task.name,
+                ",".join(self.config.queues),
+            )
 
     async def _enforce_grace(self) -> None:
         """After stop(), give running jobs shutdown_grace seconds, then cancel them."""

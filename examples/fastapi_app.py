@@ -56,7 +56,7 @@ class Created(BaseModel):
 
 class JobState(BaseModel):
     job_id: int
-    state: str  # pending, running, dead, or done (no longer in the queue)
+    state: str  # pending, running, dead, succeeded (kept in the archive), or done (deleted)
     last_error: str | None = None
 
 
@@ -71,9 +71,10 @@ def create_app(dsn: str, *, concurrency: int = 10) -> FastAPI:
                 await conn.execute(SCHEMA)
             _pools.append(pool)
             app.state.pool = pool
-            worker = aioq.Worker(
-                dsn=dsn, registry=registry, queues=["email"], concurrency=concurrency
-            )
+            # One connection budget: the worker borrows the app's pool (and never closes it);
+            # dsn is for its one LISTEN connection. No queues given: it serves "default" and
+            # every queue the registry's tasks name, here "email".
+            worker = aioq.Worker(pool=pool, dsn=dsn, registry=registry, concurrency=concurrency)
             try:
                 async with worker:  # stops gracefully when the app shuts down
                     yield

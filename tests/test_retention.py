@@ -105,16 +105,25 @@ async def test_dead_jobs_are_pruned_by_age_in_batches(
 
 
 async def test_run_repeats_at_once_while_batches_are_full(
-    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
 ) -> None:
     await archive_jobs(conn, registry, make_worker, 25)
     prune = pruner(conn, archive_retention=0, interval=3600)  # no second pass without a full batch
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(prune.run)
-            while await count(conn, "SELECT count(*) FROM aioq.archive"):
-                await anyio.sleep(0.02)
-            tg.cancel_scope.cancel()
+    # The pruner owns `conn` while it runs: watch through a connection of our own (sharing it
+    # failed now and then with "another operation is in progress").
+    probe = await asyncpg.connect(dsn)
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(prune.run)
+                while await count(probe, "SELECT count(*) FROM aioq.archive"):
+                    await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+    finally:
+        await probe.close()
 
 
 async def test_worker_runs_the_pruner(

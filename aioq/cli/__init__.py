@@ -2,10 +2,13 @@
 
 Each subcommand is one ``cmd_<name>(args) -> int`` function (``aioq/cli/worker.py`` runs
 servers and workers, ``aioq/cli/admin.py`` looks after the queue) registered in
-:func:`_build_parser`. Exit status: 0 ok; 1 a check failed or nothing was found (``jobs show``
-of an unknown id, ``stats --check`` over a threshold, ``schema status`` with pending
-migrations); 2 a usage, configuration, connection or database error, printed on one line
-(``--debug`` shows the traceback instead).
+:func:`_build_parser`. Exit status: 0 ok, including an empty ``jobs list`` (a listing that
+found nothing answered its question, as ``ls`` and ``psql`` do); 1 a check failed or a job named
+on the command line was not found (``jobs show`` of an unknown id, ``jobs retry``/``cancel`` of
+ids that were not dead/pending, ``stats --check`` over a threshold, ``schema status`` with
+pending migrations); 2 a usage, configuration, connection or database error, printed on one
+line (``--debug`` shows the traceback instead); 141 (128 + SIGPIPE), silently, when stdout's
+reader went away (``| head``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ __all__ = ("main",)
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -37,7 +42,6 @@ from aioq.cli.worker import cmd_dev, cmd_worker
 from aioq.errors import AioqError
 from aioq.job import JobStatus
 from aioq.logs import formatter
-from aioq.task import DEFAULT_MAX_ATTEMPTS
 from aioq.worker import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONCURRENCY,
@@ -46,6 +50,9 @@ from aioq.worker import (
 )
 
 _Handler = Callable[[argparse.Namespace], int]
+
+# What a shell reports for a command killed by SIGPIPE (`yes | head -1; echo ${PIPESTATUS[0]}`).
+EXIT_SIGPIPE = 128 + signal.SIGPIPE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,13 +70,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, handlers=[handler_])
     handler: _Handler = args.handler
     try:
-        return handler(args)
+        status = handler(args)
+        sys.stdout.flush()  # a pipe's reader that left shows here, inside the try
+        return status
     except BaseException as exc:
+        if isinstance(_unwrap(exc), BrokenPipeError):
+            return _stdout_closed()
         problem = _describe(_unwrap(exc))
         if problem is None or args.debug:
             raise
         print(f"aioq: error: {problem}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _stdout_closed() -> int:
+    """End quietly once stdout's reader is gone (``| head``), as a Unix tool killed by SIGPIPE."""
+    # Point stdout at /dev/null so the interpreter's final flush of what is still buffered
+    # does not raise again ("Exception ignored ... BrokenPipeError") on the way out.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_SIGPIPE
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -130,7 +151,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("target", metavar="MODULE[:REGISTRY]")
     worker.add_argument(
-        "--queue", action="append", help="a queue to serve; repeat for more (default: default)"
+        "--queue",
+        action="append",
+        help="a queue to serve; repeat for more (default: 'default' and every queue the"
+        " registry's tasks name)",
     )
     worker.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY)
     worker.add_argument(
@@ -224,13 +248,22 @@ def _build_parser() -> argparse.ArgumentParser:
     purge.set_defaults(handler=cmd_jobs_purge)
 
     defer = commands.add_parser(
-        "defer", parents=[db, out], help="enqueue a job by task name; print its id"
+        "defer",
+        parents=[db, out],
+        help="enqueue a job by task name; print its id",
+        description="Enqueue a job and print its id. Name the registry first (as for `aioq"
+        " worker`) to use the task's own queue, priority, max_attempts and lease, with the"
+        " flags overriding them, and to check the arguments against its signature. Without"
+        " it the task's options are unknown: the job goes where the flags say.",
     )
+    defer.add_argument("target", metavar="MODULE[:REGISTRY]", nargs="?")
     defer.add_argument("task", metavar="TASK")
     defer.add_argument("--args", default="{}", help="keyword arguments as a JSON object")
-    defer.add_argument("--queue", default="default")
-    defer.add_argument("--priority", type=int, default=0)
-    defer.add_argument("--delay", type=duration, default=0.0)
-    defer.add_argument("--max-attempts", type=positive_int, default=DEFAULT_MAX_ATTEMPTS)
+    defer.add_argument("--queue", help="default: the task's, else 'default'")
+    defer.add_argument("--priority", type=int)
+    defer.add_argument("--delay", type=duration)
+    defer.add_argument("--max-attempts", type=positive_int)
+    defer.add_argument("--lease", type=duration)
+    defer.add_argument("--unique-key", help="return the live job with this key, if any")
     defer.set_defaults(handler=cmd_defer)
     return parser

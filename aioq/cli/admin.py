@@ -21,14 +21,16 @@ from aioq.cli.common import (
     format_size,
     format_time,
     job_dict,
+    load_registry,
     print_json,
     print_table,
     schema_from,
     with_db,
 )
 from aioq.codec import encode_args
+from aioq.errors import DeferError
 from aioq.store import Store
-from aioq.task import DEFAULT_LEASE, check_text
+from aioq.task import JobOptions, check_text
 
 
 def cmd_schema_apply(args: argparse.Namespace) -> int:
@@ -202,12 +204,12 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
-    """Show one job; exit 1 if it is not in the table."""
+    """Show one job (from the archive if it succeeded and was kept); exit 1 if not found."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         job = await admin.get_job(conn, args.id, schema=schema_from(args))
         if job is None:
-            print(f"aioq: job {args.id} not found (finished, cancelled or never existed)",
+            print(f"aioq: job {args.id} not found: {await _why_not_found(conn, args)}",
                   file=sys.stderr)  # fmt: skip
             return EXIT_FAILED
         values = job_dict(job)
@@ -223,6 +225,19 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return with_db(args, run)
+
+
+async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> str:
+    if await Store.for_schema(schema_from(args)).archive_in_use(conn):
+        return (
+            "it is not in the jobs table nor in the archive (cancelled, pruned after"
+            " archive_retention, finished on a worker without --keep-completed, or never existed)"
+        )
+    return (
+        "finished jobs are deleted unless workers keep them in the archive"
+        " (aioq worker --keep-completed, Worker(keep_completed=True)); or it was cancelled,"
+        " or never existed"
+    )
 
 
 def cmd_jobs_retry(args: argparse.Namespace) -> int:
@@ -285,34 +300,79 @@ def cmd_jobs_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_defer(args: argparse.Namespace) -> int:
-    """Enqueue a job by task name (the task need not be importable); print its id."""
+    """Enqueue a job by task name and print its id.
+
+    With MODULE[:REGISTRY] the task must exist there: its options apply (flags override) and
+    the arguments are checked as ``Task.defer`` checks them. Without it, the task need not be
+    importable, and only the flags decide where and how the job runs.
+    """
     try:
         values = json.loads(args.args)
     except ValueError as exc:
         raise UsageError(f"--args is not valid JSON: {exc}") from None
     if not isinstance(values, dict):
         raise UsageError(f"--args must be a JSON object, got {type(values).__name__}")
-    check_text("task", args.task)
-    check_text("queue", args.queue)
-    encoded = encode_args(args.task, values)
+    name: str = args.task
+    check_text("task", name)
+    if args.target is None:
+        opts = JobOptions(**_defer_flags(args))
+        schema = schema_from(args)
+        encoded = encode_args(name, values)
+    else:
+        registry = load_registry(args.target)
+        task = registry.get(name)
+        if task is None:
+            known = ", ".join(sorted(registry)) or "none"
+            raise UsageError(f"no task named {name!r} in {args.target} (registered: {known})")
+        opts = task.options(**_defer_flags(args)).opts
+        schema = args.schema or registry.schema
+        encoded = encode_args(name, task.bind((), values))
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        job_id = await Store.for_schema(schema_from(args)).insert(
-            conn,
-            queue=args.queue,
-            task=args.task,
-            args=encoded,
-            priority=args.priority,
-            run_at=None,
-            delay=args.delay,
-            max_attempts=args.max_attempts,
-            lease=DEFAULT_LEASE,
-            unique_key=None,
-        )
+        store = Store.for_schema(schema)
+        job_id = None
+        for _ in range(10):  # None: the job holding unique_key finished meanwhile; again
+            job_id = await store.insert(
+                conn,
+                queue=opts.queue,
+                task=name,
+                args=encoded,
+                priority=opts.priority,
+                run_at=None,
+                delay=opts.delay,
+                max_attempts=opts.max_attempts,
+                lease=opts.lease,
+                unique_key=opts.unique_key,
+            )
+            if job_id is not None:
+                break
+        else:
+            raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+        if args.target is None:  # once the job is written: a failure needs no note
+            print(
+                f"aioq: note: no registry given, so the options of task {name!r} are unknown:"
+                f" the job goes to queue {opts.queue!r} with max_attempts {opts.max_attempts}"
+                " and its arguments unchecked (name MODULE:REGISTRY before the task to use its"
+                " own)",
+                file=sys.stderr,
+            )
         if args.json:
-            print_json({"id": job_id})
+            print_json({"id": job_id, "queue": opts.queue})
         else:
             print(job_id)
         return EXIT_OK
 
     return with_db(args, run)
+
+
+def _defer_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given on the command line (those left out keep the task's or defaults)."""
+    flags = {
+        "queue": args.queue,
+        "priority": args.priority,
+        "delay": args.delay,
+        "max_attempts": args.max_attempts,
+        "lease": args.lease,
+        "unique_key": args.unique_key,
+    }
+    return {k: v for k, v in flags.items() if v is not None}

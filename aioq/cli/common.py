@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import re
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +17,7 @@ import anyio
 import asyncpg
 
 from aioq.job import Job
+from aioq.task import Registry, default_registry
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -70,6 +73,33 @@ def with_db(args: argparse.Namespace, command: DbCommand) -> int:
             await conn.close()
 
     return anyio.run(run)
+
+
+def load_registry(target: str) -> Registry:
+    """Import ``MODULE[:REGISTRY]`` (the current directory first) and return its registry."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name:
+        raise UsageError(f"{target!r}: expected MODULE or MODULE:REGISTRY")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    if attribute:
+        if not hasattr(module, attribute):
+            raise UsageError(
+                f"module {module_name!r} has no attribute {attribute!r}"
+                " (MODULE:REGISTRY names the aioq.Registry defined in MODULE)"
+            )
+        registry = getattr(module, attribute)
+        if not isinstance(registry, Registry):
+            raise UsageError(
+                f"{module_name}:{attribute} is not an aioq.Registry"
+                f" (its type is {type(registry).__name__})"
+            )
+        return registry
+    found = getattr(module, "registry", None)
+    return found if isinstance(found, Registry) else default_registry
 
 
 def job_dict(job: Job) -> dict[str, Any]:

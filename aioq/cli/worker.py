@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -11,10 +10,10 @@ import sys
 
 import anyio
 
-from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, UsageError, dsn_from
+from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, dsn_from, load_registry
 from aioq.dev.server import EmbeddedPostgres
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
-from aioq.task import Registry, default_registry
+from aioq.task import Registry
 from aioq.worker import Worker
 
 log = logging.getLogger("aioq.cli")
@@ -44,28 +43,10 @@ async def _dev(port: int | None, fsync: bool) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker, or ``--processes`` of them under a supervisor."""
     dsn = dsn_from(args)
-    registry = _load_registry(args.target)  # in the supervisor too: a typo fails at once
+    registry = load_registry(args.target)  # in the supervisor too: a typo fails at once
     if args.processes > 1:
         return _supervise(args, dsn)
     return anyio.run(_work, args, dsn, registry)
-
-
-def _load_registry(target: str) -> Registry:
-    module_name, _, attribute = target.partition(":")
-    if not module_name:
-        raise UsageError(f"{target!r}: expected MODULE or MODULE:REGISTRY")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise UsageError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    if attribute:
-        registry = getattr(module, attribute, None)
-        if not isinstance(registry, Registry):
-            raise UsageError(f"{module_name}.{attribute} is not an aioq.Registry")
-        return registry
-    found = getattr(module, "registry", None)
-    return found if isinstance(found, Registry) else default_registry
 
 
 def _supervise(args: argparse.Namespace, dsn: str) -> int:
@@ -106,7 +87,7 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         keep_completed=args.keep_completed,
         dsn=dsn,
         registry=registry,
-        queues=args.queue or ("default",),
+        queues=args.queue or None,  # None: every queue the registry's tasks name
         concurrency=args.concurrency,
         schema=args.schema or None,  # "" means unset, as in every command
         poll_interval=args.poll_interval,

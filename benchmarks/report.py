@@ -531,10 +531,10 @@ def scale_model(rows: list[Result]) -> list[str]:
     return [
         "### Scale model",
         "",
-        f"- PostgreSQL spends **{pg * 1000:.2f} ms of CPU per job** in the client backends "
+        f"- PostgreSQL spends **{pg * 1000:.0f} µs of CPU per job** in the client backends "
         "(median over these runs; the WAL writer, checkpointer and autovacuum come on top): "
         f"**about {1000 / pg:,.0f} jobs/s per PostgreSQL core** for no-op jobs. A worker "
-        f"process spends {worker * 1000:.2f} ms per job, about {1000 / worker:,.0f} jobs/s per "
+        f"process spends {worker * 1000:.0f} µs per job, about {1000 / worker:,.0f} jobs/s per "
         "worker core.",
         f"- WAL: **{wal:,.0f} bytes per job** (insert, claim and delete with their index "
         f"entries and full-page images): {wal * 10_000 / 2**20:,.0f} MB/s of WAL at 10 000 "

@@ -363,9 +363,9 @@ def main() -> int:
             results.setdefault(scenario, rows)
         runs.update(dict.fromkeys(scenarios, meta["started"]))
         meta["scenario_runs"] = runs
-        meta["notes"] = [
-            *meta["notes"],
-            *(n for n in old["meta"]["notes"] if n not in meta["notes"]),
+        before = f"(scenarios run {old['meta']['started']}) "
+        meta["notes"] = [f"(scenarios run {meta['started']}) {n}" for n in meta["notes"]] + [
+            n if n.startswith("(") else before + n for n in old["meta"]["notes"]
         ]
     data = {"meta": meta, "results": results}
     with open(os.path.join(HERE, "results.json"), "w") as f:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from aioq.job import Job, JobStatus
+from aioq.queries import DEFAULT_SCHEMA
 from aioq.store import Executor, Store
 
 __all__ = (
@@ -59,7 +60,7 @@ class Stats:
     archived: bool  # whether the archive holds completed jobs (else completions are n/a)
 
 
-async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
+async def stats(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     """Return per-queue counts and the jobs table's size and vacuum figures."""
     store = Store.for_schema(schema)
     rows = await store.queue_stats(conn)
@@ -97,7 +98,9 @@ async def stats(conn: Executor, *, schema: str = "aioq") -> Stats:
     )
 
 
-async def cancel_jobs(conn: Executor, job_ids: Sequence[int], *, schema: str = "aioq") -> list[int]:
+async def cancel_jobs(
+    conn: Executor, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+) -> list[int]:
     """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
     return list(await Store.for_schema(schema).cancel(conn, job_ids))
 
@@ -107,7 +110,7 @@ async def purge_dead(
     *,
     older_than: float | None = None,
     batch_size: int = DEFAULT_PURGE_BATCH,
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
 ) -> int:
     """Delete dead jobs (that died over ``older_than`` seconds ago), in batches.
 
@@ -132,7 +135,7 @@ async def retry_dead(
     task: str | None = None,
     queue: str | None = None,
     all: bool = False,
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
 ) -> list[int]:
     """Replay dead jobs (by id, task or queue; ``all=True`` for every one); return their ids."""
     if job_id is None and task is None and queue is None and not all:
@@ -141,7 +144,7 @@ async def retry_dead(
     return await Store.for_schema(schema).replay(conn, ids=ids, task=task, queue=queue)
 
 
-async def get_job(conn: Executor, job_id: int, *, schema: str = "aioq") -> Job | None:
+async def get_job(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
     """Return a job: pending, running or dead, or ``succeeded`` from the archive; else None.
 
     Finished jobs are deleted unless workers keep them (``keep_completed=True``); then they
@@ -159,11 +162,11 @@ async def list_jobs(
     task: str | None = None,
     queue: str | None = None,
     limit: int = 100,
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
 ) -> list[Job]:
     """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
     wanted = JobStatus(status).value if status is not None else None
     store = Store.for_schema(schema)
     if wanted == JobStatus.SUCCEEDED:
         return await store.list_archived(conn, task=task, queue=queue, limit=limit)
-    return await store.list(conn, status=wanted, task=task, queue=queue, limit=limit)
+    return await store.list_jobs(conn, status=wanted, task=task, queue=queue, limit=limit)

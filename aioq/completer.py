@@ -2,60 +2,36 @@
 
 from __future__ import annotations
 
-import enum
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 import asyncpg
-from anyio.abc import TaskStatus
 
-from aioq._service import StepBackoff
-from aioq.job import Claim
+from aioq._service import STEP_BACKOFF, Service
+from aioq.backoff import Failures
+from aioq.claims import Claims
+from aioq.job import Claim, ClaimKey, OutcomeKind
 from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
     from aioq.metrics import Metrics
 
-__all__ = ("Completer", "Outcome", "OutcomeKind", "Running")
+__all__ = ("Completer", "Outcome")
 
 logger = logging.getLogger(__name__)
 
-# Errors about an outcome's data, not the connection: retrying the same batch cannot help.
-_REFUSED = (asyncpg.DataError, UnicodeError, OverflowError)
-
-
-class OutcomeKind(enum.Enum):
-    """What the completer does with a finished attempt."""
-
-    COMPLETE = "succeeded"  # delete (or archive)
-    RETRY = "retried"  # back to pending after a backoff, error recorded
-    SNOOZE = "snoozed"  # back to pending after the task's delay, attempt refunded (aioq.Retry)
-    RELEASE = "released"  # back to pending now, attempt refunded (shutdown)
-    BURY = "dead"  # no more attempts
-
-
-@dataclass(slots=True)
-class Running:
-    """A claim this worker holds, from the claim until its outcome is written."""
-
-    claim: Claim
-    scope: anyio.CancelScope | None = None
-    finished: bool = False  # the outcome is with the completer
-    cancel_reason: str | None = None  # LEASE_LOST or SHUTDOWN
-
-    def cancel(self, reason: str) -> None:
-        """Stop the local execution of this job."""
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-        if self.scope is not None:
-            self.scope.cancel()
-
-
-LEASE_LOST = "lease lost"
-SHUTDOWN = "shutdown"
+# Errors about an outcome's data, not the connection: retrying the same batch cannot help
+# (a value out of range, an archive row that clashes). The batch is split to find the row.
+_REFUSED = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    UnicodeError,
+    OverflowError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +45,10 @@ class Outcome:
     error: str | None = None
 
 
-class Completer:
+class Completer(Service):
     """Apply outcomes in as few statements as possible: one per kind per flush."""
+
+    name = "completer"
 
     def __init__(
         self,
@@ -78,21 +56,23 @@ class Completer:
         store: Store,
         db: Executor,
         worker_id: str,
-        in_flight: dict[int, Running],
+        claims: Claims,
         keep_completed: bool,
         batch_size: int,
         max_pending: int,
     ) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.worker_id = worker_id
-        self.in_flight = in_flight
+        self.claims = claims
         self.keep_completed = keep_completed
         self.batch_size = batch_size
         self.max_pending = max_pending
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
         self.pending: list[Outcome] = []
-        self._unsure: set[tuple[int, int]] = set()  # (job id, attempt) whose write failed
+        self._unsure: set[ClaimKey] = set()  # claims whose write failed: maybe written
+        self._dropped: set[ClaimKey] = set()  # outcomes the server refused, already logged
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
         self._wake = anyio.Event()
         self._room = anyio.Event()
@@ -105,9 +85,7 @@ class Completer:
             if self._room.is_set():
                 self._room = anyio.Event()
             await self._room.wait()
-        running = self.in_flight.get(outcome.claim.id)
-        if running is not None:
-            running.finished = True
+        self.claims.finish(outcome.claim)
         self.pending.append(outcome)
         if self._idle.is_set():
             self._idle = anyio.Event()
@@ -115,7 +93,7 @@ class Completer:
 
     def lost(self, claim: Claim) -> None:
         """Forget a claim whose lease was lost: another worker owns the job now."""
-        self.in_flight.pop(claim.id, None)
+        self.claims.settle(claim)
         if self.metrics is not None:
             self.metrics.observe_lease_lost(claim)
         logger.warning(
@@ -150,7 +128,7 @@ class Completer:
                     except BaseException:
                         # The statement may have committed with only its reply lost: when the
                         # retry finds these rows gone, that is no proof of a lost lease.
-                        self._unsure.update((o.claim.id, o.claim.attempt) for o in group)
+                        self._unsure.update(o.claim.key for o in group)
                         raise
                     written += group
                     self._settle(group, kept)
@@ -170,11 +148,14 @@ class Completer:
         """Forget written claims; count and log each (kept, or found lost)."""
         for outcome in outcomes:
             claim = outcome.claim
-            self.in_flight.pop(claim.id, None)
+            self.claims.settle(claim)
             unsure = False
             if self._unsure:
-                unsure = (claim.id, claim.attempt) in self._unsure
-                self._unsure.discard((claim.id, claim.attempt))
+                unsure = claim.key in self._unsure
+                self._unsure.discard(claim.key)
+            if self._dropped and claim.key in self._dropped:
+                self._dropped.discard(claim.key)
+                continue
             if claim.id in kept:
                 if self.metrics is not None:
                     self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
@@ -217,70 +198,104 @@ class Completer:
     async def _write_isolating(self, kind: OutcomeKind, group: list[Outcome]) -> set[int]:
         """Write outcomes of one kind; if the server refuses their data, write one by one.
 
-        The one refused is dropped: not lost work, since its lease expires and the job runs
-        again. Connection errors propagate, and the group is tried again later.
+        A refused completion is written without its archive copy; any other refused outcome
+        is dropped, loudly: not lost work, since the claim is settled (no longer heartbeated),
+        its lease expires and the job runs again. Connection errors propagate, and the group
+        is tried again later.
         """
         try:
             return await self._write(kind, group)
         except _REFUSED:
             if len(group) == 1:
-                logger.exception("job %s: its outcome cannot be stored; dropped", group[0].claim.id)
-                return set()
+                return await self._write_refused(kind, group[0])
         kept: set[int] = set()
         for outcome in group:
             kept |= await self._write_isolating(kind, [outcome])
         return kept
 
+    async def _write_refused(self, kind: OutcomeKind, outcome: Outcome) -> set[int]:
+        claim = outcome.claim
+        if kind is OutcomeKind.COMPLETE and self.keep_completed:
+            logger.exception(
+                "job %s %s: its archive row cannot be stored; completing it without one",
+                claim.id,
+                claim.task,
+            )
+            try:
+                return await self.store.complete(
+                    self.db, [claim.id], [claim.number], self.worker_id
+                )
+            except _REFUSED:
+                pass
+        logger.exception(
+            "job %s %s: its outcome (%s) cannot be stored; dropped, the job runs again once"
+            " its lease expires",
+            claim.id,
+            claim.task,
+            kind.value,
+        )
+        self._dropped.add(claim.key)
+        return set()
+
     async def _write(self, kind: OutcomeKind, group: list[Outcome]) -> set[int]:
         store, db, me = self.store, self.db, self.worker_id
         ids = [o.claim.id for o in group]
-        attempts = [o.claim.attempt for o in group]
+        numbers = [o.claim.number for o in group]
         if kind is OutcomeKind.COMPLETE:
-            return await store.complete(db, ids, attempts, me, archive=self.keep_completed)
+            return await store.complete(db, ids, numbers, me, archive=self.keep_completed)
         if kind is OutcomeKind.BURY:
-            return await store.bury(
-                db, ids, attempts, me, errors=[o.error or "dead" for o in group]
-            )
+            return await store.bury(db, ids, numbers, me, errors=[o.error or "dead" for o in group])
         return await store.reschedule(
             db,
             ids,
-            attempts,
+            numbers,
             me,
             delays=[o.delay for o in group],
-            errors=[o.error if kind is OutcomeKind.RETRY else None for o in group],
-            refunds=[kind is not OutcomeKind.RETRY for o in group],
+            errors=[o.error if kind is OutcomeKind.FAIL else None for o in group],
+            refunds=[kind is OutcomeKind.RELEASE] * len(group),
+            snoozes=[kind is OutcomeKind.SNOOZE] * len(group),
         )
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Write outcomes as they come, batching whatever queued up during the last write."""
-        task_status.started()
-        backoff = StepBackoff()
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            while self.pending:
-                try:
-                    await self.run_once()
-                    backoff.reset()
-                except Exception:
-                    logger.exception("writing job outcomes failed; retrying")
-                    await anyio.sleep(backoff.next())
+    @property
+    def idle(self) -> bool:
+        """Whether every queued outcome is written."""
+        return not self.pending
+
+    def interval(self) -> float:
+        """No clock: the completer waits for outcomes (see :meth:`wait`)."""
+        return math.inf
+
+    def busy(self, result: object) -> bool:
+        """More outcomes queued up during the last write: write them at once."""
+        return bool(self.pending)
+
+    async def wait(self, seconds: float) -> None:
+        """After a failure, the backoff; otherwise until an outcome comes."""
+        if self.failures.count:
+            await anyio.sleep(seconds)
+            return
+        await self._wake.wait()
+        self._wake = anyio.Event()
+
+    def log_failure(self, exc: Exception, delay: float) -> None:
+        """Report a failed write; the outcomes stay queued."""
+        logger.error("writing job outcomes failed; retrying in %.2fs", delay, exc_info=exc)
 
     async def flush(self) -> None:
         """Write everything queued now (on shutdown); give up after errors persist."""
-        backoff = StepBackoff()
+        failures = Failures(STEP_BACKOFF)
         while self.pending:
             try:
                 await self.run_once()
             except Exception:
-                if backoff.failures >= 5:
+                if failures.count >= 5:
                     logger.exception(
                         "could not write %d job outcomes; their leases will expire and"
                         " the jobs will run again",
                         len(self.pending),
                     )
                     return
-                await anyio.sleep(backoff.next())
+                await anyio.sleep(failures.next())
 
 
 def _extra(claim: Claim, outcome: str, duration: float) -> dict[str, object]:

@@ -9,15 +9,17 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 
+from aioq.claims import CancelReason, Claims, Running
 from aioq.codec import decode_args
-from aioq.completer import LEASE_LOST, SHUTDOWN, Completer, Outcome, OutcomeKind, Running
+from aioq.completer import Completer, Outcome
 from aioq.errors import Fail, PayloadError, Retry, UnknownTaskError
-from aioq.job import Claim, JobContext, _current
-from aioq.task import Backoff, Registry
+from aioq.job import Claim, JobContext, OutcomeKind, _current
+from aioq.task import Backoff, Registry, Task
 
 if TYPE_CHECKING:
     from aioq.producer import Handoff
@@ -68,7 +70,7 @@ class Consumer:
         *,
         registry: Registry,
         worker_id: str,
-        in_flight: dict[int, Running],
+        claims: Claims,
         limiter: anyio.CapacityLimiter,
         stopping: anyio.Event,
         completer: Completer,
@@ -76,7 +78,7 @@ class Consumer:
         self.completer = completer
         self.registry = registry
         self.worker_id = worker_id
-        self.in_flight = in_flight
+        self.claims = claims
         self.limiter = limiter
         self.stopping = stopping
 
@@ -90,8 +92,8 @@ class Consumer:
 
     async def handle(self, claim: Claim) -> None:
         """Run one claim (or release it when stopping) and hand its outcome to the completer."""
-        running = self.in_flight[claim.id]
-        if running.cancel_reason == LEASE_LOST:
+        running = self.claims.get(claim)
+        if running is None or running.cancel_reason is CancelReason.LEASE_LOST:
             self.completer.lost(claim)
             return
         if self.stopping.is_set():
@@ -114,7 +116,7 @@ class Consumer:
             if claim.attempt >= claim.max_attempts:
                 return Outcome(claim, OutcomeKind.BURY, duration, error=error)
             return Outcome(
-                claim, OutcomeKind.RETRY, duration, delay=retry.delay(claim.attempt), error=error
+                claim, OutcomeKind.FAIL, duration, delay=retry.delay(claim.attempt), error=error
             )
 
         if task is None:
@@ -139,36 +141,11 @@ class Consumer:
                 task=claim.task,
                 queue=claim.queue,
                 worker_id=self.worker_id,
+                snoozes=claim.snoozes,
             )
         )
-        # One scope serves the timeout (its deadline), a lost lease and a shutdown (both set
-        # running.cancel_reason before they cancel it).
-        deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
         try:
-            with anyio.CancelScope(deadline=deadline) as scope:
-                running.scope = scope
-                if running.cancel_reason is not None:
-                    scope.cancel()
-                try:
-                    if task.is_async:
-                        await task.fn(**kwargs)
-                    else:
-                        # A thread cannot be stopped: on timeout or cancellation it is
-                        # abandoned and finishes in the background.
-                        await anyio.to_thread.run_sync(
-                            functools.partial(task.fn, **kwargs),
-                            abandon_on_cancel=True,
-                            limiter=self.limiter,
-                        )
-                except asyncio.CancelledError as exc:
-                    if _cancel_requested():
-                        raise
-                    # The task's own code raised it (it awaited a future cancelled
-                    # elsewhere); nobody cancelled us. Letting it escape would end the
-                    # consumer's task group and release the job, attempt refunded, forever.
-                    raise RuntimeError(
-                        "the task raised CancelledError without being cancelled"
-                    ) from exc
+            scope, returned = await self._call(task, kwargs, running)
         except Retry as exc:
             duration = time.monotonic() - started
             return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay)
@@ -177,14 +154,75 @@ class Consumer:
             return Outcome(claim, OutcomeKind.BURY, duration, error=format_error(exc))
         except Exception as exc:
             return failed(format_error(exc))
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise  # the worker's own cancellation (checked in _call)
+            # SystemExit, KeyboardInterrupt, ... raised by the task's own code: a failure
+            # like any other, never the end of the worker or of the batch-mates.
+            return failed(format_error(exc))
         finally:
             running.scope = None
             _current.reset(token)
         duration = time.monotonic() - started
-        if scope.cancelled_caught:
-            if running.cancel_reason == SHUTDOWN:
-                return Outcome(claim, OutcomeKind.RELEASE, duration)
+        if not scope.cancelled_caught:
+            return Outcome(claim, OutcomeKind.COMPLETE, duration)
+        if running.cancel_reason is CancelReason.SHUTDOWN:
+            # A thread that ran to its end after the stop: its work is done, record it.
+            kind = OutcomeKind.COMPLETE if returned else OutcomeKind.RELEASE
+            return Outcome(claim, kind, duration)
+        if running.cancel_reason is not None:
+            return None  # the lease is lost
+        if returned:
+            logger.warning(
+                "job %s %s: its thread overstayed the %gs timeout (ran %.1fs); the job stayed"
+                " claimed until it returned",
+                claim.id,
+                claim.task,
+                task.timeout,
+                duration,
+            )
+        return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
+
+    async def _call(
+        self, task: Task[..., Any], kwargs: dict[str, Any], running: Running
+    ) -> tuple[anyio.CancelScope, bool]:
+        """Call the task under one scope; return the scope and whether a thread ran to its end.
+
+        The scope serves the timeout (its deadline), a lost lease and a shutdown (both set
+        ``running.cancel_reason`` before they cancel it).
+        """
+        deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
+        returned = False
+        with anyio.CancelScope(deadline=deadline) as scope:
+            running.scope = scope
             if running.cancel_reason is not None:
-                return None  # the lease is lost
-            return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
-        return Outcome(claim, OutcomeKind.COMPLETE, duration)
+                scope.cancel()
+            try:
+                if task.is_async:
+                    await task.fn(**kwargs)
+                else:
+                    # A thread cannot be interrupted: on timeout, a lost lease or shutdown the
+                    # job stays claimed (the heartbeat extends it) until the thread returns;
+                    # abandoning it would let a retry run beside it.
+                    running.in_thread = True
+                    try:
+                        await anyio.to_thread.run_sync(
+                            functools.partial(task.fn, **kwargs),
+                            abandon_on_cancel=False,
+                            limiter=self.limiter,
+                        )
+                    finally:
+                        running.in_thread = False
+                    returned = True
+                    # A cancel that came while the thread ran lands here, inside the scope.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+            except asyncio.CancelledError as exc:
+                if _cancel_requested():
+                    raise
+                # The task's own code raised it (it awaited a future cancelled elsewhere);
+                # nobody cancelled us. Letting it escape would end the consumer's task group
+                # and release the job, attempt refunded, forever.
+                raise RuntimeError(
+                    "the task raised CancelledError without being cancelled"
+                ) from exc
+        return scope, returned

@@ -11,7 +11,10 @@ import asyncpg
 
 from aioq.errors import AioqError
 
-__all__ = ("Claim", "Job", "JobContext", "JobStatus", "current_job")
+__all__ = ("Claim", "ClaimKey", "Job", "JobContext", "JobStatus", "OutcomeKind", "current_job")
+
+ClaimKey = tuple[int, int]
+"""(job id, claim number): the identity of one claim, never reused."""
 
 
 class JobStatus(enum.StrEnum):
@@ -21,6 +24,16 @@ class JobStatus(enum.StrEnum):
     RUNNING = "running"
     DEAD = "dead"
     SUCCEEDED = "succeeded"
+
+
+class OutcomeKind(enum.Enum):
+    """What a finished attempt does to its job; the values are the metrics' outcome labels."""
+
+    COMPLETE = "succeeded"  # the task returned: delete (or archive)
+    FAIL = "retried"  # the task failed: back to pending after a backoff, error recorded
+    SNOOZE = "snoozed"  # the task raised aioq.Retry: back to pending after its delay
+    RELEASE = "released"  # given back unrun or unfinished (shutdown): attempt refunded
+    BURY = "dead"  # failed with no attempts left, or aioq.Fail
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,9 +73,15 @@ class Job:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Claim:
-    """One claimed attempt of a job: what every later update is fenced on."""
+    """One claim of a job: what every later update is fenced on.
+
+    ``number`` counts the job's claims and never decreases (a snooze, a release or a replay
+    leaves it alone), so :attr:`key` identifies this claim among every claim of the job,
+    past and future; ``attempt`` can repeat (a release refunds it, a replay resets it).
+    """
 
     id: int
+    number: int
     queue: str
     task: str
     args: str  # raw JSON text; decoded by the consumer so one bad payload fails only its job
@@ -71,12 +90,19 @@ class Claim:
     max_attempts: int
     lease: float
     waited: float  # seconds from run_at to the claim
+    snoozes: int = 0  # how many times the job raised aioq.Retry before this claim
+
+    @property
+    def key(self) -> ClaimKey:
+        """The identity of this claim: (job id, claim number)."""
+        return (self.id, self.number)
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Claim:
         """Build a claim from a row of the claim statement."""
         return cls(
             id=row["id"],
+            number=row["claims"],
             queue=row["queue"],
             task=row["task"],
             args=row["args"],
@@ -85,12 +111,18 @@ class Claim:
             max_attempts=row["max_attempts"],
             lease=row["lease"],
             waited=max(0.0, row["waited"] or 0.0),
+            snoozes=row["snoozes"],
         )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext:
-    """What a running task knows about its job; ``id`` is the stable idempotency key."""
+    """What a running task knows about its job; ``id`` is the stable idempotency key.
+
+    ``attempt`` counts the runs of the job, snoozes included (a release on shutdown is not
+    counted); ``max_attempts`` grows by one per snooze, so a snooze never spends the failure
+    budget; ``snoozes`` says how many runs ended in ``aioq.Retry``.
+    """
 
     id: int
     attempt: int
@@ -98,6 +130,7 @@ class JobContext:
     task: str
     queue: str
     worker_id: str
+    snoozes: int = 0
 
     @property
     def is_last_attempt(self) -> bool:

@@ -3,53 +3,79 @@
 from __future__ import annotations
 
 import logging
+import time
 
-from aioq._service import repeat
-from aioq.completer import LEASE_LOST, Running
+from aioq._service import Service
+from aioq.claims import CancelReason, Claims
 from aioq.store import Executor, Store
 
 __all__ = ("Heartbeat", "Reaper")
 
 logger = logging.getLogger(__name__)
 
+# A claim's lease is extended before this fraction of it has passed since its last extension:
+# two beats may fail or be late before the lease runs out.
+BEAT_FRACTION = 1 / 3
 
-class Heartbeat:
-    """Extends the leases of all this worker's claims in one fenced statement."""
+
+class Heartbeat(Service):
+    """Extends the leases of all this worker's claims in one fenced statement.
+
+    The next beat is planned from the claims held: ``interval`` after the last beat, or a
+    third of a claim's lease after its claim or last extension, whichever comes first. A new
+    claim re-plans the wait, so a short lease claimed while the heartbeat sleeps is extended
+    in time whatever the interval (issue 10.1).
+    """
+
+    name = "heartbeat"
 
     def __init__(
-        self,
-        *,
-        store: Store,
-        db: Executor,
-        worker_id: str,
-        in_flight: dict[int, Running],
-        interval: float,
+        self, *, store: Store, db: Executor, worker_id: str, claims: Claims, interval: float
     ) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.worker_id = worker_id
-        self.in_flight = in_flight
-        self.interval = interval
+        self.claims = claims
+        self.beat_interval = interval
+        self._last_beat = time.monotonic()
 
-    def next_interval(self) -> float:
-        """Beat at the configured interval, or a third of the shortest lease held, if sooner."""
-        shortest = min((r.claim.lease for r in self.in_flight.values()), default=self.interval * 3)
-        return min(self.interval, shortest / 3)
+    def due(self) -> float:
+        """When the next beat is due, in ``time.monotonic()`` seconds."""
+        due = self._last_beat + self.beat_interval
+        for running in self.claims.held():
+            due = min(due, running.extended_at + running.claim.lease * BEAT_FRACTION)
+        return due
+
+    def interval(self) -> float:
+        """Seconds until the next beat is due."""
+        return max(0.0, self.due() - time.monotonic())
+
+    async def wait(self, seconds: float) -> None:
+        """Sleep until the planned beat; a new claim may bring it forward."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if await self.claims.wait_added(left):
+                deadline = min(deadline, self.due())
 
     async def run_once(self) -> list[int]:
         """Extend our leases; cancel the local run of each job whose lease was lost."""
-        held = list(self.in_flight.values())
+        started = time.monotonic()
+        self._last_beat = started
+        held = self.claims.held()
         if not held:
             return []
         ids = [r.claim.id for r in held]
-        attempts = [r.claim.attempt for r in held]
-        alive = await self.store.heartbeat(self.db, ids, attempts, self.worker_id)
+        numbers = [r.claim.number for r in held]
+        alive = await self.store.heartbeat(self.db, ids, numbers, self.worker_id)
         lost = []
         for running in held:
+            if running.claim.id in alive:
+                running.extended_at = started
             # A finished job may have been written (deleted, rescheduled) since we read it.
-            if running.claim.id not in alive and not running.finished:
+            elif not running.finished:
                 lost.append(running.claim.id)
-                running.cancel(LEASE_LOST)
+                running.cancel(CancelReason.LEASE_LOST)
                 logger.warning(
                     "job %s %s: lease lost (rescued by another worker); cancelling it here",
                     running.claim.id,
@@ -63,28 +89,44 @@ class Heartbeat:
                 )
         return lost
 
-    async def run(self) -> None:
-        """Beat until cancelled."""
 
-        async def step() -> bool:
-            await self.run_once()
-            return False
+class Reaper(Service):
+    """Returns expired claims to pending (or dead when attempts are spent), a batch per pass.
 
-        await repeat("heartbeat", step, self.next_interval, logger)
+    It leaves its own worker's claims alone: those are heartbeated, and a late beat (an event
+    loop blocked by a task) must not make a worker rescue its own running jobs. Other workers
+    rescue them if this one is really gone.
+    """
 
+    name = "reaper"
 
-class Reaper:
-    """Returns expired claims to pending (or dead when attempts are spent), a batch per pass."""
-
-    def __init__(self, *, store: Store, db: Executor, interval: float, batch_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        db: Executor,
+        interval: float,
+        batch_size: int,
+        worker_id: str | None = None,
+    ) -> None:
+        super().__init__()
         self.store = store
         self.db = db
-        self.interval = interval
+        self.reap_interval = interval
         self.batch_size = batch_size
+        self.worker_id = worker_id
+
+    def interval(self) -> float:
+        """Seconds between passes that found less than a batch."""
+        return self.reap_interval
+
+    def busy(self, result: object) -> bool:
+        """A full batch: more may be expired."""
+        return isinstance(result, list) and len(result) >= self.batch_size
 
     async def run_once(self) -> list[tuple[int, str]]:
         """Rescue up to one batch of expired claims; return (id, new status) for each."""
-        rescued = await self.store.reap(self.db, self.batch_size)
+        rescued = await self.store.reap(self.db, self.batch_size, worker_id=self.worker_id)
         if rescued:
             dead = sum(1 for _, status in rescued if status == "dead")
             logger.warning(
@@ -95,11 +137,3 @@ class Reaper:
                 extra={"rescued": len(rescued), "dead": dead},
             )
         return rescued
-
-    async def run(self) -> None:
-        """Reap until cancelled; at once again after a full batch."""
-
-        async def step() -> bool:
-            return len(await self.run_once()) >= self.batch_size
-
-        await repeat("reaper", step, lambda: self.interval, logger)

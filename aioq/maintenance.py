@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from aioq._service import repeat
+from aioq._service import Service
 from aioq.store import Executor, Store
 
 __all__ = ("Pruner", "Vacuumer")
@@ -13,7 +13,7 @@ __all__ = ("Pruner", "Vacuumer")
 logger = logging.getLogger(__name__)
 
 
-class Pruner:
+class Pruner(Service):
     """Deletes archived jobs and dead jobs past their retention, one bounded batch per table.
 
     A retention of None keeps those rows forever. Each pass runs at most one DELETE of at most
@@ -21,6 +21,8 @@ class Pruner:
     piles up and every worker can run a pruner. A dead job's age counts from its ``run_at``,
     which burial (by the worker or the reaper) sets to the time the job died.
     """
+
+    name = "pruner"
 
     def __init__(
         self,
@@ -32,11 +34,12 @@ class Pruner:
         interval: float,
         batch_size: int,
     ) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.archive_retention = archive_retention
         self.dead_retention = dead_retention
-        self.interval = interval
+        self.prune_interval = interval
         self.batch_size = batch_size
         self._full = False  # the last pass filled a batch: more rows may be due
 
@@ -59,17 +62,16 @@ class Pruner:
             )
         return archived + dead
 
-    async def run(self) -> None:
-        """Prune until cancelled; at once again while batches come back full."""
+    def interval(self) -> float:
+        """Seconds between passes."""
+        return self.prune_interval
 
-        async def step() -> bool:
-            await self.run_once()
-            return self._full
-
-        await repeat("pruner", step, lambda: self.interval, logger)
+    def busy(self, result: object) -> bool:
+        """A batch came back full: more rows may be due."""
+        return self._full
 
 
-class Vacuumer:
+class Vacuumer(Service):
     """Vacuums the jobs table once its dead tuples pass a threshold, without waiting for autovacuum.
 
     Every claim and every completion leaves a dead tuple, and the claim's index scan steps over
@@ -81,11 +83,14 @@ class Vacuumer:
     any other role the vacuumer says so once and leaves the table to autovacuum.
     """
 
+    name = "vacuumer"
+
     def __init__(self, *, store: Store, db: Executor, threshold: int, interval: float) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.threshold = threshold
-        self.interval = interval
+        self.check_interval = interval
         self.allowed = True
 
     async def run_once(self) -> bool:
@@ -112,11 +117,6 @@ class Vacuumer:
         )
         return True
 
-    async def run(self) -> None:
-        """Check, and vacuum when due, until cancelled."""
-
-        async def step() -> bool:
-            await self.run_once()
-            return False
-
-        await repeat("vacuumer", step, lambda: self.interval, logger)
+    def interval(self) -> float:
+        """Seconds between checks."""
+        return self.check_interval

@@ -21,15 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from aioq._service import repeat
+from aioq._service import Service
 from aioq.errors import ConfigError
-from aioq.job import Claim
+from aioq.job import Claim, OutcomeKind
 from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-    from aioq.completer import OutcomeKind
 
 __all__ = ("DEFAULT_STATS_INTERVAL", "Metrics", "QueueSampler", "serve", "start")
 
@@ -65,6 +63,8 @@ class Metrics:
         namespace: str = "aioq",
         stats_interval: float = DEFAULT_STATS_INTERVAL,
     ) -> None:
+        # Over 80 lines on purpose: one declaration per metric, with its help text, so the
+        # exported names read in one place.
         pc = _client()
         if not stats_interval > 0:
             raise ConfigError("stats_interval", f"must be > 0 seconds, got {stats_interval!r}")
@@ -131,12 +131,12 @@ class Metrics:
             )
             for name in _GAUGES
         }
-        self._outcome_counters: dict[str, Counter] = {
-            "succeeded": self.succeeded,
-            "retried": self.retried,
-            "dead": self.dead,
-            "snoozed": self.snoozed,
-            "released": self.released,
+        self._outcome_counters: dict[OutcomeKind, Counter] = {
+            OutcomeKind.COMPLETE: self.succeeded,
+            OutcomeKind.FAIL: self.retried,
+            OutcomeKind.BURY: self.dead,
+            OutcomeKind.SNOOZE: self.snoozed,
+            OutcomeKind.RELEASE: self.released,
         }
         self._known_queues: set[str] = set()
         self._servers: list[tuple[Any, threading.Thread]] = []
@@ -151,7 +151,7 @@ class Metrics:
 
     def observe_outcome(self, claim: Claim, kind: OutcomeKind, duration: float) -> None:
         """Record an outcome written under our claim."""
-        self._outcome_counters[kind.value].labels(claim.queue, claim.task).inc()
+        self._outcome_counters[kind].labels(claim.queue, claim.task).inc()
         self.duration.labels(claim.queue, claim.task, kind.value).observe(duration)
 
     def observe_lease_lost(self, claim: Claim) -> None:
@@ -192,10 +192,13 @@ class Metrics:
         self.ports.clear()
 
 
-class QueueSampler:
+class QueueSampler(Service):
     """Samples the per-queue stats into the gauges, every ``metrics.stats_interval`` seconds."""
 
+    name = "queue stats"
+
     def __init__(self, *, store: Store, db: Executor, metrics: Metrics) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.metrics = metrics
@@ -206,14 +209,9 @@ class QueueSampler:
         self.metrics.set_queue_stats(rows)
         return len(rows)
 
-    async def run(self) -> None:
-        """Sample until cancelled."""
-
-        async def step() -> bool:
-            await self.run_once()
-            return False
-
-        await repeat("queue stats", step, lambda: self.metrics.stats_interval, logger)
+    def interval(self) -> float:
+        """Seconds between samples."""
+        return self.metrics.stats_interval
 
 
 def serve(port: int, registry: CollectorRegistry | None = None, addr: str = "0.0.0.0") -> int:

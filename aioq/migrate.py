@@ -53,12 +53,12 @@ def _split(schema: str) -> tuple[str, list[Migration]]:
     return prologue, found
 
 
-def migrations(schema: str = "aioq") -> list[Migration]:
+def migrations(schema: str = q.DEFAULT_SCHEMA) -> list[Migration]:
     """Return the migrations of ``schema.sql`` rendered for a schema."""
     return _split(schema)[1]
 
 
-def schema_sql(schema: str = "aioq") -> str:
+def schema_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
     """Return the full DDL for a schema, as ``aioq schema sql`` prints it."""
     return _source().replace("{{schema}}", q.quote_schema(schema))
 
@@ -70,12 +70,12 @@ async def _installed(conn: Connection, schema: str) -> int:
     return int(await conn.fetchval(q.render(q.INSTALLED_VERSION, schema)))
 
 
-async def status(conn: Connection, schema: str = "aioq") -> SchemaStatus:
+async def status(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> SchemaStatus:
     """Report the installed and latest schema versions."""
     return SchemaStatus(schema, await _installed(conn, schema), len(migrations(schema)))
 
 
-async def install(conn: Connection, schema: str = "aioq") -> list[int]:
+async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]:
     """Apply ``schema.sql`` to a schema; return the migration versions applied now.
 
     Safe to run concurrently and repeatedly: it takes a transaction-level advisory lock

@@ -8,9 +8,9 @@ from typing import Any
 
 import anyio
 import asyncpg
-from anyio.abc import TaskStatus
 
-from aioq._service import StepBackoff
+from aioq._service import Service
+from aioq.backoff import Backoff
 from aioq.store import Store
 
 __all__ = ("Listener",)
@@ -18,7 +18,11 @@ __all__ = ("Listener",)
 logger = logging.getLogger(__name__)
 
 
-class Listener:
+class _Lost(Exception):
+    """The LISTEN connection ended (or stopped answering)."""
+
+
+class Listener(Service):
     """LISTENs on the schema's channel and rings the doorbell for notifications of our queues.
 
     Notifications are only a hint: polling goes on while this connection is down, and the
@@ -35,6 +39,7 @@ class Listener:
         store: Store,
         keepalive: float = 5.0,
     ) -> None:
+        super().__init__()
         self.connect = connect
         self.store = store
         self.queues_list = sorted(set(queues))
@@ -51,6 +56,9 @@ class Listener:
         self._held = False  # the session holds the doorbell's locks (see arm())
         self._wake = anyio.Event()  # the connection was lost, or the doorbell must be disarmed
         self._lost = False
+
+    name = "listener"
+    backoff = Backoff(base=0.1, max=10.0, jitter=0.1)
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload in self.queues:
@@ -96,13 +104,14 @@ class Listener:
         self._wake.set()
 
     async def run_once(self) -> None:
-        """Connect, LISTEN, and return when the connection is lost or stops answering."""
+        """Connect, LISTEN, and raise once the connection is lost or stops answering."""
         conn: asyncpg.Connection = await self.connect()
         try:
             self._lost = False
             conn.add_termination_listener(self._on_lost)
             await conn.add_listener(self.channel, self._on_notify)
             self.connections += 1
+            self.failures.reset()  # the backoff starts afresh after a good connection
             self.connected.set()
             self._conn = conn
             self.ring()  # anything deferred while we were away is found now
@@ -121,6 +130,7 @@ class Listener:
                     elif idle.cancelled_caught:
                         # A cut network shows no termination: ask the server.
                         await conn.execute("SELECT 1", timeout=self.keepalive)
+            raise _Lost
         finally:
             self._conn = None
             self._armed = self._held = False  # the locks went with the session
@@ -131,22 +141,18 @@ class Listener:
                 except Exception:
                     conn.terminate()
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Listen until cancelled, reconnecting with backoff."""
-        task_status.started()
-        backoff = StepBackoff(first=0.1, cap=10.0)
-        while True:
-            try:
-                await self.run_once()
-                backoff.reset()
-                delay = backoff.next()
-                logger.warning("LISTEN connection lost; reconnecting in %.2fs", delay)
-            except Exception as exc:
-                delay = backoff.next()
-                logger.warning(
-                    "LISTEN connection failed (%s: %s); polling meanwhile, retrying in %.2fs",
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
-            await anyio.sleep(delay)
+    def interval(self) -> float:
+        """Never used: every session ends in a failure, retried with backoff."""
+        return 0.0
+
+    def log_failure(self, exc: Exception, delay: float) -> None:
+        """One warning line: polling goes on meanwhile."""
+        if isinstance(exc, _Lost):
+            logger.warning("LISTEN connection lost; reconnecting in %.2fs", delay)
+        else:
+            logger.warning(
+                "LISTEN connection failed (%s: %s); polling meanwhile, retrying in %.2fs",
+                type(exc).__name__,
+                exc,
+                delay,
+            )

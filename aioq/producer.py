@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+from anyio.abc import TaskStatus
 
-from aioq._service import StepBackoff, jittered
-from aioq.completer import Completer, Running
+from aioq._service import Service
+from aioq.claims import Claims
 from aioq.job import Claim
 from aioq.store import Executor, Store
 
@@ -52,7 +53,9 @@ class Slots:
     def __init__(self, size: int) -> None:
         self.size = size
         self.busy = 0
+        self.taken = 0  # claims ever taken: tells run_until_idle whether anything ran
         self._freed = anyio.Event()
+        self._emptied = anyio.Event()  # its own event: wait_free replaces _freed
 
     @property
     def free(self) -> int:
@@ -62,11 +65,14 @@ class Slots:
     def take(self, n: int) -> None:
         """Occupy ``n`` slots with newly claimed jobs."""
         self.busy += n
+        self.taken += n
 
     def give(self) -> None:
         """Free one slot."""
         self.busy -= 1
         self._freed.set()
+        if self.busy == 0:
+            self._emptied.set()
 
     def wake(self) -> None:
         """Wake a waiter without freeing a slot (to make it look at the stop flag)."""
@@ -77,6 +83,13 @@ class Slots:
         if self.busy >= self.size:
             self._freed = anyio.Event()
             await self._freed.wait()
+
+    async def wait_idle(self) -> None:
+        """Return once no slot is busy (for one waiter: run_until_idle's)."""
+        while self.busy:
+            if self._emptied.is_set():
+                self._emptied = anyio.Event()
+            await self._emptied.wait()
 
 
 class Handoff:
@@ -128,8 +141,10 @@ class Handoff:
                 n -= 1
 
 
-class Producer:
+class Producer(Service):
     """Claims up to the free slots in one statement and hands the jobs to the consumers."""
+
+    name = "producer"
 
     def __init__(
         self,
@@ -140,46 +155,77 @@ class Producer:
         worker_id: str,
         slots: Slots,
         doorbell: Doorbell,
-        in_flight: dict[int, Running],
-        completer: Completer,
+        claims: Claims,
         poll_interval: float,
         batch_size: int,
         stopping: anyio.Event,
+        handoff: Handoff | None = None,
         listening: Callable[[], bool] = lambda: False,
         arm: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
+        super().__init__()
         self.store = store
         self.db = db
         self.queues = list(queues)
         self.worker_id = worker_id
         self.slots = slots
         self.doorbell = doorbell
-        self.in_flight = in_flight
-        self.completer = completer
+        self.claims = claims
+        self.handoff = handoff if handoff is not None else Handoff()
         self.poll_interval = poll_interval
         self.listening = listening
         self.arm = arm  # before sleeping: ask inserts to ring (the listener's arm())
+        self._found_all = False  # the last claim took every ready job
         self._poll_delay = poll_interval
         self.batch_size = batch_size
         self.stopping = stopping
         self.last_claim_seconds = 0.0
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
+        # Rows may be running under our id that we hold no claim for: a claim failed (it may
+        # have committed with its reply lost), or, at start, a previous process with the same
+        # worker id left them. The next pass releases them first.
+        self.orphans = True
+        self.started = 0  # passes started: numbers them
+        self.last_pass = 0  # the number of the last pass that claimed (see run_until_idle)
 
-    async def run_once(self, handoff: Handoff) -> tuple[int, int]:
+    async def run_once(self) -> tuple[int, int]:
         """Claim up to the free slots; return (claimed, asked)."""
+        self.started += 1
+        number = self.started
         asked = min(self.slots.free, self.batch_size)
         if asked <= 0:
             return 0, 0
+        if self.orphans:
+            await self._release_orphans()
         started = time.perf_counter()
+        self.orphans = True  # until the reply is in: a cancel or an error may lose it
         claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
+        self.orphans = False
         self.last_claim_seconds = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.observe_claim(claims, self.last_claim_seconds)
         self.slots.take(len(claims))
-        for claim in claims:
-            self.in_flight[claim.id] = Running(claim)
-        handoff.put(claims)
+        self.claims.add(claims)
+        self.handoff.put(claims)
+        self.last_pass = number
         return len(claims), asked
+
+    async def _release_orphans(self) -> None:
+        """Give back the rows a claim whose reply was lost took under our id.
+
+        Only the producer adds claims, so between its passes the claims held are exactly the
+        rows running under our id that we know of: any other is an orphan nobody heartbeats.
+        """
+        released = await self.store.release_worker(
+            self.db, self.worker_id, keep=self.claims.held_ids()
+        )
+        self.orphans = False
+        if released:
+            logger.warning(
+                "released %d jobs claimed by a claim whose reply was lost",
+                len(released),
+                extra={"released": len(released)},
+            )
 
     def stop(self) -> None:
         """Stop claiming; wakes the producer wherever it waits."""
@@ -187,37 +233,46 @@ class Producer:
         self.doorbell.ring()
         self.slots.wake()
 
-    async def run(self, handoff: Handoff, *, until_idle: bool = False) -> None:
-        """Claim until stopped (or, with ``until_idle``, until nothing is ready or running)."""
-        backoff = StepBackoff()
+    def stopped(self) -> bool:
+        """Whether the worker stopped claiming."""
+        return self.stopping.is_set()
+
+    def busy(self, result: object) -> bool:
+        """A claim got all it asked for: more may be ready, claim again once a slot is free."""
+        claimed, asked = result if isinstance(result, tuple) else (0, 0)
+        if claimed == asked and asked > 0:
+            return True
+        if asked:
+            self._next_poll_delay(claimed)
+            self._found_all = True  # nothing more is ready: wait() arms the doorbell
+        return False
+
+    def interval(self) -> float:
+        """The current poll delay (see :meth:`_next_poll_delay`)."""
+        return self._poll_delay
+
+    async def wait(self, seconds: float) -> None:
+        """Wait for a free slot; then, if the last claim found nothing more, for a ring or a poll.
+
+        The worker rings the doorbell to stop, a NOTIFY rings it for new jobs.
+        """
+        if not self.slots.free:
+            await self.slots.wait_free()
+            return
+        if self._found_all and self.arm is not None and await self.arm():
+            # Armed just now (invariant 15): a job inserted before could have skipped the
+            # ring, so look once more before sleeping (no lost wake-up).
+            self._found_all = False
+            return
+        self._found_all = False
+        await self.doorbell.wait(seconds)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Claim until stopped; then close the handoff so the consumers finish."""
         try:
-            while not self.stopping.is_set():
-                await self.slots.wait_free()
-                if self.stopping.is_set():
-                    break
-                if not self.slots.free:
-                    continue
-                try:
-                    claimed, asked = await self.run_once(handoff)
-                except Exception:
-                    delay = backoff.next()
-                    logger.exception("claiming jobs failed; retrying in %.2fs", delay)
-                    await self.doorbell.wait(delay)  # the worker rings it to stop
-                    continue
-                backoff.reset()
-                if claimed == asked:
-                    continue  # more may be ready: claim again as soon as a slot is free
-                if until_idle and claimed == 0 and await self._idle(handoff):
-                    break
-                if self.arm is not None and await self.arm():
-                    # Armed just now: a job inserted before could have skipped the ring, so
-                    # look once more before sleeping (no lost wake-up).
-                    continue
-                # Nothing more is ready: sleep until a NOTIFY (or, with until_idle, the last
-                # running job) rings, or the poll delay passes.
-                await self.doorbell.wait(jittered(self._next_poll_delay(claimed)))
+            await super().run(task_status=task_status)
         finally:
-            handoff.close()
+            self.handoff.close()
 
     def _next_poll_delay(self, claimed: int) -> float:
         """The poll interval; shorter while polls without NOTIFY keep finding jobs.
@@ -233,11 +288,3 @@ class Producer:
         else:
             self._poll_delay = min(self._poll_delay * 2, self.poll_interval)
         return self._poll_delay
-
-    async def _idle(self, handoff: Handoff) -> bool:
-        """Whether nothing is ready, running or waiting to be written (for run_until_idle)."""
-        if self.slots.busy:
-            return False
-        await self.completer.wait_idle()
-        claimed, _ = await self.run_once(handoff)
-        return claimed == 0 and self.slots.busy == 0

@@ -1,8 +1,10 @@
 """Every SQL statement aioq runs, as a named template, and nothing else.
 
-``{s}`` stands for the quoted schema name (see :func:`render`). Values are always bind
-parameters. Every update after the claim is fenced on ``(id, attempts, locked_by,
-status = 'running')``: a worker that lost its lease changes nothing.
+Templates are plain strings: ``{s}`` stands for the quoted schema name and ``{channel}`` for
+the schema's LISTEN channel as a string literal (see :func:`render`). Values are always bind
+parameters. Every write after the claim is fenced on the claim's identity ``(id, claims,
+locked_by, status = 'running')``: ``claims`` only grows, so a worker that lost its lease, or
+retries a write whose reply it never saw, changes nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 import re
 
 from aioq.errors import ConfigError
+
+DEFAULT_SCHEMA = "aioq"
+"""The schema aioq uses unless told otherwise."""
 
 SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 
@@ -31,20 +36,11 @@ def channel_name(schema: str) -> str:
 
 
 def render(template: str, schema: str) -> str:
-    """Fill a statement template with the quoted schema name."""
-    return template.replace("{s}", quote_schema(schema))
-
-
-# Notify the queues of rows a statement made ready, at commit. Used after updates that
-# return jobs to pending (the insert trigger covers new jobs).
-_RING = """,
-rang AS (
-    SELECT pg_notify($channel, queue) FROM changed WHERE ready GROUP BY queue
-)"""
-
-
-def _ringing(template: str, channel_param: int) -> str:
-    return template.replace("$channel", f"${channel_param}")
+    """Fill a statement template with the quoted schema name and its channel literal."""
+    # Both are safe to splice: quote_schema() admits letters, digits and _ only.
+    return template.replace("{s}", quote_schema(schema)).replace(
+        "{channel}", f"'{channel_name(schema)}'"
+    )
 
 
 INSERT_JOB = """
@@ -96,11 +92,11 @@ RETURNING id
 # 0.1 ms). The array is looked up in the primary key whatever the estimate.
 _CLAIM_SET = """
 UPDATE {s}.jobs AS j
-SET status = 'running', attempts = j.attempts + 1, locked_by = $3, locked_at = now(),
-    lease_expires_at = now() + j.lease
+SET status = 'running', attempts = j.attempts + 1, claims = j.claims + 1, locked_by = $3,
+    locked_at = now(), lease_expires_at = now() + j.lease
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
-          j.max_attempts, extract(epoch FROM j.lease)::float8 AS lease,
+RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
+          j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
           extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited
 """
 
@@ -137,24 +133,43 @@ WITH picked AS (
     + _CLAIM_SET
 )
 
-# $1 ids, $2 attempts (the claimed attempt of each), $3 worker id.
-_FENCE = "j.id = f.id AND j.attempts = f.attempt AND j.locked_by = $3 AND j.status = 'running'"
+# The fenced writes: $1 job ids, $2 their claim numbers, $3 this worker's id. Each first locks
+# its rows in one order (ORDER BY id) in a CTE, so the heartbeat, the completer's writes and a
+# release never wait on each other in opposite orders (a deadlock). The claim and the reaper
+# take their rows with SKIP LOCKED: they never wait, so they cannot take part in one.
+# A NOTIFY per queue whose rows became ready is sent at commit by the `rang` CTEs; PostgreSQL
+# runs a data-modifying or volatile CTE only if the statement reads it, hence the
+# `WHERE (SELECT count(*) FROM rang) >= 0`, which is always true but makes it read `rang`.
 
-COMPLETE = f"""
-DELETE FROM {{s}}.jobs AS j
-USING unnest($1::bigint[], $2::integer[]) AS f(id, attempt)
-WHERE {_FENCE}
+COMPLETE = """
+WITH mine AS (
+    SELECT j.id FROM {s}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[]) AS f(id, claim) ON j.id = f.id
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+DELETE FROM {s}.jobs AS j
+USING mine
+WHERE j.id = mine.id
 RETURNING j.id
 """
 
-COMPLETE_ARCHIVED = f"""
-WITH done AS (
-    DELETE FROM {{s}}.jobs AS j
-    USING unnest($1::bigint[], $2::integer[]) AS f(id, attempt)
-    WHERE {_FENCE}
+COMPLETE_ARCHIVED = """
+WITH mine AS (
+    SELECT j.id FROM {s}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[]) AS f(id, claim) ON j.id = f.id
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+done AS (
+    DELETE FROM {s}.jobs AS j
+    USING mine
+    WHERE j.id = mine.id
     RETURNING j.*
 )
-INSERT INTO {{s}}.archive (id, queue, task, args, priority, attempts, max_attempts, worker,
+INSERT INTO {s}.archive (id, queue, task, args, priority, attempts, max_attempts, worker,
                          created_at, started_at, finished_at)
 SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by,
        created_at, locked_at, clock_timestamp()
@@ -162,55 +177,109 @@ FROM done
 RETURNING id
 """
 
-HEARTBEAT = f"""
-UPDATE {{s}}.jobs AS j
+HEARTBEAT = """
+WITH mine AS (
+    SELECT j.id FROM {s}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[]) AS f(id, claim) ON j.id = f.id
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE {s}.jobs AS j
 SET lease_expires_at = now() + j.lease
-FROM unnest($1::bigint[], $2::integer[]) AS f(id, attempt)
-WHERE {_FENCE}
+FROM mine
+WHERE j.id = mine.id
 RETURNING j.id
 """
 
-# Back to pending after $4 seconds. $5 is the error to record (NULL keeps the last one);
-# $6 refunds the attempt (a requested retry or a release on shutdown is not a failure).
-RESCHEDULE = _ringing(
-    f"""
-WITH changed AS (
-    UPDATE {{s}}.jobs AS j
-    SET status = 'pending', run_at = now() + make_interval(secs => f.delay),
-        last_error = coalesce(f.error, j.last_error),
-        attempts = j.attempts - CASE WHEN f.refund THEN 1 ELSE 0 END,
+# Back to pending after $4 seconds. $5 is the error to record (NULL keeps the last one).
+# $6 refunds the attempt (a release: the run did not happen, or did not finish). $7 marks a
+# snooze (aioq.Retry): the run counts as an attempt, and max_attempts grows by one so that
+# snoozing never spends the failure budget (as Oban does).
+RESCHEDULE = """
+WITH mine AS (
+    SELECT j.id, f.delay, f.error, f.refund, f.snooze FROM {s}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[], $4::float8[], $5::text[], $6::boolean[],
+                $7::boolean[]) AS f(id, claim, delay, error, refund, snooze) ON j.id = f.id
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = 'pending', run_at = now() + make_interval(secs => m.delay),
+        last_error = coalesce(m.error, j.last_error),
+        attempts = j.attempts - CASE WHEN m.refund THEN 1 ELSE 0 END,
+        max_attempts = j.max_attempts + CASE WHEN m.snooze THEN 1 ELSE 0 END,
+        snoozes = j.snoozes + CASE WHEN m.snooze THEN 1 ELSE 0 END,
         locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
-    FROM unnest($1::bigint[], $2::integer[], $4::float8[], $5::text[], $6::boolean[])
-         AS f(id, attempt, delay, error, refund)
-    WHERE {_FENCE}
-    RETURNING j.id, j.queue, f.delay = 0 AS ready
-){_RING}
-SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
-""",
-    7,
+    FROM mine AS m
+    WHERE j.id = m.id
+    RETURNING j.id, j.queue, m.delay = 0 AS ready
+),
+rang AS (
+    SELECT pg_notify({channel}, queue) FROM changed WHERE ready GROUP BY queue
 )
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+"""
 
-BURY = f"""
-UPDATE {{s}}.jobs AS j
-SET status = 'dead', last_error = f.error, run_at = now(),  -- when it died: the pruner's clock
+BURY = """
+WITH mine AS (
+    SELECT j.id, f.error FROM {s}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[], $4::text[]) AS f(id, claim, error) ON j.id = f.id
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE {s}.jobs AS j
+SET status = 'dead', last_error = m.error, run_at = now(),  -- when it died: the pruner's clock
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
-FROM unnest($1::bigint[], $2::integer[], $4::text[]) AS f(id, attempt, error)
-WHERE {_FENCE}
+FROM mine AS m
+WHERE j.id = m.id
 RETURNING j.id
+"""
+
+# Every row still running under this worker's id ($1) goes back to pending with its attempt
+# refunded, except the jobs in $2 (the claims it holds). On shutdown (keeping only jobs whose
+# thread still runs), and after a claim whose reply was lost: this covers the claims the
+# worker never saw.
+RELEASE_WORKER = """
+WITH mine AS (
+    SELECT id FROM {s}.jobs
+    WHERE locked_by = $1 AND status = 'running' AND id <> ALL($2::bigint[])
+    ORDER BY id
+    FOR UPDATE
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = 'pending', run_at = now(), attempts = greatest(j.attempts - 1, 0),
+        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+    FROM mine
+    WHERE j.id = mine.id
+    RETURNING j.id, j.queue
+),
+rang AS (
+    SELECT pg_notify({channel}, queue) FROM changed GROUP BY queue
+)
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
 """
 
 # Expired leases: back to pending, or dead when the attempts are spent. Bounded per pass.
-REAP = _ringing(
-    f"""
+# $2: the reaping worker, whose own claims are left alone: a late heartbeat (an event loop
+# blocked by a task) must not make a worker rescue the jobs it is running, and a list of the
+# claims it holds would be stale by the time the statement runs. Other workers rescue them
+# if it is really gone; its own orphans (a claim whose reply was lost) it releases itself.
+REAP = """
 WITH expired AS (
-    SELECT id FROM {{s}}.jobs
+    SELECT id FROM {s}.jobs
     WHERE status = 'running' AND lease_expires_at < now()
+      AND locked_by IS DISTINCT FROM $2::text
     ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 changed AS (
-    UPDATE {{s}}.jobs AS j
+    UPDATE {s}.jobs AS j
     SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
         run_at = now(),
         last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
@@ -219,31 +288,32 @@ changed AS (
     FROM expired
     WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.status, j.status = 'pending' AS ready
-){_RING}
-SELECT id, status FROM changed WHERE (SELECT count(*) FROM rang) >= 0
-""",
-    2,
+),
+rang AS (
+    SELECT pg_notify({channel}, queue) FROM changed WHERE ready GROUP BY queue
 )
+SELECT id, status FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+"""
 
 # Dead jobs back to pending with fresh attempts; a job whose unique_key is live again is left.
-REPLAY_DEAD = _ringing(
-    f"""
+REPLAY_DEAD = """
 WITH changed AS (
-    UPDATE {{s}}.jobs AS j
+    UPDATE {s}.jobs AS j
     SET status = 'pending', attempts = 0, run_at = now()
     WHERE j.status = 'dead'
       AND ($1::bigint[] IS NULL OR j.id = ANY($1))
       AND ($2::text IS NULL OR j.task = $2)
       AND ($3::text IS NULL OR j.queue = $3)
       AND (j.unique_key IS NULL OR NOT EXISTS (
-          SELECT FROM {{s}}.jobs AS live
+          SELECT FROM {s}.jobs AS live
           WHERE live.unique_key = j.unique_key AND live.status IN ('pending', 'running')))
-    RETURNING j.id, j.queue, true AS ready
-){_RING}
-SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
-""",
-    4,
+    RETURNING j.id, j.queue
+),
+rang AS (
+    SELECT pg_notify({channel}, queue) FROM changed GROUP BY queue
 )
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+"""
 
 GET_JOB = """
 SELECT id, queue, task, args::text AS args, status, priority, run_at, attempts, max_attempts,

@@ -32,7 +32,7 @@ VACUUM_TIMEOUT = 3600.0
 class Store:
     """The statements of one schema, rendered once."""
 
-    def __init__(self, schema: str = "aioq") -> None:
+    def __init__(self, schema: str = q.DEFAULT_SCHEMA) -> None:
         self.schema = schema
         self.channel = q.channel_name(schema)
         render = functools.partial(q.render, schema=schema)
@@ -47,10 +47,11 @@ class Store:
         self._heartbeat = render(q.HEARTBEAT)
         self._reschedule = render(q.RESCHEDULE)
         self._bury = render(q.BURY)
+        self._release_worker = render(q.RELEASE_WORKER)
         self._reap = render(q.REAP)
         self._replay = render(q.REPLAY_DEAD)
         self._get = render(q.GET_JOB)
-        self._list = render(q.LIST_JOBS)
+        self._list_jobs = render(q.LIST_JOBS)
         self._prune_archive = render(q.PRUNE_ARCHIVE)
         self._prune_dead = render(q.PRUNE_DEAD)
         self._queue_stats = render(q.QUEUE_STATS)
@@ -126,41 +127,46 @@ class Store:
         claims.sort(key=lambda c: (-c.priority, c.id))
         return claims
 
+    # The fenced writes take the claims' job ids and claim numbers (Claim.key), in two arrays.
+
     async def complete(
         self,
         conn: Executor,
         ids: Sequence[int],
-        attempts: Sequence[int],
+        numbers: Sequence[int],
         worker_id: str,
         *,
         archive: bool = False,
     ) -> set[int]:
         """Remove finished jobs (or move them to the archive); return the ids still ours."""
         sql = self._complete_archived if archive else self._complete
-        rows = await conn.fetch(sql, ids, attempts, worker_id)
+        rows = await conn.fetch(sql, ids, numbers, worker_id)
         return {row[0] for row in rows}
 
     async def heartbeat(
-        self, conn: Executor, ids: Sequence[int], attempts: Sequence[int], worker_id: str
+        self, conn: Executor, ids: Sequence[int], numbers: Sequence[int], worker_id: str
     ) -> set[int]:
         """Extend the leases of our running jobs; return the ids whose lease we still hold."""
-        rows = await conn.fetch(self._heartbeat, ids, attempts, worker_id)
+        rows = await conn.fetch(self._heartbeat, ids, numbers, worker_id)
         return {row[0] for row in rows}
 
     async def reschedule(
         self,
         conn: Executor,
         ids: Sequence[int],
-        attempts: Sequence[int],
+        numbers: Sequence[int],
         worker_id: str,
         *,
         delays: Sequence[float],
         errors: Sequence[str | None],
         refunds: Sequence[bool],
+        snoozes: Sequence[bool] | None = None,
     ) -> set[int]:
         """Return our running jobs to pending after their delays; return the ids changed."""
+        if snoozes is None:
+            snoozes = [False] * len(ids)
         rows = await conn.fetch(
-            self._reschedule, ids, attempts, worker_id, delays, errors, refunds, self.channel
+            self._reschedule, ids, numbers, worker_id, delays, errors, refunds, snoozes
         )
         return {row[0] for row in rows}
 
@@ -168,18 +174,30 @@ class Store:
         self,
         conn: Executor,
         ids: Sequence[int],
-        attempts: Sequence[int],
+        numbers: Sequence[int],
         worker_id: str,
         *,
         errors: Sequence[str],
     ) -> set[int]:
         """Mark our running jobs dead with their errors; return the ids changed."""
-        rows = await conn.fetch(self._bury, ids, attempts, worker_id, errors)
+        rows = await conn.fetch(self._bury, ids, numbers, worker_id, errors)
         return {row[0] for row in rows}
 
-    async def reap(self, conn: Executor, limit: int) -> list[tuple[int, str]]:
-        """Return up to ``limit`` expired claims to pending (or dead); return (id, status)."""
-        rows = await conn.fetch(self._reap, limit, self.channel)
+    async def release_worker(
+        self, conn: Executor, worker_id: str, *, keep: Sequence[int] = ()
+    ) -> list[int]:
+        """Return every job still running under ``worker_id`` to pending, attempt refunded."""
+        rows = await conn.fetch(self._release_worker, worker_id, list(keep))
+        return sorted(row[0] for row in rows)
+
+    async def reap(
+        self, conn: Executor, limit: int, *, worker_id: str | None = None
+    ) -> list[tuple[int, str]]:
+        """Return up to ``limit`` expired claims to pending (or dead); return (id, status).
+
+        The claims of ``worker_id`` (the reaping worker) are left alone.
+        """
+        rows = await conn.fetch(self._reap, limit, worker_id)
         return [(row[0], row[1]) for row in rows]
 
     async def replay(
@@ -191,9 +209,7 @@ class Store:
         queue: str | None = None,
     ) -> list[int]:
         """Make dead jobs pending again with fresh attempts; return their ids."""
-        rows = await conn.fetch(
-            self._replay, list(ids) if ids is not None else None, task, queue, self.channel
-        )
+        rows = await conn.fetch(self._replay, list(ids) if ids is not None else None, task, queue)
         return sorted(row[0] for row in rows)
 
     async def get(self, conn: Executor, job_id: int) -> Job | None:
@@ -217,7 +233,7 @@ class Store:
         """Return whether the archive holds any job (some worker keeps finished jobs)."""
         return bool(await conn.fetchval(self._archive_in_use))
 
-    async def list(
+    async def list_jobs(
         self,
         conn: Executor,
         *,
@@ -227,7 +243,7 @@ class Store:
         limit: int = 100,
     ) -> list[Job]:
         """Return jobs matching the filters, oldest first."""
-        rows = await conn.fetch(self._list, status, task, queue, limit)
+        rows = await conn.fetch(self._list_jobs, status, task, queue, limit)
         return [Job.from_row(row) for row in rows]
 
     async def prune_archive(self, conn: Executor, older_than: float, limit: int) -> int:

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from aioq.backoff import Backoff
+
 __all__ = ("Supervisor",)
 
 logger = logging.getLogger(__name__)
@@ -129,8 +131,8 @@ class Supervisor:
             return
         if now - slot.started >= self.stable_after:
             slot.failures = 0
-        delay = min(self.backoff_cap, self.backoff * 2**slot.failures)
         slot.failures += 1
+        delay = Backoff(base=self.backoff, max=self.backoff_cap, jitter=0).delay(slot.failures)
         slot.restart_at = now + delay
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         logger.warning("child %d (pid %d) %s; restarting it in %.1fs", slot.index, pid, how, delay)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -13,6 +12,7 @@ from typing_extensions import ParamSpec
 
 from aioq import queries
 from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
+from aioq.backoff import Backoff
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError
 from aioq.store import Connection, Store
@@ -26,33 +26,12 @@ DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_LEASE = 30.0
-DEFAULT_SCHEMA = "aioq"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: ``base * factor**(attempt-1)``, capped at ``max``."""
-
-    base: float = 1.0
-    factor: float = 2.0
-    max: float = 3600.0
-    jitter: float = 0.25  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
-
-    def __post_init__(self) -> None:
-        if self.base < 0:
-            raise ConfigError("base", f"must be >= 0, got {self.base}")
-        if self.factor < 1:
-            raise ConfigError("factor", f"must be >= 1, got {self.factor}")
-        if self.max < self.base:
-            raise ConfigError("max", f"must be >= base ({self.base}), got {self.max}")
-        if not 0 <= self.jitter < 1:
-            raise ConfigError("jitter", f"must be in [0, 1), got {self.jitter}")
-
-    def delay(self, attempt: int) -> float:
-        """Return the delay in seconds before the attempt after ``attempt`` (1-based)."""
-        exponent = min(max(attempt - 1, 0), 64)
-        raw = min(self.max, self.base * self.factor**exponent)
-        return min(self.max, raw * random.uniform(1 - self.jitter, 1 + self.jitter))
+MIN_LEASE = 1.0
+"""The shortest lease accepted (seconds). The heartbeat extends a claim a third of its lease
+after the claim and after each extension, so a lease of one second leaves a beat 0.33 s
+(two beats) of slack for a slow statement or a busy event loop; below that, a healthy
+worker would lose its own jobs to another worker's reaper."""
+DEFAULT_SCHEMA = queries.DEFAULT_SCHEMA
 
 
 def check_text(field: str, value: str) -> None:
@@ -93,8 +72,8 @@ class JobOptions:
             raise ConfigError("priority", f"must fit in 32 bits, got {self.priority}")
         if not 1 <= self.max_attempts < 2**31:
             raise ConfigError("max_attempts", f"must be >= 1, got {self.max_attempts}")
-        if not self.lease > 0:
-            raise ConfigError("lease", f"must be > 0 seconds, got {self.lease}")
+        if not self.lease >= MIN_LEASE:
+            raise ConfigError("lease", f"must be >= {MIN_LEASE:g} seconds, got {self.lease}")
         if self.delay < 0:
             raise ConfigError("delay", f"must be >= 0 seconds, got {self.delay}")
         if self.run_at is not None:

@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import secrets
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 
-from aioq.completer import SHUTDOWN, Completer, Running
+from aioq._service import Service
+from aioq.claims import CancelReason, Claims
+from aioq.completer import Completer
 from aioq.consumer import Consumer
 from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
 from aioq.maintenance import Pruner, Vacuumer
 from aioq.metrics import Metrics, QueueSampler
+from aioq.monitor import LoopLag
 from aioq.notifier import Listener
-from aioq.producer import Doorbell, Handoff, Producer, Slots
-from aioq.queries import quote_schema
+from aioq.producer import Doorbell, Producer, Slots
+from aioq.queries import DEFAULT_SCHEMA, quote_schema
 from aioq.store import Store
-from aioq.task import Registry, check_text, default_registry
+from aioq.task import DEFAULT_QUEUE, Registry, check_text, default_registry
 
 __all__ = ("Worker", "WorkerConfig")
 
@@ -54,15 +55,23 @@ DEFAULT_VACUUM_INTERVAL = 5.0
 # Connections of the worker's own pool: claims, completions, heartbeats and the maintenance
 # loops take one each for one statement at a time. The LISTEN connection comes on top.
 POOL_SIZE = 4
+# Warn when the event loop wakes up this late (a task blocking it).
+DEFAULT_LAG_THRESHOLD = 1.0
+# The completer gets at most this long after the jobs ended to write their outcomes (at least
+# the grace): what is left is written, or released, by the shielded clean-up.
+MIN_FINAL_WRITE = 5.0
+
+S = TypeVar("S", bound=Service)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerConfig:
     """How a worker runs; every duration is in seconds."""
 
-    queues: tuple[str, ...] = ("default",)
+    # None: "default" and every queue the registry's tasks name.
+    queues: tuple[str, ...] | None = None
     concurrency: int = DEFAULT_CONCURRENCY
-    schema: str = "aioq"
+    schema: str | None = None  # None: the registry's schema (aioq's default, DEFAULT_SCHEMA)
     poll_interval: float = DEFAULT_POLL_INTERVAL
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     reaper_interval: float = DEFAULT_REAPER_INTERVAL
@@ -85,13 +94,18 @@ class WorkerConfig:
     statement_cache: bool = True
     listen_dsn: str | None = None
     command_timeout: float | None = DEFAULT_COMMAND_TIMEOUT
+    # None turns the loop-lag monitor off.
+    lag_threshold: float | None = DEFAULT_LAG_THRESHOLD
+    # Unique among the live workers of a database: a stopping worker releases every row that
+    # still carries its id.
     worker_id: str = field(default_factory=lambda: _default_worker_id())
 
     def __post_init__(self) -> None:
-        quote_schema(self.schema)
-        if not self.queues or any(not q for q in self.queues):
+        if self.schema is not None:
+            quote_schema(self.schema)
+        if self.queues is not None and (not self.queues or any(not q for q in self.queues)):
             raise ConfigError("queues", f"must be non-empty queue names, got {self.queues!r}")
-        for queue in self.queues:
+        for queue in self.queues or ():
             check_text("queues", queue)
         for name in (
             "concurrency",
@@ -119,10 +133,10 @@ class WorkerConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
-        if self.command_timeout is not None and not self.command_timeout > 0:
-            raise ConfigError(
-                "command_timeout", f"must be None or > 0 seconds, got {self.command_timeout!r}"
-            )
+        for name in ("command_timeout", "lag_threshold"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(name, f"must be None or > 0 seconds, got {value!r}")
         for name in ("archive_retention", "dead_retention"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -150,9 +164,15 @@ class Worker:
 
     ``await worker.run()`` serves until cancelled or :meth:`stop`; ``async with worker:``
     serves in the background and stops gracefully on exit; ``await worker.run_until_idle()``
-    returns once no job is ready or running. Without ``queues`` it serves ``default`` and every
-    queue its registry's tasks name. It opens a pool of its own from ``dsn``, or borrows
-    ``pool`` (an application's, never closed here; ``dsn`` then serves only LISTEN).
+    returns once no job is ready or running. A worker may run again once a run has ended
+    (``run_until_idle()`` again and again, as tests do), never twice at once. Without
+    ``queues`` it serves ``default`` and every queue its registry's tasks name. It opens a pool
+    of its own from ``dsn``, or borrows ``pool`` (an application's, never closed here; ``dsn``
+    then serves only LISTEN).
+
+    Options come as a :class:`WorkerConfig` (``config=``), as keyword arguments naming its
+    fields, or both (the keywords override the config's fields). The schema, unless given,
+    is the registry's.
     """
 
     def __init__(
@@ -161,24 +181,30 @@ class Worker:
         dsn: str | None = None,
         pool: asyncpg.Pool | None = None,
         registry: Registry | None = None,
-        queues: Sequence[str] | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        schema: str | None = None,
+        config: WorkerConfig | None = None,
         metrics: Metrics | None = None,
         **options: Any,
     ) -> None:
         self.registry = registry if registry is not None else default_registry
+        queues = options.get("queues")
         if isinstance(queues, str):
-            queues = (queues,)
+            options["queues"] = (queues,)
+        elif queues is not None:
+            options["queues"] = tuple(queues)
+        for name in ("queues", "schema"):  # None: the registry's (below)
+            if options.get(name) is None:
+                options.pop(name, None)
+        config = replace(config, **options) if config is not None else WorkerConfig(**options)
         # No queues given: serve every queue the registry's tasks name (issue 11, point 1).
-        self.queues_given = queues is not None
-        self.config = WorkerConfig(
-            queues=tuple(queues) if queues is not None else self.registry.queues(),
-            concurrency=concurrency,
-            schema=self.registry.schema if schema is None else schema,
-            **options,
-        )
-        if dsn is None and (pool is None or (self.config.listen and not self.config.listen_dsn)):
+        self.queues_given = config.queues is not None
+        if config.queues is None:
+            config = replace(config, queues=self.registry.queues())
+        if config.schema is None:
+            config = replace(config, schema=self.registry.schema)
+        self.config = config
+        self.queues: tuple[str, ...] = config.queues or (DEFAULT_QUEUE,)
+        self.schema: str = config.schema or DEFAULT_SCHEMA
+        if dsn is None and (pool is None or (config.listen and not config.listen_dsn)):
             raise ConfigError(
                 "dsn",
                 "a worker needs dsn= (with pool=, for its one LISTEN connection; or give"
@@ -188,21 +214,34 @@ class Worker:
         # An application's pool (pool=) is used as it is and never closed by the worker.
         self.pool = pool
         self.id = self.config.worker_id
-        self.store = Store.for_schema(self.config.schema)
-        self.in_flight: dict[int, Running] = {}
+        self.store = Store.for_schema(self.schema)
+        self.metrics = metrics
+        self.claims = Claims()
         self.doorbell = Doorbell()
         self.stopping = anyio.Event()
         self.stopped = anyio.Event()
         self.listener: Listener | None = None
+        self.services: list[Service] = []  # this run's, in start order
         self._producer: Producer | None = None
+        self._running = False
         self._tg: TaskGroup | None = None
-        self.metrics = metrics
 
     def __repr__(self) -> str:
-        return f"<aioq.Worker {self.id} queues={list(self.config.queues)}>"
+        return f"<aioq.Worker {self.id} queues={list(self.queues)}>"
+
+    def service(self, kind: type[S]) -> S:
+        """Return this run's service of a type (``worker.service(Heartbeat)``), for tests."""
+        for service in self.services:
+            if isinstance(service, kind):
+                return service
+        raise LookupError(f"this worker runs no {kind.__name__}")
 
     def stop(self) -> None:
-        """Stop claiming; running jobs get ``shutdown_grace`` seconds, then are released."""
+        """Stop claiming; running jobs get ``shutdown_grace`` seconds, then are released.
+
+        The one way a run ends gracefully: ``async with`` exit, run_until_idle and signals
+        all come through here.
+        """
         if not self.stopping.is_set():
             logger.info("worker %s stopping", self.id)
         self.stopping.set()
@@ -236,6 +275,12 @@ class Worker:
         self.stop()
         assert self._tg is not None
         tg, self._tg = self._tg, None
+        if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
+            # The body's own exception goes to the caller as it is: handed to the task
+            # group, it would come back wrapped in an ExceptionGroup. The worker stops
+            # gracefully meanwhile.
+            await tg.__aexit__(None, None, None)
+            return None
         return await tg.__aexit__(exc_type, exc, tb)
 
     async def _serve_started(self, *, task_status: TaskStatus[None]) -> None:
@@ -263,129 +308,58 @@ class Worker:
             command_timeout=self.config.command_timeout,
         )
 
+    def _begin(self) -> None:
+        """Reset the per-run state, so that a worker can run again after a run ended."""
+        if self._running:
+            raise ConfigError("worker", "this worker is already running")
+        self._running = True
+        if self.stopped.is_set():  # a run ended: start afresh (a stop() before a run holds)
+            self.stopping, self.stopped = anyio.Event(), anyio.Event()
+            self.claims, self.doorbell = Claims(), Doorbell()
+
     async def _serve(
         self, *, until_idle: bool, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        cfg = self.config
-        if self.stopped.is_set():
-            raise ConfigError("worker", "a worker runs once; create a new Worker to run again")
-        if self.pool is not None:
-            pool = self.pool
-        else:
-            pool = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
-            )
-        completer = Completer(
-            store=self.store,
-            db=pool,
-            worker_id=self.id,
-            in_flight=self.in_flight,
-            keep_completed=cfg.keep_completed,
-            batch_size=cfg.completion_batch,
-            max_pending=2 * cfg.concurrency + cfg.completion_batch,
-        )
-        slots = Slots(cfg.concurrency)
-        producer = Producer(
-            store=self.store,
-            db=pool,
-            queues=cfg.queues,
-            worker_id=self.id,
-            slots=slots,
-            doorbell=self.doorbell,
-            in_flight=self.in_flight,
-            completer=completer,
-            poll_interval=cfg.poll_interval,
-            batch_size=cfg.claim_batch,
-            stopping=self.stopping,
-            listening=self._listening,
-            arm=self._arm_doorbell,
-        )
-        self._producer = producer
-        completer.metrics = producer.metrics = self.metrics
-        if self.stopping.is_set():
-            producer.stop()
-        consumer = Consumer(
-            registry=self.registry,
-            worker_id=self.id,
-            in_flight=self.in_flight,
-            limiter=anyio.CapacityLimiter(cfg.concurrency),
-            stopping=self.stopping,
-            completer=completer,
-        )
-
-        def job_done() -> None:
-            slots.give()
-            if until_idle and slots.busy == 0:
-                self.doorbell.ring()  # the producer checks whether the queue is idle
-
+        """One run: services up, jobs served until stopped, then the one shutdown path."""
+        self._begin()
         try:
+            if self.pool is not None:
+                pool = self.pool
+            else:
+                pool = await asyncpg.create_pool(
+                    self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
+                )
+        except BaseException:
+            self._end()
+            raise
+        completer = self._completer(pool)
+        try:
+            producer, consumer, slots = self._jobs(pool, completer)
+            self.services = [completer, *self._services(pool), producer]
+            if self.stopping.is_set():
+                producer.stop()
             async with anyio.create_task_group() as services:
-                await services.start(completer.run)
-                if cfg.listen:
-                    self.listener = Listener(
-                        connect=self._connect_listener,
-                        channel=self.store.channel,
-                        queues=cfg.queues,
-                        ring=self.doorbell.ring,
-                        store=self.store,
-                    )
-                    await services.start(self.listener.run)
-                heartbeat = Heartbeat(
-                    store=self.store,
-                    db=pool,
-                    worker_id=self.id,
-                    in_flight=self.in_flight,
-                    interval=cfg.heartbeat_interval,
-                )
-                services.start_soon(heartbeat.run)
-                reaper = Reaper(
-                    store=self.store,
-                    db=pool,
-                    interval=cfg.reaper_interval,
-                    batch_size=cfg.reaper_batch,
-                )
-                services.start_soon(reaper.run)
-                if cfg.archive_retention is not None or cfg.dead_retention is not None:
-                    pruner = Pruner(
-                        store=self.store,
-                        db=pool,
-                        archive_retention=cfg.archive_retention,
-                        dead_retention=cfg.dead_retention,
-                        interval=cfg.prune_interval,
-                        batch_size=cfg.prune_batch,
-                    )
-                    services.start_soon(pruner.run)
-                if cfg.vacuum_threshold is not None:
-                    vacuumer = Vacuumer(
-                        store=self.store,
-                        db=pool,
-                        threshold=cfg.vacuum_threshold,
-                        interval=cfg.vacuum_interval,
-                    )
-                    services.start_soon(vacuumer.run)
-                if self.metrics is not None:
-                    sampler = QueueSampler(store=self.store, db=pool, metrics=self.metrics)
-                    services.start_soon(sampler.run)
+                for service in self.services[:-1]:  # the producer starts with the jobs
+                    await services.start(service.run)
                 self._warn_unserved()
                 logger.info(
                     "worker %s serving queues %s with %d consumers",
                     self.id,
-                    ",".join(cfg.queues),
-                    cfg.concurrency,
+                    ",".join(self.queues),
+                    self.config.concurrency,
                 )
                 task_status.started()
                 async with anyio.create_task_group() as jobs:
                     jobs.start_soon(self._enforce_grace)
-                    handoff = Handoff()
+                    if until_idle:
+                        jobs.start_soon(self._stop_when_idle, producer, slots, completer)
                     async with anyio.create_task_group() as consumers:
-                        consumers.start_soon(
-                            functools.partial(producer.run, handoff, until_idle=until_idle)
-                        )
-                        for _ in range(cfg.concurrency):
-                            consumers.start_soon(consumer.run, handoff, job_done)
+                        consumers.start_soon(producer.run)
+                        for _ in range(self.config.concurrency):
+                            consumers.start_soon(consumer.run, producer.handoff, slots.give)
                     jobs.cancel_scope.cancel()
-                self.stopping.set()
-                with anyio.move_on_after(max(cfg.shutdown_grace, 5.0)):
+                self.stop()  # the producer may have ended on its own (cancelled elsewhere)
+                with anyio.move_on_after(max(self.config.shutdown_grace, MIN_FINAL_WRITE)):
                     await completer.wait_idle()
                 services.cancel_scope.cancel()
         finally:
@@ -396,29 +370,159 @@ class Worker:
                         await pool.close()
                     if closing.cancelled_caught:  # a connection would not close in time
                         pool.terminate()
-                self.stopping.set()
-                self.stopped.set()
-                logger.info("worker %s stopped", self.id)
+                self._end()
+
+    def _end(self) -> None:
+        self.stopping.set()
+        self.stopped.set()
+        self._running = False
+        logger.info("worker %s stopped", self.id)
+
+    def _completer(self, pool: asyncpg.Pool) -> Completer:
+        cfg = self.config
+        completer = Completer(
+            store=self.store,
+            db=pool,
+            worker_id=self.id,
+            claims=self.claims,
+            keep_completed=cfg.keep_completed,
+            batch_size=cfg.completion_batch,
+            max_pending=2 * cfg.concurrency + cfg.completion_batch,
+        )
+        completer.metrics = self.metrics
+        return completer
+
+    def _jobs(self, pool: asyncpg.Pool, completer: Completer) -> tuple[Producer, Consumer, Slots]:
+        """The producer and the consumers' shared runner, around the slots they count."""
+        cfg = self.config
+        slots = Slots(cfg.concurrency)
+        producer = Producer(
+            store=self.store,
+            db=pool,
+            queues=self.queues,
+            worker_id=self.id,
+            slots=slots,
+            doorbell=self.doorbell,
+            claims=self.claims,
+            poll_interval=cfg.poll_interval,
+            batch_size=cfg.claim_batch,
+            stopping=self.stopping,
+            listening=self._listening,
+            arm=self._arm_doorbell,
+        )
+        producer.metrics = self.metrics
+        self._producer = producer
+        consumer = Consumer(
+            registry=self.registry,
+            worker_id=self.id,
+            claims=self.claims,
+            limiter=anyio.CapacityLimiter(cfg.concurrency),
+            stopping=self.stopping,
+            completer=completer,
+        )
+        return producer, consumer, slots
+
+    def _services(self, pool: asyncpg.Pool) -> list[Service]:
+        """The background services of a run besides the completer and the producer."""
+        cfg, store = self.config, self.store
+        services: list[Service] = []
+        self.listener = None
+        if cfg.listen:
+            self.listener = Listener(
+                connect=self._connect_listener,
+                channel=store.channel,
+                queues=self.queues,
+                ring=self.doorbell.ring,
+                store=store,
+            )
+            services.append(self.listener)
+        services.append(
+            Heartbeat(
+                store=store,
+                db=pool,
+                worker_id=self.id,
+                claims=self.claims,
+                interval=cfg.heartbeat_interval,
+            )
+        )
+        services.append(
+            Reaper(
+                store=store,
+                db=pool,
+                interval=cfg.reaper_interval,
+                batch_size=cfg.reaper_batch,
+                worker_id=self.id,
+            )
+        )
+        if cfg.archive_retention is not None or cfg.dead_retention is not None:
+            services.append(
+                Pruner(
+                    store=store,
+                    db=pool,
+                    archive_retention=cfg.archive_retention,
+                    dead_retention=cfg.dead_retention,
+                    interval=cfg.prune_interval,
+                    batch_size=cfg.prune_batch,
+                )
+            )
+        if cfg.vacuum_threshold is not None:
+            services.append(
+                Vacuumer(
+                    store=store,
+                    db=pool,
+                    threshold=cfg.vacuum_threshold,
+                    interval=cfg.vacuum_interval,
+                )
+            )
+        if self.metrics is not None:
+            services.append(QueueSampler(store=store, db=pool, metrics=self.metrics))
+        if cfg.lag_threshold is not None:
+            services.append(LoopLag(claims=self.claims, threshold=cfg.lag_threshold))
+        return services
+
+    async def _stop_when_idle(self, producer: Producer, slots: Slots, completer: Completer) -> None:
+        """run_until_idle's one owner: stop once a claim finds nothing while nothing runs.
+
+        At some instant nothing runs and every outcome is written; then a claim pass that
+        began after that instant ends, and no job was claimed since: nothing was ready (an
+        outcome that made a job ready again was written before the pass began).
+        """
+        while True:
+            await slots.wait_idle()
+            await completer.wait_idle()
+            if slots.busy or not completer.idle:
+                continue  # a job came and went while we waited: look again
+            since, taken = producer.started, slots.taken
+            self.doorbell.ring()
+            while producer.last_pass <= since:
+                await producer.passed.wait()
+            if slots.taken == taken:
+                self.stop()
+                return
 
     def _warn_unserved(self) -> None:
         """Warn once per registered task whose queue the explicitly given queues leave out."""
         if not self.queues_given:
             return
-        for task in self.registry.unserved(self.config.queues):
+        for task in self.registry.unserved(self.queues):
             logger.warning(
                 "worker %s does not serve queue %r of task %r: its jobs wait for another"
                 " worker (serving: %s)",
                 self.id,
                 task.defaults.queue,
                 task.name,
-                ",".join(self.config.queues),
+                ",".join(self.queues),
             )
 
     async def _enforce_grace(self) -> None:
-        """After stop(), give running jobs shutdown_grace seconds, then cancel them."""
+        """After stop(), give running jobs shutdown_grace seconds, then cancel them.
+
+        A plain ``def`` task's thread cannot be cancelled: its job stays claimed (the
+        heartbeat goes on) and the worker waits for the thread to return, saying so.
+        """
         await self.stopping.wait()
         await anyio.sleep(self.config.shutdown_grace)
-        cancelled = [r for r in self.in_flight.values() if r.scope is not None]
+        cancelled = self.claims.cancel_all(CancelReason.SHUTDOWN)
         if cancelled:
             logger.warning(
                 "worker %s: %d jobs still running after %.1fs grace; releasing them",
@@ -426,31 +530,40 @@ class Worker:
                 len(cancelled),
                 self.config.shutdown_grace,
             )
-        for running in cancelled:
-            running.cancel(SHUTDOWN)
+        while threads := self.claims.threads():
+            logger.warning(
+                "worker %s: waiting for %d task threads, which cannot be interrupted (%s);"
+                " their jobs stay claimed until they return",
+                self.id,
+                len(threads),
+                ", ".join(sorted({f"{r.claim.task} (job {r.claim.id})" for r in threads})),
+            )
+            await anyio.sleep(max(self.config.shutdown_grace, MIN_FINAL_WRITE))
 
     async def _release_leftovers(self, completer: Completer, pool: asyncpg.Pool) -> None:
-        """Write what is queued, then give back claims that have no outcome (hard cancel)."""
+        """Write what is queued, then give back every row still held under our id.
+
+        That includes the claims with no outcome (a hard cancel) and the rows of a claim
+        whose reply never arrived (cancelled mid-statement): the database knows them by our
+        worker id, we do not. A job whose thread still runs keeps its claim.
+        """
         with anyio.move_on_after(10):
             await completer.flush()
-            left = [r.claim for r in self.in_flight.values() if not r.finished]
-            if not left:
-                return
+            keep = [r.claim.id for r in self.claims.threads()]
             try:
-                released = await self.store.reschedule(
-                    pool,
-                    [c.id for c in left],
-                    [c.attempt for c in left],
-                    self.id,
-                    delays=[0.0] * len(left),
-                    errors=[None] * len(left),
-                    refunds=[True] * len(left),
-                )
+                released = await self.store.release_worker(pool, self.id, keep=keep)
             except Exception:
                 logger.exception(
-                    "could not release %d claims; they return when their leases expire", len(left)
+                    "could not release this worker's claims; they return when their leases expire"
                 )
                 return
-            for claim in left:
-                self.in_flight.pop(claim.id, None)
-            logger.warning("worker %s released %d unfinished claims", self.id, len(released))
+            for claim in self.claims.leftovers():
+                if claim.id not in keep:
+                    self.claims.settle(claim)
+            if released:
+                logger.warning(
+                    "worker %s released %d unfinished claims",
+                    self.id,
+                    len(released),
+                    extra={"released": len(released)},
+                )

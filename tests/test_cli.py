@@ -20,6 +20,7 @@ import pytest
 from procs import LISTENERS, aioq_cli, assert_one_line_error, children, pid_of
 
 from aioq.dev.pgbin import free_port
+from aioq.migrate import migrations
 
 TASKS = textwrap.dedent(
     """
@@ -136,21 +137,23 @@ def test_schema_sql_status_apply(dsn: str) -> None:
     assert sql.returncode == 0
     assert 'CREATE TABLE "other".jobs' in sql.stdout
 
+    latest = len(migrations())
+    every = list(range(1, latest + 1))
     status = aioq_cli(dsn, "schema", "status")
     assert status.returncode == 0, status
     assert status.stdout.split("\n")[0].split() == ["SCHEMA", "INSTALLED", "LATEST", "PENDING"]
-    assert status.stdout.split("\n")[1].split()[:2] == ["aioq", "1"]
+    assert status.stdout.split("\n")[1].split()[:2] == ["aioq", str(latest)]
     data = json.loads(aioq_cli(dsn, "schema", "status", "--json").stdout)
-    assert data == {"schema": "aioq", "installed": 1, "latest": 1, "pending": []}
+    assert data == {"schema": "aioq", "installed": latest, "latest": latest, "pending": []}
 
     pending = aioq_cli(dsn, "schema", "status", "--schema", "other", "--json")
     assert pending.returncode == 1
-    assert json.loads(pending.stdout)["pending"] == [1]
+    assert json.loads(pending.stdout)["pending"] == every
     applied = aioq_cli(dsn, "schema", "apply", "--schema", "other")
     assert applied.returncode == 0
-    assert applied.stdout.strip() == "schema other: applied migrations 1"
+    assert applied.stdout.strip() == f"schema other: applied migrations {' '.join(map(str, every))}"
     again = aioq_cli(dsn, "schema", "apply", "--schema", "other", "--json")
-    assert json.loads(again.stdout) == {"schema": "other", "applied": [], "version": 1}
+    assert json.loads(again.stdout) == {"schema": "other", "applied": [], "version": latest}
     assert aioq_cli(dsn, "schema", "status", "--schema", "other").returncode == 0
 
 

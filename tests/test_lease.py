@@ -10,7 +10,9 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.completer import Completer, Outcome, OutcomeKind, Running
+from aioq.claims import CancelReason, Claims
+from aioq.completer import Completer, Outcome
+from aioq.job import Claim, OutcomeKind
 from aioq.lease import Heartbeat, Reaper
 from aioq.store import Store
 
@@ -26,15 +28,20 @@ async def expire(conn: asyncpg.Connection, job_id: int) -> None:
     )
 
 
-def make_completer(
-    conn: asyncpg.Connection, worker_id: str, in_flight: dict[int, Running]
-) -> Completer:
+def held(*claims: Claim) -> Claims:
+    """Claims tracking these claims, as a worker's producer would."""
+    tracked = Claims()
+    tracked.add(claims)
+    return tracked
+
+
+def make_completer(conn: asyncpg.Connection, worker_id: str, claims: Claims) -> Completer:
     """A completer writing through one connection, one batch per run_once."""
     return Completer(
         store=store,
         db=conn,
         worker_id=worker_id,
-        in_flight=in_flight,
+        claims=claims,
         keep_completed=False,
         batch_size=10,
         max_pending=10,
@@ -61,14 +68,15 @@ async def test_stale_worker_is_fenced_after_rescue(
     ]
     [claim_b] = await store.claim(conn, ["default"], 10, "worker-b")
     assert claim_b.attempt == claim_a.attempt + 1
+    assert claim_b.number == claim_a.number + 1
 
     # A wakes up: its heartbeat, retry, burial and completion all change nothing.
-    assert await store.heartbeat(conn, [job_id], [claim_a.attempt], "worker-a") == set()
+    assert await store.heartbeat(conn, [job_id], [claim_a.number], "worker-a") == set()
     assert (
         await store.reschedule(
             conn,
             [job_id],
-            [claim_a.attempt],
+            [claim_a.number],
             "worker-a",
             delays=[0.0],
             errors=["x"],
@@ -76,24 +84,24 @@ async def test_stale_worker_is_fenced_after_rescue(
         )
         == set()
     )
-    assert await store.bury(conn, [job_id], [claim_a.attempt], "worker-a", errors=["x"]) == set()
-    # Even A's worker id with B's attempt number is not enough, nor B's id with A's attempt.
-    assert await store.complete(conn, [job_id], [claim_b.attempt], "worker-a") == set()
-    assert await store.complete(conn, [job_id], [claim_a.attempt], "worker-b") == set()
+    assert await store.bury(conn, [job_id], [claim_a.number], "worker-a", errors=["x"]) == set()
+    # Even A's worker id with B's claim number is not enough, nor B's id with A's claim.
+    assert await store.complete(conn, [job_id], [claim_b.number], "worker-a") == set()
+    assert await store.complete(conn, [job_id], [claim_a.number], "worker-b") == set()
 
-    in_flight = {job_id: Running(claim_a)}
-    completer = make_completer(conn, "worker-a", in_flight)
+    claims = held(claim_a)
+    completer = make_completer(conn, "worker-a", claims)
     with caplog.at_level(logging.WARNING, logger="aioq"):
         await completer.put(Outcome(claim_a, OutcomeKind.COMPLETE))
         await completer.run_once()
     assert "lease lost" in caplog.text
-    assert in_flight == {}
+    assert len(claims) == 0
 
     row = await conn.fetchrow(
         "SELECT status, locked_by, attempts FROM aioq.jobs WHERE id = $1", job_id
     )
     assert tuple(row) == ("running", "worker-b", claim_b.attempt)
-    assert await store.complete(conn, [job_id], [claim_b.attempt], "worker-b") == {job_id}
+    assert await store.complete(conn, [job_id], [claim_b.number], "worker-b") == {job_id}
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
 
 
@@ -106,19 +114,22 @@ async def test_heartbeat_reports_and_cancels_lost_leases(
     kept_id = await work.defer(conn)
     lost_id = await work.defer(conn)
     claims = await store.claim(conn, ["default"], 10, "me")
-    in_flight = {c.id: Running(c, scope=anyio.CancelScope()) for c in claims}
+    tracked = held(*claims)
+    for running in tracked.held():
+        running.scope = anyio.CancelScope()
+    by_id = {r.claim.id: r for r in tracked.held()}
     before = await conn.fetchval("SELECT lease_expires_at FROM aioq.jobs WHERE id = $1", kept_id)
     # Another worker took lost_id over (as after a rescue and a new claim).
     await conn.execute(
-        "UPDATE aioq.jobs SET locked_by = 'thief', attempts = attempts + 1 WHERE id = $1", lost_id
+        "UPDATE aioq.jobs SET locked_by = 'thief', claims = claims + 1 WHERE id = $1", lost_id
     )
-    heartbeat = Heartbeat(store=store, db=conn, worker_id="me", in_flight=in_flight, interval=1)
+    heartbeat = Heartbeat(store=store, db=conn, worker_id="me", claims=tracked, interval=1)
     assert await heartbeat.run_once() == [lost_id]
-    assert in_flight[lost_id].cancel_reason == "lease lost"
-    lost_scope = in_flight[lost_id].scope
+    assert by_id[lost_id].cancel_reason is CancelReason.LEASE_LOST
+    lost_scope = by_id[lost_id].scope
     assert lost_scope is not None
     assert lost_scope.cancel_called
-    assert in_flight[kept_id].cancel_reason is None
+    assert by_id[kept_id].cancel_reason is None
     after = await conn.fetchval("SELECT lease_expires_at FROM aioq.jobs WHERE id = $1", kept_id)
     assert after > before
     assert await conn.fetchval("SELECT locked_by FROM aioq.jobs WHERE id = $1", lost_id) == "thief"
@@ -164,10 +175,10 @@ async def test_heartbeat_keeps_a_job_running_three_times_its_lease(
 ) -> None:
     runs: list[int] = []
 
-    @registry.task(lease=0.5)
+    @registry.task(lease=1.0)
     async def slow() -> None:
         runs.append(aioq.current_job().attempt)
-        await anyio.sleep(1.5)  # the behaviour under test: outliving the lease thrice
+        await anyio.sleep(3.0)  # the behaviour under test: outliving the lease thrice
 
     job_id = await slow.defer(conn)
     # A second worker's reaper runs often, ready to rescue anything whose lease lapses.
@@ -186,7 +197,7 @@ async def test_vanished_workers_job_is_rescued_and_run(
     ran = anyio.Event()
     seen: list[tuple[int, int]] = []
 
-    @registry.task(lease=0.5)
+    @registry.task(lease=1.0)
     async def work() -> None:
         job = aioq.current_job()
         seen.append((job.id, job.attempt))
@@ -219,7 +230,7 @@ async def test_lost_lease_cancels_local_execution(
             await started.wait()
             # Another worker rescued and re-claimed the job.
             await conn.execute(
-                "UPDATE aioq.jobs SET locked_by = 'rescuer', attempts = attempts + 1 WHERE id = $1",
+                "UPDATE aioq.jobs SET locked_by = 'rescuer', claims = claims + 1 WHERE id = $1",
                 job_id,
             )
             await cancelled.wait()
@@ -282,10 +293,10 @@ async def test_an_outcome_the_server_refuses_does_not_block_the_others(
 
     await work.defer_many(conn, [{}, {}])
     good, bad = await store.claim(conn, ["default"], 10, "me")
-    completer = make_completer(conn, "me", {c.id: Running(c) for c in (good, bad)})
+    completer = make_completer(conn, "me", held(good, bad))
     await completer.put(Outcome(good, OutcomeKind.COMPLETE))
     # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
-    await completer.put(Outcome(bad, OutcomeKind.RETRY, delay=1e300, error="x"))
+    await completer.put(Outcome(bad, OutcomeKind.FAIL, delay=1e300, error="x"))
     with caplog.at_level(logging.ERROR, logger="aioq"):
         assert await completer.run_once() == 2
     assert "cannot be stored" in caplog.text
@@ -321,10 +332,10 @@ async def test_a_connection_lost_mid_batch_retries_only_what_was_not_written(
                 doomed.terminate()
             return await doomed.fetch(sql, *args)
 
-    completer = make_completer(conn, "me", {c.id: Running(c) for c in (done, failed)})
+    completer = make_completer(conn, "me", held(done, failed))
     completer.db = DiesAfterFirstStatement()  # type: ignore[assignment]
     await completer.put(Outcome(done, OutcomeKind.COMPLETE))
-    await completer.put(Outcome(failed, OutcomeKind.RETRY, delay=0, error="boom"))
+    await completer.put(Outcome(failed, OutcomeKind.FAIL, delay=0, error="boom"))
     with pytest.raises(asyncpg.InterfaceError, match="closed"):
         await completer.run_once()
     assert [o.claim.id for o in completer.pending] == [failed.id]  # the completion is done
@@ -353,7 +364,7 @@ async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
             await conn.fetch(sql, *args)
             raise ConnectionResetError("connection lost before the reply")
 
-    completer = make_completer(conn, "me", {claim.id: Running(claim)})
+    completer = make_completer(conn, "me", held(claim))
     completer.db = ReplyLost()  # type: ignore[assignment]
     await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
     with pytest.raises(ConnectionResetError):
@@ -366,4 +377,4 @@ async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
     assert "lease lost" not in caplog.text
     assert "found already gone on retry" in caplog.text
     assert completer.pending == []
-    assert completer.in_flight == {}
+    assert len(completer.claims) == 0

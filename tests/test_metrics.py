@@ -14,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import aioq
 import aioq.metrics
-from aioq.completer import Completer, Outcome, OutcomeKind, Running
+from aioq.claims import Claims
+from aioq.completer import Completer, Outcome
+from aioq.job import Claim, OutcomeKind
 from aioq.metrics import Metrics
 from aioq.store import Store
 
@@ -113,6 +115,12 @@ async def test_metrics_change_as_jobs_run(
         metrics.close()
 
 
+def held(*claims: Claim) -> Claims:
+    tracked = Claims()
+    tracked.add(claims)
+    return tracked
+
+
 async def test_lease_lost_is_counted(conn: asyncpg.Connection, registry: aioq.Registry) -> None:
     @registry.task
     async def work() -> None: ...
@@ -127,7 +135,7 @@ async def test_lease_lost_is_counted(conn: asyncpg.Connection, registry: aioq.Re
         store=store,
         db=conn,
         worker_id="worker-a",
-        in_flight={job_id: Running(claim)},
+        claims=held(claim),
         keep_completed=False,
         batch_size=10,
         max_pending=10,

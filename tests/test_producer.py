@@ -7,6 +7,7 @@ import asyncio
 import anyio
 import pytest
 
+from aioq.claims import Claims
 from aioq.job import Claim
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.anyio
 def claim(job_id: int) -> Claim:
     return Claim(
         id=job_id,
+        number=1,
         queue="default",
         task="t",
         args="{}",
@@ -81,8 +83,7 @@ def producer(poll_interval: float, listening: bool) -> Producer:
         worker_id="w",
         slots=Slots(1),
         doorbell=Doorbell(),
-        in_flight={},
-        completer=None,  # type: ignore[arg-type]
+        claims=Claims(),
         poll_interval=poll_interval,
         batch_size=10,
         stopping=anyio.Event(),
@@ -114,6 +115,9 @@ class ArmingStore:
         taken, self.ready = self.ready[:limit], self.ready[limit:]
         return taken
 
+    async def release_worker(self, db: object, worker_id: str, keep: object) -> list[int]:
+        return []  # no orphans here
+
 
 @pytest.mark.parametrize("armed_now", [True, False])
 async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -> None:
@@ -128,6 +132,7 @@ async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -
         store.ready.append(claim(100))
         return armed_now
 
+    handoff = Handoff()
     p = Producer(
         store=store,  # type: ignore[arg-type]
         db=None,  # type: ignore[arg-type]
@@ -135,17 +140,17 @@ async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -
         worker_id="w",
         slots=Slots(5),
         doorbell=Doorbell(),
-        in_flight={},
-        completer=None,  # type: ignore[arg-type]
+        claims=Claims(),
         poll_interval=60.0,
         batch_size=10,
         stopping=anyio.Event(),
+        handoff=handoff,
         listening=lambda: True,
         arm=arm,
     )
-    handoff = Handoff()
+    got = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(p.run, handoff)
+        tg.start_soon(p.run)
         with anyio.move_on_after(2):
             got = await handoff.get()
         p.stop()

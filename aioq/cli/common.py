@@ -17,12 +17,12 @@ import anyio
 import asyncpg
 
 from aioq.job import Job
+from aioq.queries import DEFAULT_SCHEMA
 from aioq.task import Registry, default_registry
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
-DEFAULT_SCHEMA = "aioq"
 LISTEN_DSN_ENV = "AIOQ_LISTEN_DSN"
 
 DbCommand = Callable[[asyncpg.Connection, argparse.Namespace], Awaitable[int]]

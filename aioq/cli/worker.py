@@ -7,16 +7,93 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
-from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, dsn_from, load_registry
+from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, dsn_from, duration, load_registry, positive_int
 from aioq.dev.server import EmbeddedPostgres
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import Registry
-from aioq.worker import Worker
+from aioq.worker import (
+    DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_SHUTDOWN_GRACE,
+    Worker,
+)
 
 log = logging.getLogger("aioq.cli")
+
+
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    """A worker option: its flag, the WorkerConfig field it sets (also its argparse dest)."""
+
+    flag: str
+    field: str
+    type: Callable[[str], Any] | None  # None: a switch
+    default: Any
+    help: str | None = None
+
+
+# The worker's options, written once: the parser, the argv of the supervisor's children and
+# the Worker(...) call are all built from this table.
+WORKER_FLAGS = (
+    _Flag("--concurrency", "concurrency", positive_int, DEFAULT_CONCURRENCY),
+    _Flag("--poll-interval", "poll_interval", duration, DEFAULT_POLL_INTERVAL),
+    _Flag("--shutdown-grace", "shutdown_grace", duration, DEFAULT_SHUTDOWN_GRACE),
+    _Flag(
+        "--command-timeout",
+        "command_timeout",
+        duration,
+        DEFAULT_COMMAND_TIMEOUT,
+        "seconds before a statement on a silent connection gives up (default: %(default)g)",
+    ),
+    _Flag(
+        "--keep-completed",
+        "keep_completed",
+        None,
+        False,
+        "move finished jobs to the archive table instead of deleting them",
+    ),
+    _Flag(
+        "--no-statement-cache",
+        "statement_cache",
+        None,
+        True,
+        "no prepared statements on the pool (PgBouncer in transaction mode)",
+    ),
+)
+
+
+def add_worker_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the options of :data:`WORKER_FLAGS` to the worker's parser."""
+    for f in WORKER_FLAGS:
+        if f.type is None:  # a switch flips its default
+            action = "store_false" if f.default else "store_true"
+            parser.add_argument(f.flag, dest=f.field, action=action, help=f.help)
+        else:
+            parser.add_argument(f.flag, dest=f.field, type=f.type, default=f.default, help=f.help)
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """The options of :data:`WORKER_FLAGS` as given, for a child's command line."""
+    argv: list[str] = []
+    for f in WORKER_FLAGS:
+        value = getattr(args, f.field)
+        if f.type is None:
+            argv += [f.flag] if value != f.default else []
+        else:
+            argv += [f.flag, str(value)]
+    return argv
+
+
+def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :data:`WORKER_FLAGS` as WorkerConfig fields."""
+    return {f.field: getattr(args, f.field) for f in WORKER_FLAGS}
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -52,17 +129,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _supervise(args: argparse.Namespace, dsn: str) -> int:
     command = [sys.executable, "-m", "aioq", *(["--debug"] if args.debug else []), "worker"]
     command += [args.target, "--processes", "1", "--parent-pid", str(os.getpid())]
-    command += ["--concurrency", str(args.concurrency), "--log-format", args.log_format]
-    command += ["--log-level", args.log_level]
-    command += ["--poll-interval", str(args.poll_interval)]
-    command += ["--shutdown-grace", str(args.shutdown_grace)]
-    command += ["--command-timeout", str(args.command_timeout)]
+    command += ["--log-format", args.log_format, "--log-level", args.log_level]
+    command += _worker_argv(args)
     if args.metrics_port is not None:
         command += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
-    if args.keep_completed:
-        command += ["--keep-completed"]
-    if not args.statement_cache:
-        command += ["--no-statement-cache"]
     for queue in args.queue or ():
         command += ["--queue", queue]
     if args.schema:
@@ -83,18 +153,13 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         metrics = aioq_metrics.start(port, args.metrics_addr)
         log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
     worker = Worker(
-        metrics=metrics,
-        keep_completed=args.keep_completed,
         dsn=dsn,
         registry=registry,
+        metrics=metrics,
         queues=args.queue or None,  # None: every queue the registry's tasks name
-        concurrency=args.concurrency,
         schema=args.schema or None,  # "" means unset, as in every command
-        poll_interval=args.poll_interval,
-        shutdown_grace=args.shutdown_grace,
-        command_timeout=args.command_timeout,
-        statement_cache=args.statement_cache,
         listen_dsn=args.listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None,
+        **_worker_options(args),
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:

@@ -1,0 +1,58 @@
+"""The one backoff: exponential with jitter, capped; for job retries and for failing loops."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from aioq.errors import ConfigError
+
+__all__ = ("Backoff", "Failures", "jittered")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: ``base * factor**(attempt-1)``, capped at ``max``."""
+
+    base: float = 1.0
+    factor: float = 2.0
+    max: float = 3600.0
+    jitter: float = 0.25  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
+
+    def __post_init__(self) -> None:
+        if self.base < 0:
+            raise ConfigError("base", f"must be >= 0, got {self.base}")
+        if self.factor < 1:
+            raise ConfigError("factor", f"must be >= 1, got {self.factor}")
+        if self.max < self.base:
+            raise ConfigError("max", f"must be >= base ({self.base}), got {self.max}")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError("jitter", f"must be in [0, 1), got {self.jitter}")
+
+    def delay(self, attempt: int) -> float:
+        """Return the delay in seconds before the attempt after ``attempt`` (1-based)."""
+        exponent = min(max(attempt - 1, 0), 64)
+        raw = min(self.max, self.base * self.factor**exponent)
+        return min(self.max, jittered(raw, self.jitter))
+
+
+class Failures:
+    """Consecutive failures of a loop's step, and how long to wait before the next try."""
+
+    def __init__(self, policy: Backoff) -> None:
+        self.policy = policy
+        self.count = 0
+
+    def next(self) -> float:
+        """Count a failure and return how long to wait before the next try."""
+        self.count += 1
+        return self.policy.delay(self.count)
+
+    def reset(self) -> None:
+        """Forget past failures after a step succeeded."""
+        self.count = 0
+
+
+def jittered(seconds: float, spread: float = 0.1) -> float:
+    """Return ``seconds`` scaled by a random factor in [1 - spread, 1 + spread]."""
+    return seconds * random.uniform(1 - spread, 1 + spread) if spread else seconds

@@ -1,0 +1,398 @@
+"""The core's promises on the paths issue 10 found broken, each against a real PostgreSQL.
+
+Short leases on healthy workers, hard cancellation, tasks raising BaseException, threads that
+overstay, a blocked event loop, a poison outcome, and the lock order of concurrent writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+import aioq
+from aioq.job import Claim
+from aioq.producer import Producer
+from aioq.store import Executor, Store
+from aioq.task import MIN_LEASE
+
+pytestmark = pytest.mark.anyio
+
+MakeWorker = Callable[..., aioq.Worker]
+HANG_GUARD = 60.0
+NO_BACKOFF = aioq.Backoff(base=0, max=0, jitter=0)
+
+
+async def rows(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch("SELECT * FROM aioq.jobs ORDER BY id")  # type: ignore[no-any-return]
+
+
+async def until(conn: asyncpg.Connection, sql: str) -> None:
+    """Wait until ``sql`` is true in the database (bounded by the hang guard)."""
+    with anyio.fail_after(HANG_GUARD):
+        while not await conn.fetchval(sql):
+            await anyio.sleep(0.02)
+
+
+# 10.1 -- any lease the API accepts holds on a healthy worker ---------------------------------
+
+
+async def test_short_leases_hold_whatever_the_heartbeat_interval(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    runs: Counter[int] = Counter()
+
+    @registry.task(name="t.long", lease=MIN_LEASE)
+    async def long() -> None:
+        runs[aioq.current_job().id] += 1
+        await anyio.sleep(3.5 * MIN_LEASE)  # outlives its lease three times over
+
+    ids = await long.defer_many(conn, [{} for _ in range(4)])
+    # The default 5 s heartbeat: the claims arrive while it sleeps. Both reapers are eager.
+    workers = [make_worker(reaper_interval=0.1), make_worker(reaper_interval=0.1)]
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            for worker in workers:
+                tg.start_soon(worker.run_until_idle)
+    assert runs == Counter(ids), "each job ran exactly once"
+
+
+def test_leases_below_the_floor_are_refused(registry: aioq.Registry) -> None:
+    with pytest.raises(aioq.ConfigError, match="lease"):
+
+        @registry.task(lease=MIN_LEASE / 2)
+        async def short() -> None: ...
+
+    @registry.task(name="t.ok")
+    async def ok() -> None: ...
+
+    with pytest.raises(aioq.ConfigError, match="lease"):
+        ok.options(lease=0.1)
+
+
+# 10.4 -- cancelling Worker.run() from outside ------------------------------------------------
+
+
+async def test_cancelling_run_from_outside_is_plain_cancellation(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    running = 0
+    all_started = anyio.Event()
+
+    @registry.task(name="t.busy", max_attempts=1)
+    async def busy() -> None:
+        nonlocal running
+        running += 1
+        if running == 2:
+            all_started.set()
+        await anyio.sleep(60)
+
+    for _ in range(5):
+        running, all_started = 0, anyio.Event()
+        # Two jobs, six consumers: four wait for claims when the cancel comes.
+        await busy.defer_many(conn, [{} for _ in range(2)])
+        worker = make_worker(concurrency=6)
+        task = asyncio.get_running_loop().create_task(worker.run())
+        with anyio.fail_after(HANG_GUARD):
+            await all_started.wait()
+            # After its next pass the producer waits for the doorbell: the consumers, the
+            # producer and the handoff's waiters all get the cancel at once.
+            await worker.service(Producer).passed.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Nothing is left running, and nothing burned its only attempt.
+        assert {(r["status"], r["attempts"]) for r in await rows(conn)} == {("pending", 0)}
+        await conn.execute("DELETE FROM aioq.jobs")
+
+
+async def test_a_cancel_scope_and_a_raising_async_with_body_propagate_unwrapped(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    @registry.task(name="t.wait")
+    async def wait() -> None:
+        await anyio.sleep(60)
+
+    await wait.defer_many(conn, [{} for _ in range(10)])
+    for _ in range(3):
+        with anyio.move_on_after(0.5) as scope:
+            await make_worker(concurrency=3).run()
+        assert scope.cancelled_caught
+
+    async def fail_inside() -> None:
+        async with make_worker(concurrency=3):
+            await until(conn, "SELECT count(*) = 3 FROM aioq.jobs WHERE status = 'running'")
+            raise KeyError("the caller's own")
+
+    for _ in range(3):
+        with pytest.raises(KeyError, match="the caller's own"):  # not an ExceptionGroup
+            await fail_inside()
+    assert {r["status"] for r in await rows(conn)} == {"pending"}
+
+
+class ReplyNeverSeen(Store):
+    """A store whose first claim commits, then hangs as if its reply never came."""
+
+    def __init__(self) -> None:
+        super().__init__("aioq")
+        self.claimed = anyio.Event()
+
+    async def claim(self, conn: Executor, queues: Any, limit: int, worker_id: str) -> list[Claim]:
+        claims = await super().claim(conn, queues, limit, worker_id)
+        if claims and not self.claimed.is_set():
+            self.claimed.set()
+            await anyio.sleep_forever()
+        return claims
+
+
+async def test_a_claim_whose_reply_was_never_seen_is_released_on_stop(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    @registry.task(name="t.never", max_attempts=1)
+    async def never() -> None: ...
+
+    await never.defer_many(conn, [{} for _ in range(5)])
+    worker = make_worker()
+    worker.store = store = ReplyNeverSeen()
+    with anyio.fail_after(HANG_GUARD), anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            await store.claimed.wait()
+            scope.cancel()
+    assert [(r["status"], r["attempts"], r["locked_by"]) for r in await rows(conn)] == [
+        ("pending", 0, None)
+    ] * 5
+
+
+# 10.3 -- a task raising SystemExit or KeyboardInterrupt ------------------------------------
+
+
+async def test_base_exceptions_from_tasks_fail_like_any_other(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    done: list[int] = []
+
+    @registry.task(name="t.exit", max_attempts=2, retry=NO_BACKOFF)
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    @registry.task(name="t.interrupt", max_attempts=2, retry=NO_BACKOFF)
+    async def interrupts() -> None:
+        raise KeyboardInterrupt
+
+    @registry.task(name="t.thread_exit", max_attempts=2, retry=NO_BACKOFF)
+    def thread_exits() -> None:
+        raise SystemExit("from a thread")
+
+    @registry.task(name="t.fine")
+    async def fine(n: int) -> None:
+        await anyio.sleep(0.05)
+        done.append(n)
+
+    bad = [await exits.defer(conn), await interrupts.defer(conn), await thread_exits.defer(conn)]
+    await fine.defer_many(conn, [{"n": n} for n in range(10)])  # claimed in the same batch
+    with anyio.fail_after(HANG_GUARD):
+        await make_worker().run_until_idle()
+    assert sorted(done) == list(range(10))
+    dead = await rows(conn)
+    assert [r["id"] for r in dead] == bad
+    assert [(r["status"], r["attempts"]) for r in dead] == [("dead", 2)] * 3
+    assert [r["last_error"].split(":")[0] for r in dead] == [
+        "SystemExit",
+        "KeyboardInterrupt",
+        "SystemExit",
+    ]
+
+
+# 10.5 -- a plain def task that overstays its timeout or the grace --------------------------
+
+
+async def test_a_thread_past_its_timeout_keeps_its_claim_until_it_returns(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    lock = threading.Lock()
+    active, overlapped, runs = 0, False, 0
+
+    @registry.task(
+        name="t.stubborn", timeout=0.2, lease=MIN_LEASE, max_attempts=3, retry=NO_BACKOFF
+    )
+    def stubborn() -> None:
+        nonlocal active, overlapped, runs
+        with lock:
+            runs += 1
+            active += 1
+            overlapped |= active > 1
+        time.sleep(1.5 * MIN_LEASE)  # past the timeout and the lease: the heartbeat keeps it
+        with lock:
+            active -= 1
+
+    job_id = await stubborn.defer(conn)
+    with anyio.fail_after(HANG_GUARD):
+        await make_worker(reaper_interval=0.1).run_until_idle()
+    assert runs == 3
+    assert not overlapped
+    row = await conn.fetchrow("SELECT * FROM aioq.jobs WHERE id = $1", job_id)
+    assert row["status"] == "dead"
+    assert row["last_error"].startswith("TimeoutError")
+
+
+async def test_shutdown_waits_for_a_thread_and_records_its_outcome(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: MakeWorker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started = threading.Event()
+    finished: list[int] = []
+
+    @registry.task(name="t.slow_thread", lease=MIN_LEASE)
+    def slow_thread() -> None:
+        started.set()
+        time.sleep(2.0 * MIN_LEASE)
+        finished.append(1)
+
+    await slow_thread.defer(conn)
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        async with make_worker(shutdown_grace=0.1):
+            with anyio.fail_after(HANG_GUARD):
+                while not started.is_set():
+                    await anyio.sleep(0.01)
+    assert finished == [1]  # the worker stopped only after the thread returned
+    assert "cannot be interrupted" in caplog.text
+    assert await rows(conn) == []  # its outcome was recorded: done, not released
+
+
+# 10.11 -- a task that blocks the event loop --------------------------------------------------
+
+
+async def test_a_blocked_loop_is_reported_and_never_makes_a_worker_rescue_itself(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: MakeWorker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runs: list[int] = []
+
+    @registry.task(name="t.blocker", lease=MIN_LEASE)
+    async def blocker() -> None:
+        runs.append(aioq.current_job().attempt)
+        time.sleep(2.5 * MIN_LEASE)  # noqa: ASYNC251 (the behaviour under test)
+
+    await blocker.defer(conn)
+    with caplog.at_level(logging.WARNING, logger="aioq"), anyio.fail_after(HANG_GUARD):
+        await make_worker(reaper_interval=0.05, lag_threshold=0.5).run_until_idle()
+    assert runs == [1]
+    assert await rows(conn) == []
+    assert "event loop blocked" in caplog.text
+    assert "t.blocker" in caplog.text
+
+
+# 10.9 -- one poison outcome must not wedge the completer ---------------------------------
+
+
+async def test_an_outcome_that_cannot_be_archived_does_not_wedge_the_completer(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: MakeWorker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @registry.task(name="t.done")
+    async def done() -> None: ...
+
+    ids = await done.defer_many(conn, [{} for _ in range(5)])
+    # An archive row already holds one job's id: archiving that job can never succeed.
+    await conn.execute(
+        "INSERT INTO aioq.archive (id, queue, task, args, priority, attempts, max_attempts,"
+        " created_at, started_at) VALUES ($1, 'x', 'x', '{}', 0, 1, 1, now(), now())",
+        ids[2],
+    )
+    with caplog.at_level(logging.ERROR, logger="aioq"), anyio.fail_after(HANG_GUARD):
+        await make_worker(keep_completed=True).run_until_idle()
+    assert await rows(conn) == []
+    archived = await conn.fetch("SELECT id, task FROM aioq.archive ORDER BY id")
+    assert [(r["id"], r["task"]) for r in archived] == [
+        (i, "x" if i == ids[2] else "t.done") for i in ids
+    ]
+    assert f"job {ids[2]} t.done: its archive row cannot be stored" in caplog.text
+
+
+# 10.10 -- the heartbeat, the completer and the reaper lock rows in one order ---------------
+
+
+async def test_no_deadlock_between_heartbeat_and_completer_at_concurrency_200(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: MakeWorker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @registry.task(name="t.quick")
+    async def quick(n: int) -> None:
+        await anyio.sleep((n * 7919 % 23) / 1000)  # finish in an order unlike the claim's
+
+    await quick.defer_many(conn, [{"n": n} for n in range(8000)])
+    with caplog.at_level(logging.ERROR, logger="aioq"), anyio.fail_after(HANG_GUARD):
+        await make_worker(
+            concurrency=200, heartbeat_interval=0.002, completion_batch=50
+        ).run_until_idle()
+    assert await rows(conn) == []
+    assert "deadlock" not in caplog.text.lower()
+
+
+class ClaimReplyLost(Store):
+    """A store whose first claim commits, then fails as if the connection dropped."""
+
+    def __init__(self) -> None:
+        super().__init__("aioq")
+        self.lost = False
+
+    async def claim(self, conn: Executor, queues: Any, limit: int, worker_id: str) -> list[Claim]:
+        claims = await super().claim(conn, queues, limit, worker_id)
+        if claims and not self.lost:
+            self.lost = True
+            raise ConnectionResetError("connection lost before the reply (injected)")
+        return claims
+
+
+async def test_a_worker_releases_its_own_orphans_after_a_lost_claim_reply(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    ran: list[int] = []
+
+    @registry.task(name="t.orphan", max_attempts=1)
+    async def orphan(n: int) -> None:
+        ran.append(n)
+
+    await orphan.defer_many(conn, [{"n": n} for n in range(5)])
+    worker = make_worker()  # alone: no other worker's reaper would rescue its orphans
+    worker.store = store = ClaimReplyLost()
+    with anyio.fail_after(HANG_GUARD):
+        await worker.run_until_idle()
+    assert store.lost
+    assert sorted(ran) == list(range(5))  # each ran once, its only attempt not burned
+    assert await rows(conn) == []
+
+
+async def test_a_worker_releases_what_a_previous_process_with_its_id_left_running(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+) -> None:
+    ran: list[int] = []
+
+    @registry.task(name="t.left", max_attempts=1)
+    async def left(n: int) -> None:
+        ran.append(n)
+
+    await left.defer_many(conn, [{"n": n} for n in range(3)])
+    await Store.for_schema("aioq").claim(conn, ["default"], 10, "worker-1")  # then it died
+    # Its own reaper leaves worker-1's claims alone; the 30 s leases are not waited for.
+    with anyio.fail_after(10):
+        await make_worker(worker_id="worker-1").run_until_idle()
+    assert sorted(ran) == [0, 1, 2]
+    assert await rows(conn) == []

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from aioq.job import Job, JobStatus
 from aioq.queries import DEFAULT_SCHEMA
-from aioq.store import Executor, Store
+from aioq.store import Store, Target, executor
 
 __all__ = (
     "QueueStats",
@@ -60,8 +60,9 @@ class Stats:
     archived: bool  # whether the archive holds completed jobs (else completions are n/a)
 
 
-async def stats(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> Stats:
+async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     """Return per-queue counts and the jobs table's size and vacuum figures."""
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     rows = await store.queue_stats(conn)
     completed = await store.archive_stats(conn)
@@ -99,14 +100,15 @@ async def stats(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> Stats:
 
 
 async def cancel_jobs(
-    conn: Executor, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+    conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
 ) -> list[int]:
     """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
+    conn = await executor(conn)
     return list(await Store.for_schema(schema).cancel(conn, job_ids))
 
 
 async def purge_dead(
-    conn: Executor,
+    conn: Target,
     *,
     older_than: float | None = None,
     batch_size: int = DEFAULT_PURGE_BATCH,
@@ -119,6 +121,7 @@ async def purge_dead(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     total = 0
     while True:
@@ -129,7 +132,7 @@ async def purge_dead(
 
 
 async def retry_dead(
-    conn: Executor,
+    conn: Target,
     *,
     job_id: int | Sequence[int] | None = None,
     task: str | None = None,
@@ -140,23 +143,25 @@ async def retry_dead(
     """Replay dead jobs (by id, task or queue; ``all=True`` for every one); return their ids."""
     if job_id is None and task is None and queue is None and not all:
         raise ValueError("retry_dead needs job_id, task, queue or all=True")
+    conn = await executor(conn)
     ids = [job_id] if isinstance(job_id, int) else job_id
     return await Store.for_schema(schema).replay(conn, ids=ids, task=task, queue=queue)
 
 
-async def get_job(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
+async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
     """Return a job: pending, running or dead, or ``succeeded`` from the archive; else None.
 
     Finished jobs are deleted unless workers keep them (``keep_completed=True``); then they
     are found here until pruned after ``archive_retention``.
     """
+    conn = await executor(conn)
     store = Store.for_schema(schema)
     found = await store.get(conn, job_id)
     return found if found is not None else await store.get_archived(conn, job_id)
 
 
 async def list_jobs(
-    conn: Executor,
+    conn: Target,
     *,
     status: JobStatus | str | None = None,
     task: str | None = None,
@@ -165,6 +170,7 @@ async def list_jobs(
     schema: str = DEFAULT_SCHEMA,
 ) -> list[Job]:
     """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
+    conn = await executor(conn)
     wanted = JobStatus(status).value if status is not None else None
     store = Store.for_schema(schema)
     if wanted == JobStatus.SUCCEEDED:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 import asyncpg
 
+from aioq import hooks
 from aioq._service import STEP_BACKOFF, Service
 from aioq.backoff import Failures
 from aioq.claims import Claims
@@ -123,6 +125,7 @@ class Completer(Service):
             written: list[Outcome] = []
             try:
                 for kind, group in by_kind.items():
+                    start_ns = time.time_ns() if hooks.observers else 0
                     try:
                         kept = await self._write_isolating(kind, group)
                     except BaseException:
@@ -132,6 +135,9 @@ class Completer(Service):
                         raise
                     written += group
                     self._settle(group, kept)
+                    if hooks.observers:  # aioq.hooks: tracing, the test drain
+                        mine = [(o.claim, o.error) for o in group if o.claim.id in kept]
+                        hooks.settled(self.worker_id, kind.value, mine, start_ns, time.time_ns())
             finally:
                 if len(written) == len(batch):
                     del self.pending[: len(batch)]

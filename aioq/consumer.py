@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
+from aioq import hooks
 from aioq.claims import CancelReason, Claims, Running
 from aioq.codec import decode_args
 from aioq.completer import Completer, Outcome
@@ -29,6 +31,7 @@ __all__ = ("Consumer", "format_error")
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 4000
+_NO_HOOK = contextlib.nullcontext()
 _DEFAULT_RETRY = Backoff()
 
 
@@ -198,24 +201,29 @@ class Consumer:
             if running.cancel_reason is not None:
                 scope.cancel()
             try:
-                if task.is_async:
-                    await task.fn(**kwargs)
-                else:
-                    # A thread cannot be interrupted: on timeout, a lost lease or shutdown the
-                    # job stays claimed (the heartbeat extends it) until the thread returns;
-                    # abandoning it would let a retry run beside it.
-                    running.in_thread = True
-                    try:
-                        await anyio.to_thread.run_sync(
-                            functools.partial(task.fn, **kwargs),
-                            abandon_on_cancel=False,
-                            limiter=self.limiter,
-                        )
-                    finally:
-                        running.in_thread = False
-                    returned = True
-                    # A cancel that came while the thread ran lands here, inside the scope.
-                    await anyio.lowlevel.checkpoint_if_cancelled()
+                # aioq.hooks: an observer (tracing) wraps the run and sees its exception.
+                observed = (
+                    hooks.running(self.worker_id, running.claim) if hooks.observers else _NO_HOOK
+                )
+                with observed:
+                    if task.is_async:
+                        await task.fn(**kwargs)
+                    else:
+                        # A thread cannot be interrupted: on timeout, a lost lease or shutdown
+                        # the job stays claimed (the heartbeat extends it) until the thread
+                        # returns; abandoning it would let a retry run beside it.
+                        running.in_thread = True
+                        try:
+                            await anyio.to_thread.run_sync(
+                                functools.partial(task.fn, **kwargs),
+                                abandon_on_cancel=False,
+                                limiter=self.limiter,
+                            )
+                        finally:
+                            running.in_thread = False
+                        returned = True
+                        # A cancel that came while the thread ran lands here, inside the scope.
+                        await anyio.lowlevel.checkpoint_if_cancelled()
             except asyncio.CancelledError as exc:
                 if _cancel_requested():
                     raise

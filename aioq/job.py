@@ -90,6 +90,7 @@ class Claim:
     max_attempts: int
     lease: float
     waited: float  # seconds from run_at to the claim
+    traceparent: str | None = None  # W3C trace context of the defer (aioq.contrib.otel)
     snoozes: int = 0  # how many times the job raised aioq.Retry before this claim
 
     @property
@@ -111,6 +112,7 @@ class Claim:
             max_attempts=row["max_attempts"],
             lease=row["lease"],
             waited=max(0.0, row["waited"] or 0.0),
+            traceparent=row["traceparent"],
             snoozes=row["snoozes"],
         )
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import TaskStatus
 
+from aioq import hooks
 from aioq._service import Service
 from aioq.claims import Claims
 from aioq.job import Claim
@@ -198,10 +199,13 @@ class Producer(Service):
         if self.orphans:
             await self._release_orphans()
         started = time.perf_counter()
+        start_ns = time.time_ns() if hooks.observers else 0
         self.orphans = True  # until the reply is in: a cancel or an error may lose it
         claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
         self.orphans = False
         self.last_claim_seconds = time.perf_counter() - started
+        if hooks.observers and claims:  # aioq.hooks: tracing, the test drain
+            hooks.claimed(self.worker_id, claims, start_ns, time.time_ns())
         if self.metrics is not None:
             self.metrics.observe_claim(claims, self.last_claim_seconds)
         self.slots.take(len(claims))

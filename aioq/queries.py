@@ -44,10 +44,10 @@ def render(template: str, schema: str) -> str:
 
 
 INSERT_JOB = """
-INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease)
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
 VALUES ($1, $2, $3::text::jsonb, $4,
         coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
-        $7, make_interval(secs => $8::float8))
+        $7, make_interval(secs => $8::float8), $9)
 RETURNING id
 """
 
@@ -61,10 +61,11 @@ INSERT INTO {s}.jobs (queue, task, args) VALUES ($1, $2, $3::text::jsonb) RETURN
 # committed after this statement's snapshot, no id comes back and the caller asks again.
 INSERT_UNIQUE_JOB = """
 WITH inserted AS (
-    INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, unique_key)
+    INSERT INTO {s}.jobs
+        (queue, task, args, priority, run_at, max_attempts, lease, traceparent, unique_key)
     VALUES ($1, $2, $3::text::jsonb, $4,
             coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
-            $7, make_interval(secs => $8::float8), $9)
+            $7, make_interval(secs => $8::float8), $9, $10)
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
     DO NOTHING
     RETURNING id
@@ -72,15 +73,15 @@ WITH inserted AS (
 SELECT id FROM inserted
 UNION ALL
 SELECT id FROM {s}.jobs
-WHERE unique_key = $9 AND status IN ('pending', 'running') AND NOT EXISTS (SELECT FROM inserted)
+WHERE unique_key = $10 AND status IN ('pending', 'running') AND NOT EXISTS (SELECT FROM inserted)
 LIMIT 1
 """
 
 INSERT_JOBS = """
-INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease)
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
 SELECT $1, $2, a.args::jsonb, $3,
        coalesce($4::timestamptz, now() + make_interval(secs => $5::float8)),
-       $6, make_interval(secs => $7::float8)
+       $6, make_interval(secs => $7::float8), $9
 FROM unnest($8::text[]) WITH ORDINALITY AS a(args, n)
 ORDER BY a.n
 RETURNING id
@@ -97,7 +98,7 @@ SET status = 'running', attempts = j.attempts + 1, claims = j.claims + 1, locked
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
-          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited
+          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent
 """
 
 # One queue: the index's leading column is an equality, so the scan reads in claim order.
@@ -463,6 +464,20 @@ LIMIT $3
 
 # Whether any worker keeps finished jobs: an empty archive means they are being deleted.
 ARCHIVE_IN_USE = "SELECT EXISTS (SELECT FROM {s}.archive)"
+
+# --- testing (aioq.testing) -------------------------------------------------------------------
+
+# The queues that hold a job ready to run now: the test drain serves exactly these.
+READY_QUEUES = """
+SELECT DISTINCT queue FROM {s}.jobs WHERE status = 'pending' AND run_at <= now() ORDER BY queue
+"""
+
+# A task's waiting jobs (pending, due or scheduled), oldest first, for assertions in tests.
+WAITING_JOBS = """
+SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts
+FROM {s}.jobs WHERE status = 'pending' AND task = $1
+ORDER BY run_at, id
+"""
 
 # --- The conditional doorbell (invariant 15) -------------------------------------------------
 # A worker about to sleep holds a shared session advisory lock per served queue on its LISTEN

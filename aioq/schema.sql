@@ -109,6 +109,12 @@ ALTER TABLE {{schema}}.jobs
 
 -- aioq:migration 3
 
+-- The W3C traceparent of the span that deferred the job (aioq.contrib.otel), NULL when no
+-- tracer was recording: the worker's span for the run continues that trace.
+ALTER TABLE {{schema}}.jobs ADD COLUMN traceparent text;
+
+-- aioq:migration 4
+
 -- The doorbell rings only for a queue some worker sleeps on (design invariant 15): PostgreSQL
 -- takes one lock for the whole notification queue at the commit of every transaction that
 -- called NOTIFY, so a NOTIFY per insert serializes the commits of every deferring connection.

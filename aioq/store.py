@@ -3,23 +3,56 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from aioq import queries as q
+from aioq.errors import ConfigError
 from aioq.job import Claim, Job
 
-__all__ = ("Connection", "Executor", "Store")
+if TYPE_CHECKING:  # only for the annotations: SQLAlchemy is imported when a caller passes it
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+__all__ = ("Connection", "Executor", "Store", "Target", "executor")
 
 Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 """A connection the caller owns: ``defer`` runs on it, inside its transaction."""
 
 Executor: TypeAlias = asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool
 """Anything that runs a statement: a connection, or a pool that lends one for it."""
+
+Target: TypeAlias = "Executor | AsyncConnection | AsyncSession"
+"""What ``defer`` and the admin functions accept: an asyncpg connection or pool, or a SQLAlchemy
+``AsyncConnection`` / ``AsyncSession`` on the asyncpg driver (its connection and transaction)."""
+
+_ASYNCPG = (asyncpg.Connection, PoolConnectionProxy, asyncpg.Pool)
+
+# Adapters for other libraries' connection objects, by the top-level package of their class;
+# imported only when such an object arrives, so ``import aioq`` never loads the library.
+_ADAPTERS = {"sqlalchemy": "aioq.contrib.sqlalchemy"}
+
+
+async def executor(target: Target) -> Executor:
+    """Return the asyncpg connection or pool to run statements on for ``target``."""
+    if isinstance(target, _ASYNCPG):
+        return target
+    # By the class or a base: an application's own AsyncSession subclass lives in its module.
+    packages = (cls.__module__.partition(".")[0] for cls in type(target).__mro__)
+    adapter = next((_ADAPTERS[p] for p in packages if p in _ADAPTERS), None)
+    if adapter is None:
+        raise ConfigError(
+            "conn",
+            f"got {type(target).__module__}.{type(target).__qualname__}; expected an asyncpg"
+            " Connection or Pool, or a SQLAlchemy AsyncConnection or AsyncSession on the"
+            " asyncpg driver",
+        )
+    resolve = importlib.import_module(adapter).executor
+    return await resolve(target)  # type: ignore[no-any-return]
 
 
 TABLE_DEFAULTS = (0, 5, 30.0)
@@ -60,6 +93,8 @@ class Store:
         self._cancel = render(q.CANCEL_PENDING)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
+        self._ready_queues = render(q.READY_QUEUES)
+        self._waiting = render(q.WAITING_JOBS)
         self._get_archived = render(q.GET_ARCHIVED_JOB)
         self._list_archived = render(q.LIST_ARCHIVED_JOBS)
         self._archive_in_use = render(q.ARCHIVE_IN_USE)
@@ -85,15 +120,16 @@ class Store:
         max_attempts: int,
         lease: float,
         unique_key: str | None,
+        traceparent: str | None = None,
     ) -> int | None:
         """Insert one job and return its id (with a unique_key: the live job's id, or None)."""
+        values = (queue, task, args, priority, run_at, delay, max_attempts, lease, traceparent)
         if unique_key is None:
-            if (priority, max_attempts, lease) == TABLE_DEFAULTS and run_at is None and not delay:
+            lean = traceparent is None and run_at is None and not delay
+            if lean and (priority, max_attempts, lease) == TABLE_DEFAULTS:
                 # The lean statement: a third of the parameters to encode, send and bind.
                 return await conn.fetchval(self._insert_default, queue, task, args)  # type: ignore[no-any-return]
-            values = (queue, task, args, priority, run_at, delay, max_attempts, lease)
             return await conn.fetchval(self._insert, *values)  # type: ignore[no-any-return]
-        values = (queue, task, args, priority, run_at, delay, max_attempts, lease)
         return await conn.fetchval(self._insert_unique, *values, unique_key)  # type: ignore[no-any-return]
 
     async def insert_many(
@@ -108,10 +144,12 @@ class Store:
         delay: float,
         max_attempts: int,
         lease: float,
+        traceparent: str | None = None,
     ) -> list[int]:
         """Insert many jobs of one task in one statement and return their ids in order."""
         rows = await conn.fetch(
-            self._insert_many, queue, task, priority, run_at, delay, max_attempts, lease, args
+            self._insert_many,
+            *(queue, task, priority, run_at, delay, max_attempts, lease, args, traceparent),
         )
         return [row[0] for row in rows]
 
@@ -298,3 +336,11 @@ class Store:
         """Delete these jobs if they are still pending; return the ids deleted."""
         rows = await conn.fetch(self._cancel, list(ids))
         return sorted(row[0] for row in rows)
+
+    async def ready_queues(self, conn: Executor) -> Sequence[str]:
+        """Return the queues holding a job that is ready to run now."""
+        return [row[0] for row in await conn.fetch(self._ready_queues)]
+
+    async def waiting(self, conn: Executor, task: str) -> Sequence[asyncpg.Record]:
+        """Return a task's pending jobs (due or scheduled), oldest first."""
+        return await conn.fetch(self._waiting, task)

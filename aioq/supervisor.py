@@ -103,11 +103,18 @@ class Supervisor:
     def _start(self, slot: _Slot) -> None:
         env = dict(self.env if self.env is not None else os.environ)
         env[PROCESS_INDEX_ENV] = str(slot.index)  # e.g. to give each child its own metrics port
-        slot.proc = subprocess.Popen(
-            list(self.command),
-            env=env,
-            process_group=0,  # keep the terminal's Ctrl-C away: we forward signals ourselves
-        )
+        # The child starts with the stop signals blocked (the mask survives exec) and unblocks
+        # them once its handler is in place: a stop that arrives while it is still importing
+        # waits for the handler instead of killing it by the default action.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            slot.proc = subprocess.Popen(
+                list(self.command),
+                env=env,
+                process_group=0,  # keep the terminal's Ctrl-C away: we forward signals ourselves
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         slot.started = time.monotonic()
         slot.restart_at = None
         logger.info("started child %d (pid %d)", slot.index, slot.proc.pid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -10,12 +11,12 @@ from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
-from aioq import queries
+from aioq import hooks, queries
 from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError
-from aioq.store import Connection, Store
+from aioq.store import Executor, Store, Target, executor
 
 __all__ = ("Backoff", "Registry", "Task", "TaskCall", "default_registry", "task")
 
@@ -92,6 +93,7 @@ def _seconds(name: str, value: float | timedelta) -> float:
 
 
 _FITTING_NAMES_CACHED = 64
+_NO_HOOK = contextlib.nullcontext()
 
 
 class Task(Generic[P, R]):
@@ -209,13 +211,11 @@ class Task(Generic[P, R]):
         changes = {k: v for k, v in changes.items() if v is not None}
         return TaskCall(self, replace(self.defaults, **changes))
 
-    async def defer(self, conn: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int:
-        """Enqueue a call on the caller's connection, inside its transaction; return the job id."""
+    async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         return await TaskCall(self, self.defaults).defer(conn, *args, **kwargs)
 
-    async def defer_many(
-        self, conn: Connection, calls: Iterable[Mapping[str, object]], /
-    ) -> list[int]:
+    async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         return await TaskCall(self, self.defaults).defer_many(conn, calls)
 
@@ -227,10 +227,21 @@ class TaskCall(Generic[P]):
     task: Task[P, Any]
     opts: JobOptions
 
-    async def defer(self, conn: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int:
-        """Enqueue a call on the caller's connection, inside its transaction; return the job id."""
+    async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         task, opts = self.task, self.opts
         encoded = encode_args(task.name, task.bind(args, kwargs))
+        conn = await executor(conn)
+        if not hooks.observers:
+            return await self._insert(conn, encoded, None)
+        deferral = hooks.Deferral(task.name, opts.queue, 1)
+        with hooks.deferring(deferral):
+            job_id = await self._insert(conn, encoded, deferral.traceparent)
+            deferral.ids = (job_id,)
+            return job_id
+
+    async def _insert(self, conn: Executor, encoded: str, traceparent: str | None) -> int:
+        task, opts = self.task, self.opts
         store = Store.for_schema(task.registry.schema)
         for _ in range(10):
             job_id = await store.insert(
@@ -244,15 +255,14 @@ class TaskCall(Generic[P]):
                 max_attempts=opts.max_attempts,
                 lease=opts.lease,
                 unique_key=opts.unique_key,
+                traceparent=traceparent,
             )
             if job_id is not None:
                 return job_id
             # The live job holding our unique_key finished between the conflict and the read.
         raise DeferError(task.name, f"unique_key {opts.unique_key!r} kept changing owner")
 
-    async def defer_many(
-        self, conn: Connection, calls: Iterable[Mapping[str, object]], /
-    ) -> list[int]:
+    async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         task, opts = self.task, self.opts
         if opts.unique_key is not None:
@@ -260,17 +270,22 @@ class TaskCall(Generic[P]):
         encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
         if not encoded:
             return []
-        return await Store.for_schema(task.registry.schema).insert_many(
-            conn,
-            queue=opts.queue,
-            task=task.name,
-            args=encoded,
-            priority=opts.priority,
-            run_at=opts.run_at,
-            delay=opts.delay,
-            max_attempts=opts.max_attempts,
-            lease=opts.lease,
-        )
+        conn = await executor(conn)
+        deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            deferral.ids = await Store.for_schema(task.registry.schema).insert_many(
+                conn,
+                queue=opts.queue,
+                task=task.name,
+                args=encoded,
+                priority=opts.priority,
+                run_at=opts.run_at,
+                delay=opts.delay,
+                max_attempts=opts.max_attempts,
+                lease=opts.lease,
+                traceparent=deferral.traceparent,
+            )
+            return list(deferral.ids)
 
 
 class Registry:

@@ -33,7 +33,8 @@ def test_every_error_derives_from_the_root() -> None:
 def test_importing_aioq_pulls_in_no_optional_dependency() -> None:
     code = (
         "import sys, aioq\n"
-        "loaded = [m for m in ('prometheus_client', 'fastapi', 'starlette', 'httpx')"
+        "loaded = [m for m in ('prometheus_client', 'fastapi', 'starlette', 'httpx', 'sqlalchemy',"
+        " 'opentelemetry', 'psycopg', 'pytest', 'aioq.contrib', 'aioq.testing')"
         " if m in sys.modules]\n"
         "print(','.join(loaded))"
     )

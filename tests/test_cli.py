@@ -366,6 +366,20 @@ def test_log_level_warning_drops_the_per_job_lines_but_keeps_dead_jobs(
     assert dead["job_id"] == unknown["id"]
 
 
+def test_a_stop_signal_while_children_are_still_starting_stops_them_cleanly(
+    task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    # SIGTERM as soon as the second child is started: the children are still importing, so
+    # without the blocked start-up mask the default action killed them ("killed by SIGTERM").
+    proc = spawn("worker", "clitasks", "--processes", "2", cwd=task_dir)
+    assert proc.stderr is not None
+    wait_for(lambda: "started child 1" in proc.stderr.readline(), what="the second child")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "killed by" not in stderr, stderr
+
+
 def test_second_signal_stops_at_once_and_releases_the_job(
     dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
 ) -> None:

@@ -162,6 +162,9 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         **_worker_options(args),
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # A supervisor starts its children with these blocked (see Supervisor._start): a
+        # signal held back while we imported is delivered now, to the receiver.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
         async with anyio.create_task_group() as tg:
 
             async def on_signals() -> None:

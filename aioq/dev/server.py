@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
@@ -64,10 +64,16 @@ class EmbeddedPostgres:
         fsync: bool = True,
         port: int | None = None,
         search_path: Sequence[str | os.PathLike[str]] | None = None,
+        standby_of: EmbeddedPostgres | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         if port is not None and not 0 < port < 65536:
             raise ConfigError("port", f"must be between 1 and 65535, got {port}")
+        if standby_of is not None and search_path is None:
+            search_path = (standby_of.bin_dir,)  # the primary's PostgreSQL: a base backup needs it
         self._fsync = fsync
+        self._standby_of = standby_of
+        self._settings = dict(settings or {})
         self._requested_port = port
         self._search_path = None if search_path is None else tuple(search_path)
         self._lock = threading.RLock()
@@ -128,14 +134,10 @@ class EmbeddedPostgres:
             check_reachable(root, self._user, "set TMPDIR to a directory like /tmp")
         os.chmod(root, 0o700)
         self._data_dir = root / "data"
-        initdb = [
-            str(self.bin_dir / "initdb"),
-            "-D", str(self._data_dir),
-            "--auth=trust", "-U", SUPERUSER, "-E", "UTF8", "--no-locale",
-        ]  # fmt: skip
-        if not self._fsync:
-            initdb.append("--no-sync")
-        self._check("initdb", self._run(initdb, timeout=INITDB_TIMEOUT))
+        if self._standby_of is not None:
+            self._base_backup(self._standby_of)
+        else:
+            self._initdb()
         for attempt in range(1, PORT_ATTEMPTS + 1):
             self._port = self._requested_port or free_port()
             result = self._run(self._pg_ctl("start"), timeout=START_TIMEOUT + 10)
@@ -153,6 +155,45 @@ class EmbeddedPostgres:
             self._data_dir,
             self._user.name if self._user else "the current user",
         )
+
+    def _initdb(self) -> None:
+        initdb = [
+            str(self.bin_dir / "initdb"),
+            "-D", str(self.data_dir),
+            "--auth=trust", "-U", SUPERUSER, "-E", "UTF8", "--no-locale",
+        ]  # fmt: skip
+        if not self._fsync:
+            initdb.append("--no-sync")
+        self._check("initdb", self._run(initdb, timeout=INITDB_TIMEOUT))
+
+    def _base_backup(self, primary: EmbeddedPostgres) -> None:
+        """Copy a running primary into our data directory, set up to stream from it (-R)."""
+        backup = [
+            str(self.bin_dir / "pg_basebackup"),
+            "-h", HOST, "-p", str(primary.port), "-U", SUPERUSER,
+            "-D", str(self.data_dir), "-X", "stream", "-R", "--checkpoint=fast",
+        ]  # fmt: skip
+        if not self._fsync:
+            backup.append("--no-sync")
+        self._check("pg_basebackup", self._run(backup, timeout=INITDB_TIMEOUT))
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``) and wait until it accepts writes."""
+        with self._lock:
+            command = [
+                str(self.bin_dir / "pg_ctl"), "promote", "-D", str(self.data_dir),
+                "-w", "-t", f"{START_TIMEOUT:g}", "-s",
+            ]  # fmt: skip
+            self._check("pg_ctl promote", self._run(command, timeout=START_TIMEOUT + 10))
+            log.info("promoted PostgreSQL at %s to primary", self.dsn)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its backends at once, as a crash would (``stop`` cleans up)."""
+        with self._lock:
+            pid = self._postmaster_pid()
+            if pid is not None:
+                self._kill(pid)
+                log.info("killed PostgreSQL postmaster %d (port %s)", pid, self._port)
 
     def restart(self) -> None:
         """Restart the server (``pg_ctl restart -m fast``) and wait until it is ready again."""
@@ -185,6 +226,8 @@ class EmbeddedPostgres:
         pid = self._postmaster_pid()
         if pid is None:
             return  # initdb failed or the server never got as far as its pid file
+        if not pid_alive(pid):
+            return  # killed (kill()): nothing to stop
         for mode in ("fast", "immediate"):
             command = [
                 str(self.bin_dir / "pg_ctl"), "stop", "-D", str(self.data_dir),
@@ -233,6 +276,8 @@ class EmbeddedPostgres:
         if not self._fsync:
             options += ["-c", "fsync=off", "-c", "synchronous_commit=off"]
             options += ["-c", "full_page_writes=off"]
+        for name, value in self._settings.items():  # after the defaults: the last one wins
+            options += ["-c", f"{name}={value}"]
         return [
             str(self.bin_dir / "pg_ctl"), action, *extra,
             "-D", str(self.data_dir), "-l", str(root / "postgres.log"),

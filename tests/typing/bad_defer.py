@@ -7,6 +7,7 @@ checks that exactly the marked lines are reported.
 from __future__ import annotations
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 import aioq
 
@@ -39,3 +40,15 @@ async def main(conn: asyncpg.Connection) -> None:
     name: str = await send.defer(conn, order_id=1)  # error: [assignment] defer returns the id
     notify(user=1)  # error: [arg-type] a direct call is checked too
     print(name)
+
+
+async def other_targets(
+    pool: asyncpg.Pool, session: AsyncSession, sa_conn: AsyncConnection
+) -> None:
+    """The task's arguments are checked on every kind of connection."""
+    await send.defer(pool, order_id="x")  # error: [arg-type] on a pool
+    await send.defer(session, orderid=1)  # error: [call-arg] on a session
+    await send.defer(sa_conn)  # error: [call-arg] on a SQLAlchemy connection
+    await send.options(priority=1).defer(session, order_id=[1])  # error: [arg-type] options
+    await send.defer_many(session, {"order_id": 1})  # error: [dict-item] on a session
+    await send.defer("postgresql://", order_id=1)  # error: [arg-type] not a connection

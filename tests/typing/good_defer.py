@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 import aioq
 
@@ -33,3 +34,18 @@ async def main(conn: asyncpg.Connection) -> None:
     await notify.options(queue="other").defer(conn, "bob")
     assert notify(user="direct") is False
     assert ids
+
+
+async def other_targets(
+    pool: asyncpg.Pool, session: AsyncSession, sa_conn: AsyncConnection
+) -> None:
+    """A pool, a SQLAlchemy session and a SQLAlchemy connection are accepted wherever a
+    connection is."""
+    await send.defer(pool, order_id=1)
+    await send.defer(session, order_id=1, note="in the session's transaction")
+    await send.defer(sa_conn, 3)
+    await send.options(queue="q").defer(session, order_id=2)
+    await send.defer_many(session, [{"order_id": 5}])
+    job = await aioq.get_job(session, 1)
+    jobs = await aioq.list_jobs(sa_conn, status="dead")
+    assert job is None or jobs

@@ -1,0 +1,1 @@
+"""Integrations that import a third-party library, each loaded only when used."""

@@ -1,0 +1,57 @@
+"""Run aioq's statements on a SQLAlchemy ``AsyncSession`` or ``AsyncConnection``.
+
+``defer(session, ...)`` must join the session's transaction, so that a rollback leaves no job.
+SQLAlchemy's asyncpg adapter opens its driver-level transaction lazily, at the first statement it
+runs itself; a job inserted straight on the driver connection before that would commit on its
+own. So the first time, a trivial statement goes through SQLAlchemy (which begins exactly as it
+would for the caller's own first query), and from then on aioq uses the asyncpg connection
+underneath. aioq binds arguments as text and reads jsonb back as text, so the JSON codecs
+SQLAlchemy installs on that connection never touch aioq's values.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from aioq.errors import ConfigError
+
+__all__ = ("executor",)
+
+SUPPORTED = (
+    "aioq runs on asyncpg: use an engine URL of the form 'postgresql+asyncpg://...'"
+    " (install 'aioq-pg[sqlalchemy]'), or pass an asyncpg Connection or Pool"
+)
+
+
+async def executor(target: AsyncSession | AsyncConnection) -> asyncpg.Connection:
+    """Return the asyncpg connection of ``target``, inside its current transaction."""
+    if isinstance(target, AsyncSession):
+        if target.bind is not None:  # refuse before connecting through the wrong driver
+            check_driver(target.bind.dialect.driver)
+        conn = await target.connection()  # begins the session's transaction if none yet
+    elif isinstance(target, AsyncConnection):
+        conn = target
+    else:
+        raise ConfigError(
+            "conn", f"expected a SQLAlchemy AsyncSession or AsyncConnection, got {target!r}"
+        )
+    check_driver(conn.dialect.driver)
+    raw = await conn.get_raw_connection()
+    driver = raw.driver_connection
+    if not isinstance(driver, asyncpg.Connection):
+        raise ConfigError(
+            "conn", f"a SQLAlchemy connection without asyncpg underneath; {SUPPORTED}"
+        )
+    if not driver.is_in_transaction():
+        # Let SQLAlchemy begin (autobegin for a connection, BEGIN on the driver); in autocommit
+        # isolation it begins nothing and the job commits at once, as the caller's own would.
+        await conn.execute(text("SELECT 1"))
+    return driver
+
+
+def check_driver(driver: str | None) -> None:
+    """Raise a ConfigError naming what is supported unless the driver is asyncpg."""
+    if driver != "asyncpg":
+        raise ConfigError("conn", f"a SQLAlchemy session on the {driver!r} driver; {SUPPORTED}")

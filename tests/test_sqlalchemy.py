@@ -1,0 +1,184 @@
+"""defer() and the admin functions on SQLAlchemy sessions and connections, and on an asyncpg pool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+
+import aioq
+from examples.fastapi_sqlalchemy import asyncpg_url, create_app
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def engine(dsn: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_async_engine(asyncpg_url(dsn))
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture
+def send(registry: aioq.Registry) -> aioq.Task[[int, str], None]:
+    @registry.task(queue="mail")
+    async def send(order_id: int, note: str = "") -> None:
+        pass
+
+    return send
+
+
+async def test_session_rollback_leaves_no_job_even_when_defer_is_its_first_statement(
+    engine: AsyncEngine, conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
+) -> None:
+    # Nothing has run on the session yet: SQLAlchemy's driver-level BEGIN is still to come.
+    async with AsyncSession(engine) as session:
+        await send.defer(session, order_id=1)
+        await session.rollback()
+    async with AsyncSession(engine) as session:
+        with pytest.raises(RuntimeError, match="boom"):  # noqa: PT012 (the raise is the point)
+            async with session.begin():
+                await send.defer(session, order_id=2)
+                raise RuntimeError("boom")
+    assert await aioq.list_jobs(conn) == []
+
+
+class AppSession(AsyncSession):
+    """An application's own session class, defined outside SQLAlchemy's modules."""
+
+
+async def test_session_commit_writes_the_job_with_the_row(
+    engine: AsyncEngine, conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
+) -> None:
+    await conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY)")
+    async with AppSession(engine) as session, session.begin():
+        await session.execute(text("INSERT INTO orders VALUES (7)"))
+        job_id = await send.defer(session, order_id=7, note="hi")
+        # Not visible outside the transaction until it commits.
+        assert await aioq.get_job(conn, job_id) is None
+    job = await aioq.get_job(conn, job_id)
+    assert job is not None
+    assert (job.task, job.queue) == (send.name, "mail")
+    assert orjson.loads(job.args) == {"order_id": 7, "note": "hi"}
+    assert await conn.fetchval("SELECT count(*) FROM orders") == 1
+
+
+async def test_connection_savepoints_options_defer_many_and_admin_functions(
+    engine: AsyncEngine, conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
+) -> None:
+    async with engine.connect() as sa_conn:
+        first = await send.options(priority=5, queue="urgent").defer(sa_conn, order_id=1)
+        nested = await sa_conn.begin_nested()
+        await send.defer(sa_conn, order_id=2)
+        await nested.rollback()  # the savepoint's job goes, the outer one stays
+        many = await send.defer_many(sa_conn, [{"order_id": 3}, {"order_id": 4}])
+        # The admin functions see the uncommitted jobs on the same transaction.
+        listed = await aioq.list_jobs(sa_conn)
+        assert [job.id for job in listed] == [first, *many]
+        assert await aioq.cancel_jobs(sa_conn, [many[0]]) == [many[0]]
+        job = await aioq.get_job(sa_conn, first)
+        assert job is not None
+        assert (job.priority, job.queue) == (5, "urgent")
+        assert (await aioq.stats(sa_conn)).queues
+        await sa_conn.commit()
+    assert [job.id for job in await aioq.list_jobs(conn)] == [first, many[1]]
+
+
+async def test_jsonb_read_through_sqlalchemys_codecs(
+    engine: AsyncEngine, send: aioq.Task[[int, str], None]
+) -> None:
+    # SQLAlchemy installs its own jsonb codec on the asyncpg connection; aioq's values must not
+    # go through it in either direction.
+    async with AsyncSession(engine) as session, session.begin():
+        job_id = await send.defer(session, order_id=1, note='quote " and é')
+        stored = await session.scalar(
+            text("SELECT args FROM aioq.jobs WHERE id = :id"), {"id": job_id}
+        )
+        assert stored == {"order_id": 1, "note": 'quote " and é'}  # decoded by SQLAlchemy
+        job = await aioq.get_job(session, job_id)
+        assert job is not None
+        assert isinstance(job.args, str)  # aioq reads the text, not SQLAlchemy's decoded value
+        assert orjson.loads(job.args) == stored
+
+
+async def test_pool_defers_in_its_own_transaction(
+    dsn: str, conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
+) -> None:
+    async with asyncpg.create_pool(dsn, min_size=1, max_size=2) as pool:
+        job_id = await send.defer(pool, order_id=1)
+        ids = await send.defer_many(pool, [{"order_id": 2}])
+        again = await send.options(unique_key="k").defer(pool, order_id=3)
+        assert await send.options(unique_key="k").defer(pool, order_id=4) == again
+        assert [job.id for job in await aioq.list_jobs(pool)] == [job_id, *ids, again]
+    assert len(await aioq.list_jobs(conn)) == 3  # committed
+
+
+async def test_other_drivers_and_objects_get_a_clear_error_and_write_nothing(
+    dsn: str, conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
+) -> None:
+    psycopg_engine = create_async_engine(asyncpg_url(dsn).replace("+asyncpg", "+psycopg"))
+    try:
+        async with AsyncSession(psycopg_engine) as session:
+            with pytest.raises(aioq.ConfigError, match=r"'psycopg' driver.*postgresql\+asyncpg"):
+                await send.defer(session, order_id=1)
+        async with psycopg_engine.connect() as sa_conn:
+            with pytest.raises(aioq.ConfigError, match="asyncpg"):
+                await aioq.list_jobs(sa_conn)
+    finally:
+        await psycopg_engine.dispose()
+    with pytest.raises(aioq.ConfigError, match=r"conn: got builtins\.str; expected an asyncpg"):
+        await send.defer("postgresql://nope", order_id=1)  # type: ignore[arg-type]
+    assert await aioq.list_jobs(conn) == []
+
+
+def test_importing_aioq_and_deferring_on_asyncpg_loads_no_sqlalchemy() -> None:
+    code = (
+        "import sys, aioq, aioq.store\n"
+        "assert 'sqlalchemy' not in sys.modules and 'aioq.contrib.sqlalchemy' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def wait_for(client: TestClient, predicate: str, **expected: int) -> dict[str, int]:
+    deadline = time.monotonic() + 30  # hang guard
+    counts: dict[str, int] = client.get("/counts").json()
+    while any(counts[k] != v for k, v in expected.items()):
+        assert time.monotonic() < deadline, f"{predicate}: {counts}"
+        time.sleep(0.05)
+        counts = client.get("/counts").json()
+    return counts
+
+
+def test_fastapi_sqlalchemy_example_commit_rollback_and_exception_in_begin(dsn: str) -> None:
+    with TestClient(create_app(dsn, concurrency=2)) as client:
+        ok = client.post("/signup", json={"email": "ada@example.org"})
+        assert ok.status_code == 201, ok.text
+        assert ok.json()["committed"] is True
+        wait_for(client, "the committed signup's welcome", users=1, welcomes=1, jobs=0)
+
+        # Rolled back on purpose, after the flush and the defer.
+        dry = client.post("/signup", json={"email": "bob@example.org", "dry_run": True})
+        assert dry.status_code == 201
+        assert dry.json()["committed"] is False
+        # An exception raised inside session.begin() after the defer.
+        blocked = client.post("/signup", json={"email": "eve@spam.example"})
+        assert blocked.status_code == 422, blocked.text
+        # The flush fails inside session.begin(): the email is taken.
+        taken = client.post("/signup", json={"email": "ada@example.org"})
+        assert taken.status_code == 409, taken.text
+        # A committed job after the failures proves the worker was free to run any leftovers.
+        user_id = ok.json()["user_id"]
+        resent = client.post(f"/resend/{user_id}")
+        assert resent.status_code == 202, resent.text
+        # A job deferred in a rolled-back transaction that had leaked would be in the queue for
+        # good: its user does not exist, so the welcome fails on the foreign key and retries.
+        counts = wait_for(client, "the resent welcome", jobs=0)
+        assert counts == {"users": 1, "welcomes": 1, "jobs": 0}

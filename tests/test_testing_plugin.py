@@ -1,0 +1,215 @@
+"""The pytest plugin for users, run as users run it: pytest in a subprocess on their test files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+import aioq
+import aioq.testing
+from aioq.testing import plugin
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.anyio
+
+
+def run_pytest(
+    directory: Path, *args: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args, str(directory)],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_readme_example_passes_on_an_embedded_server_in_a_fresh_pytest() -> None:
+    # As a user runs it: nothing set but the plugin, installed through its entry point.
+    env = {k: v for k, v in os.environ.items() if k not in ("AIOQ_TEST_DSN", "AIOQ_DSN")}
+    result = run_pytest(ROOT / "examples" / "testing", "-W", "error", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout
+    # The README shows this very test file.
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "testing" / "test_shop.py").read_text()
+    body = example.split('"""', 2)[2].strip()  # without the module docstring
+    assert body in readme
+
+
+USER_TESTS = """
+import anyio
+import pytest
+
+import aioq
+import aioq.testing
+
+pytestmark = pytest.mark.anyio
+runs = []
+conns = []  # the test's connection, for the task that defers another
+
+
+@aioq.task(queue="q1")
+async def first(n: int) -> None:
+    runs.append(("first", n))
+    await second.defer(conns[-1], n=n + 1)
+
+
+@aioq.task(queue="q2")
+async def second(n: int) -> None:
+    runs.append(("second", n))
+
+
+@aioq.task(max_attempts=1)
+async def broken() -> None:
+    raise ValueError("broken on purpose")
+
+
+@aioq.task
+async def sleepy() -> None:
+    if aioq.current_job().attempt == 1 and "snoozed" not in runs:
+        runs.append("snoozed")
+        raise aioq.Retry(0)
+
+
+@aioq.task
+async def forever() -> None:
+    raise aioq.Retry(0)
+
+
+@pytest.fixture
+async def conn_for_tasks(aioq_conn):
+    conns.append(aioq_conn)
+
+
+def test_sync_tests_get_a_dsn_with_the_schema(aioq_dsn):
+    assert aioq_dsn.startswith("postgresql://")
+
+
+async def test_a_defers(aioq_conn):
+    await first.defer(aioq_conn, n=1)
+    assert [job.args for job in await aioq.testing.deferred(aioq_conn, first)] == [{"n": 1}]
+
+
+async def test_b_starts_from_a_fresh_schema(aioq_conn):
+    assert await aioq.testing.deferred(aioq_conn, first) == []
+    assert await aioq.list_jobs(aioq_conn) == []
+
+
+async def test_drain_follows_jobs_into_other_queues(aioq_conn, aioq_drain, conn_for_tasks):
+    await first.defer(aioq_conn, n=1)
+    ran = await aioq_drain()
+    assert [(r.task, r.queue, r.args, r.outcome) for r in ran] == [
+        (first.name, "q1", {"n": 1}, "succeeded"),
+        (second.name, "q2", {"n": 2}, "succeeded"),
+    ]
+    assert ("second", 2) in runs
+    assert await aioq_drain() == []  # nothing left
+
+
+async def test_drain_reports_dead_and_snoozed(aioq_conn, aioq_drain):
+    await broken.defer(aioq_conn)
+    await sleepy.defer(aioq_conn)
+    ran = await aioq_drain(aioq.default_registry)
+    outcomes = sorted((r.task.rsplit(".", 1)[1], r.outcome) for r in ran)
+    assert outcomes == [("broken", "dead"), ("sleepy", "snoozed"), ("sleepy", "succeeded")]
+    dead = next(r for r in ran if r.outcome == "dead")
+    assert dead.error.startswith("ValueError: broken on purpose")
+    assert not dead.succeeded
+
+
+async def test_a_task_that_never_finishes_stops_the_drain(aioq_conn, aioq_drain):
+    await forever.defer(aioq_conn)
+    with pytest.raises(aioq.testing.DrainError, match="max_runs=5"):
+        await aioq_drain(max_runs=5)
+
+
+async def test_the_worker_fixture_runs_jobs(aioq_conn, aioq_worker, conn_for_tasks):
+    await first.defer(aioq_conn, n=10)
+    with anyio.fail_after(30):
+        while ("second", 11) not in runs:
+            await anyio.sleep(0.02)
+    assert aioq_worker.registry is aioq.default_registry
+"""
+
+
+@pytest.mark.timeout(300)
+def test_user_tests_against_aioq_test_dsn(admin_dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\nxfail_strict = true\n")
+    env = {**os.environ, "AIOQ_TEST_DSN": admin_dsn}
+    before = anyio.run(databases, admin_dsn)
+    result = run_pytest(tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "7 passed" in result.stdout
+    assert anyio.run(databases, admin_dsn) == before  # the session's database was dropped
+
+
+async def databases(dsn: str) -> set[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {row[0] for row in await conn.fetch("SELECT datname FROM pg_database")}
+    finally:
+        await conn.close()
+
+
+def test_every_plugin_fixture_is_prefixed_so_it_cannot_shadow_a_projects_own() -> None:
+    fixtures = [
+        name
+        for name, value in vars(plugin).items()
+        if type(value).__name__ == "FixtureFunctionDefinition"
+    ]
+    assert sorted(fixtures) == sorted(plugin.__all__)
+    assert all(name.startswith("aioq_") for name in fixtures)
+
+
+async def test_deferred_lists_waiting_jobs_with_arguments_on_any_target(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task(queue="mail")
+    async def mail(to: str, tags: list[str]) -> None:
+        pass
+
+    @registry.task
+    async def other() -> None:
+        pass
+
+    now = await mail.defer(conn, to="a@x", tags=["welcome"])
+    later = await mail.options(delay=3600, priority=2).defer(conn, to="b@x", tags=[])
+    await other.defer(conn)
+    waiting = await aioq.testing.deferred(conn, mail)
+    assert [(w.id, w.args, w.priority, w.queue) for w in waiting] == [
+        (now, {"to": "a@x", "tags": ["welcome"]}, 0, "mail"),
+        (later, {"to": "b@x", "tags": []}, 2, "mail"),
+    ]
+    async with asyncpg.create_pool(dsn, min_size=1, max_size=1) as pool:
+        assert await aioq.testing.deferred(pool, mail) == waiting
+
+
+async def test_drain_runs_each_ready_job_once_and_leaves_scheduled_ones(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    seen: list[int] = []
+
+    @registry.task(queue="a")
+    async def count(n: int) -> None:
+        seen.append(n)
+
+    ids = await count.defer_many(conn, [{"n": n} for n in range(20)])
+    scheduled = await count.options(delay=3600).defer(conn, n=99)
+    ran = await aioq.testing.drain(dsn, registry, concurrency=4)
+    assert sorted(r.id for r in ran) == ids
+    assert sorted(seen) == list(range(20))
+    assert {r.outcome for r in ran} == {"succeeded"}
+    assert [w.id for w in await aioq.testing.deferred(conn, count)] == [scheduled]

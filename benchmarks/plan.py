@@ -178,7 +178,7 @@ def plan_workload(
     base = ["--scenario", scenario]
     pg = [s for s in names if s in systems.POSTGRES]
     if scenario == "defer_conc":
-        seconds = 1.0 if quick else 2.0
+        seconds = 1.0 if quick else 1.5
         return [
             Cell(
                 scenario,
@@ -206,11 +206,11 @@ def plan_workload(
     if scenario == "payload":
         cells = []
         for kb in PAYLOAD_KB:
-            n = (2_000 if quick else 5_000) if kb <= 4 else (300 if quick else 1_000)
+            n = (2_000 if quick else 5_000) if kb <= 4 else (200 if quick else 400)
             for s in pg:
                 argv = ["--system", s, *base, "--n", str(n), "--payload-kb", str(kb)]
-                argv += ["--limit", "20"]
-                cells.append(Cell(scenario, s, argv, 180, {"payload_kb": kb}))
+                argv += ["--limit", "10" if quick else "15"]
+                cells.append(Cell(scenario, s, argv, 150, {"payload_kb": kb}))
         return cells
     if scenario == "backlog":
         n = 100_000 if quick else 1_000_000

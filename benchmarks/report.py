@@ -671,7 +671,8 @@ METHOD = [
     "row into `bare.jobs`, a copy of aioq's jobs table (columns, defaults, indexes, storage "
     "settings) without the doorbell trigger.",
     "- defer_conc: k connections (1, 16, 64) each deferring one job per transaction in a loop "
-    "for 2 s, after 5 warm-up calls each; jobs/s = all jobs / elapsed. No worker runs.",
+    "for 1.5 s (2 s in the 13:49 run), after 5 warm-up calls each; jobs/s = all jobs / "
+    "elapsed. No worker runs.",
     "- io_bound: a backlog of concurrency / 0.05 × 1.5 s jobs, preloaded through the bulk API; "
     "each task awaits `asyncio.sleep(0.05)`; the clock runs from the worker's start to the last "
     "task's end. Peers: the PostgreSQL ones that run a worker in this process at these "

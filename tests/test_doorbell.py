@@ -133,7 +133,8 @@ async def test_a_busy_worker_is_not_rung(
         started.append(n)
         await release.wait()
 
-    async with make_worker(poll_interval=SLOW_POLL, concurrency=2):
+    # No claiming ahead: with both consumers busy, the worker has no free slot at all.
+    async with make_worker(poll_interval=SLOW_POLL, concurrency=2, prefetch=0):
         await until(lambda: _armed_once(conn), "the worker to arm the doorbell")
         first = [await hold.defer(conn, n=n) for n in range(2)]
         with anyio.fail_after(HANG_GUARD):

@@ -27,7 +27,9 @@ from aioq.errors import (
     UnknownTaskError,
 )
 from aioq.job import Job, JobContext, JobStatus, current_job
+from aioq.limits import QueueInfo, queues, set_queue
 from aioq.migrate import install, schema_sql
+from aioq.schedule import Schedule, periodic
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
 
@@ -45,9 +47,11 @@ __all__ = (
     "JobControl",
     "JobStatus",
     "PayloadError",
+    "QueueInfo",
     "QueueStats",
     "Registry",
     "Retry",
+    "Schedule",
     "SchemaError",
     "SerializationError",
     "ServerError",
@@ -66,9 +70,12 @@ __all__ = (
     "get_job",
     "install",
     "list_jobs",
+    "periodic",
     "purge_dead",
+    "queues",
     "retry_dead",
     "schema_sql",
+    "set_queue",
     "stats",
     "task",
 )

@@ -6,6 +6,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,8 @@ class Completer(Service):
         self.batch_size = batch_size
         self.max_pending = max_pending
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
+        # Called with each group of outcomes once written (queue limits: room again).
+        self.on_written: Callable[[list[Outcome]], None] | None = None
         self.pending: list[Outcome] = []
         self._unsure: set[ClaimKey] = set()  # claims whose write failed: maybe written
         self._dropped: set[ClaimKey] = set()  # outcomes the server refused, already logged
@@ -138,6 +141,8 @@ class Completer(Service):
                     if hooks.observers:  # aioq.hooks: tracing, the test drain
                         mine = [(o.claim, o.error) for o in group if o.claim.id in kept]
                         hooks.settled(self.worker_id, kind.value, mine, start_ns, time.time_ns())
+                    if self.on_written is not None:
+                        self.on_written(group)
             finally:
                 if len(written) == len(batch):
                     del self.pending[: len(batch)]

@@ -145,6 +145,7 @@ class Consumer:
                 queue=claim.queue,
                 worker_id=self.worker_id,
                 snoozes=claim.snoozes,
+                scheduled_at=claim.scheduled_at,
             )
         )
         try:

@@ -92,6 +92,7 @@ class Claim:
     waited: float  # seconds from run_at to the claim
     traceparent: str | None = None  # W3C trace context of the defer (aioq.contrib.otel)
     snoozes: int = 0  # how many times the job raised aioq.Retry before this claim
+    scheduled_at: datetime | None = None  # the tick of a periodic job
 
     @property
     def key(self) -> ClaimKey:
@@ -114,6 +115,7 @@ class Claim:
             waited=max(0.0, row["waited"] or 0.0),
             traceparent=row["traceparent"],
             snoozes=row["snoozes"],
+            scheduled_at=row["scheduled_at"],
         )
 
 
@@ -133,6 +135,7 @@ class JobContext:
     queue: str
     worker_id: str
     snoozes: int = 0
+    scheduled_at: datetime | None = None  # the tick a periodic job runs for, else None
 
     @property
     def is_last_attempt(self) -> bool:

@@ -11,6 +11,7 @@ import asyncpg
 
 from aioq._service import Service
 from aioq.backoff import Backoff
+from aioq.queries import LIMITS_CHANGED
 from aioq.store import Store
 
 __all__ = ("Listener",)
@@ -49,6 +50,7 @@ class Listener(Service):
         self.keepalive = keepalive
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
+        self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
         self.arms = 0  # how many times the doorbell was armed (a statement each)
         self._conn: asyncpg.Connection | None = None
         self._talk = anyio.Lock()  # one statement at a time on the connection
@@ -67,6 +69,8 @@ class Listener(Service):
                 self._armed = False
                 self._wake.set()
             self.ring()
+        elif payload == LIMITS_CHANGED and self.on_limits is not None:
+            self.on_limits()
 
     async def arm(self) -> bool:
         """Make inserts into our queues ring, before the producer sleeps (invariant 15).

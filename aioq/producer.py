@@ -19,6 +19,7 @@ from aioq.job import Claim
 from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
+    from aioq.limits import QueueGate
     from aioq.metrics import Metrics
 
 __all__ = ("Doorbell", "Handoff", "Producer", "Slots")
@@ -182,6 +183,7 @@ class Producer(Service):
         self.stopping = stopping
         self.last_claim_seconds = 0.0
         self.metrics: Metrics | None = None  # the worker sets it when metrics are on
+        self.gate: QueueGate | None = None  # queue limits (aioq/limits.py); the worker sets it
         # Rows may be running under our id that we hold no claim for: a claim failed (it may
         # have committed with its reply lost), or, at start, a previous process with the same
         # worker id left them. The next pass releases them first.
@@ -201,7 +203,10 @@ class Producer(Service):
         started = time.perf_counter()
         start_ns = time.time_ns() if hooks.observers else 0
         self.orphans = True  # until the reply is in: a cancel or an error may lose it
-        claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
+        if self.gate is not None:
+            claims = await self.gate.claim(self.db, asked, self.worker_id)
+        else:
+            claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
         self.orphans = False
         self.last_claim_seconds = time.perf_counter() - started
         if hooks.observers and claims:  # aioq.hooks: tracing, the test drain
@@ -252,7 +257,12 @@ class Producer(Service):
         return False
 
     def interval(self) -> float:
-        """The current poll delay (see :meth:`_next_poll_delay`)."""
+        """The current poll delay (see :meth:`_next_poll_delay`).
+
+        Shorter when a rate-limited queue held jobs back: its window may open before the poll.
+        """
+        if self.gate is not None:
+            return min(self._poll_delay, self.gate.wake_after)
         return self._poll_delay
 
     async def wait(self, seconds: float) -> None:

@@ -35,6 +35,11 @@ def channel_name(schema: str) -> str:
     return f"aioq:{schema}"
 
 
+# The payload of a notification that queue limits changed (aioq.set_queue): not a queue name,
+# since queue names are never empty.
+LIMITS_CHANGED = ""
+
+
 def render(template: str, schema: str) -> str:
     """Fill a statement template with the quoted schema name and its channel literal."""
     # Both are safe to splice: quote_schema() admits letters, digits and _ only.
@@ -87,19 +92,26 @@ ORDER BY a.n
 RETURNING id
 """
 
+# What a claim returns: Claim.from_row reads these (the limited claim returns the same).
+_CLAIMED = """j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
+          j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
+          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
+          j.scheduled_at"""
+
 # `id = ANY(ARRAY(...))` rather than a join with picked: the prepared statement's generic
 # plan guesses LIMIT $2 at a tenth of the ready rows, and with a join it then hashes a
 # sequential scan of the whole table on every claim (6 ms at a 30 000-job backlog, against
 # 0.1 ms). The array is looked up in the primary key whatever the estimate.
-_CLAIM_SET = """
+_CLAIM_SET = (
+    """
 UPDATE {s}.jobs AS j
 SET status = 'running', attempts = j.attempts + 1, claims = j.claims + 1, locked_by = $3,
     locked_at = now(), lease_expires_at = now() + j.lease
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
-          j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
-          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent
-"""
+RETURNING """
+    + _CLAIMED
+    + "\n"
+)
 
 # One queue: the index's leading column is an equality, so the scan reads in claim order.
 CLAIM_ONE_QUEUE = (
@@ -439,6 +451,171 @@ WHERE id = ANY($1::bigint[]) AND status = 'pending'
 RETURNING id
 """
 
+
+# --- periodic jobs (aioq/schedule.py) ---
+
+# $1 schedule names. The database's clock comes with the rows: ticks are judged by it.
+SCHEDULE_STATE = """
+SELECT clock_timestamp() AS now, n.name, s.last_tick
+FROM unnest($1::text[]) AS n(name)
+LEFT JOIN {s}.schedules AS s ON s.name = n.name
+"""
+
+# First sight of a schedule: record its latest past tick as done, so its first job is the
+# next tick. A worker that finds the row already there changes nothing.
+SCHEDULE_START = """
+INSERT INTO {s}.schedules (name, task, queue, spec, last_tick, next_tick)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+"""
+
+# Enqueue ticks $5 (ascending) of schedule $1 once: the UPDATE advances last_tick only while it
+# is older than the first of them, and the jobs are inserted only if it did. Two workers racing:
+# the second waits for the first's row lock, re-reads the row it committed, and matches nothing.
+# A late worker whose tick already ran (its job deleted) matches nothing either.
+SCHEDULE_TICK = """
+WITH advanced AS (
+    UPDATE {s}.schedules
+    SET task = $2, queue = $3, spec = $4, last_tick = ($5::timestamptz[])[cardinality($5::timestamptz[])], next_tick = $6,
+        updated_at = now()
+    WHERE name = $1 AND last_tick < ($5::timestamptz[])[1]
+    RETURNING name
+)
+INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, scheduled_at)
+SELECT $3, $2, $7::text::jsonb, $8, t.tick, $9, make_interval(secs => $10::float8), t.tick
+FROM unnest($5::timestamptz[]) WITH ORDINALITY AS t(tick, n)
+WHERE EXISTS (SELECT FROM advanced)
+ORDER BY t.n
+RETURNING id
+"""
+
+LIST_SCHEDULES = """
+SELECT name, task, queue, spec, last_tick, next_tick, updated_at
+FROM {s}.schedules
+ORDER BY name
+"""
+
+# --- queue limits and pauses (aioq/limits.py) ---
+
+_LIMITED = "(max_running IS NOT NULL OR rate_limit IS NOT NULL OR paused)"
+
+# Which of a worker's queues go through the limited claim; read about once a second.
+LIMITED_QUEUES = f"""
+SELECT name, extract(epoch FROM rate_period)::float8 AS rate_period FROM {{s}}.queues WHERE name = ANY($1::text[]) AND {_LIMITED}
+"""
+
+# The first statement of a limited claim's transaction: take the queue's turn. Whoever held it
+# before has committed once this returns, so the next statement (a new snapshot) sees its claims.
+LOCK_QUEUE = f"""
+SELECT {_LIMITED} AS limited FROM {{s}}.queues WHERE name = $1 FOR NO KEY UPDATE
+"""
+
+# The claim of a limited queue, run right after LOCK_QUEUE in the same transaction: as many
+# jobs as the queue has room for (none while paused; max_running minus its running jobs; the
+# rate's limit minus the claims counted in the last period), then the claims are counted in the
+# current slot and slots past the period are dropped. $1 queue, $2 wanted, $3 worker id.
+# One row per job claimed, or one row with a NULL id when none was; rate_room on every row
+# is what the rate allowed (NULL: no rate), for the worker to know the rate held it back.
+# Claim times are clock_timestamp() (not the transaction's start): the turns are serialized,
+# so each claim's time is after the claims it counted. The UPDATE and its RETURNING are
+# _CLAIM_SET's (claim identity included).
+CLAIM_LIMITED = (
+    """
+WITH counted_room AS MATERIALIZED (
+    SELECT t.now, q.rate_limit, q.rate_period, q.paused,
+           extract(epoch FROM q.rate_period) / 10 AS slot_s,
+           CASE WHEN q.max_running IS NOT NULL THEN q.max_running - (
+               SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND status = 'running') END
+               AS running_room,
+           CASE WHEN q.rate_limit IS NOT NULL THEN q.rate_limit - (
+               SELECT coalesce(sum(c.claims), 0) FROM {s}.queue_claims AS c
+               WHERE c.queue = $1 AND c.slot_end > t.now - q.rate_period) END AS rate_room
+    FROM {s}.queues AS q, (SELECT clock_timestamp() AS now) AS t
+    WHERE q.name = $1
+),
+room AS MATERIALIZED (
+    SELECT r.*,
+           CASE WHEN r.paused THEN 0 ELSE greatest(0, least($2, r.running_room, r.rate_room)) END
+               AS n
+    FROM counted_room AS r
+),
+picked AS (
+    SELECT id FROM {s}.jobs
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {s}.jobs AS j
+    SET status = 'running', attempts = j.attempts + 1, claims = j.claims + 1, locked_by = $3,
+        locked_at = (SELECT now FROM room), lease_expires_at = (SELECT now FROM room) + j.lease
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING """
+    + _CLAIMED
+    + """
+),
+counted AS (
+    INSERT INTO {s}.queue_claims AS c (queue, slot_start, slot_end, claims)
+    SELECT $1, s.start, s.start + make_interval(secs => r.slot_s), n.claimed
+    FROM room AS r
+    CROSS JOIN LATERAL (
+        SELECT to_timestamp(floor(extract(epoch FROM r.now) / r.slot_s) * r.slot_s) AS start
+    ) AS s
+    CROSS JOIN (SELECT count(*) AS claimed FROM claimed) AS n
+    WHERE r.rate_limit IS NOT NULL AND n.claimed > 0
+    ON CONFLICT (queue, slot_start) DO UPDATE
+    SET claims = c.claims + EXCLUDED.claims, slot_end = greatest(c.slot_end, EXCLUDED.slot_end)
+),
+pruned AS (
+    DELETE FROM {s}.queue_claims AS c
+    USING room AS r
+    WHERE c.queue = $1 AND c.slot_end <= r.now - coalesce(r.rate_period, interval '0')
+)
+SELECT c.*, r.rate_room FROM room AS r LEFT JOIN claimed AS c ON true
+"""
+)
+
+# Upsert a queue's settings: $2/$4/$7 say which of max_running ($3), the rate ($5 claims per
+# $6 seconds) and paused ($8) to set; the others keep their value. With $9, a queue that has
+# neither settings nor live jobs is refused (a typo in a pause). Notifies the workers that
+# limits changed (LIMITS_CHANGED: they read them again), then rings the queue's doorbell, so
+# a resume (or a raised limit) is claimed at once.
+SET_QUEUE = """
+WITH changed AS (
+    INSERT INTO {s}.queues AS q (name, max_running, rate_limit, rate_period, paused)
+    SELECT $1, CASE WHEN $2 THEN $3::integer END, CASE WHEN $4 THEN $5::integer END,
+           CASE WHEN $4 THEN make_interval(secs => $6::float8) END, $7 AND $8
+    WHERE NOT $9
+       OR EXISTS (SELECT FROM {s}.queues WHERE name = $1)
+       OR EXISTS (SELECT FROM {s}.jobs WHERE queue = $1 AND status = 'pending')
+       OR EXISTS (SELECT FROM {s}.jobs WHERE queue = $1 AND status = 'running')
+    ON CONFLICT (name) DO UPDATE
+    SET max_running = CASE WHEN $2 THEN EXCLUDED.max_running ELSE q.max_running END,
+        rate_limit = CASE WHEN $4 THEN EXCLUDED.rate_limit ELSE q.rate_limit END,
+        rate_period = CASE WHEN $4 THEN EXCLUDED.rate_period ELSE q.rate_period END,
+        paused = CASE WHEN $7 THEN EXCLUDED.paused ELSE q.paused END,
+        updated_at = now()
+    RETURNING q.name
+),
+rang AS (
+    SELECT pg_notify($10, ''), pg_notify($10, name) FROM changed
+)
+SELECT name FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+"""
+
+# Every queue's settings, with the claims counted in its rate window now.
+QUEUE_SETTINGS = """
+SELECT q.name, q.max_running, q.rate_limit,
+       extract(epoch FROM q.rate_period)::float8 AS rate_period, q.paused, q.updated_at,
+       CASE WHEN q.rate_limit IS NOT NULL THEN (
+           SELECT coalesce(sum(c.claims), 0)::integer FROM {s}.queue_claims AS c
+           WHERE c.queue = q.name AND c.slot_end > clock_timestamp() - q.rate_period) END
+           AS window_claims
+FROM {s}.queues AS q
+ORDER BY q.name
+"""
 # --- Finished jobs in the archive (issue 11) -------------------------------------------------
 # Shaped as GET_JOB's rows, status 'succeeded'. The archive keeps no run_at, lease, error or
 # unique_key: run_at and locked_at are when the successful attempt started.

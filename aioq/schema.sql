@@ -114,6 +114,53 @@ ALTER TABLE {{schema}}.jobs
 ALTER TABLE {{schema}}.jobs ADD COLUMN traceparent text;
 
 -- aioq:migration 4
+-- Periodic jobs. One row per schedule: the latest tick enqueued. A tick's job is inserted in
+-- the same statement that advances last_tick, conditioned on last_tick being older, so each
+-- tick is enqueued once whatever the number of workers, even after its job left the table.
+
+CREATE TABLE {{schema}}.schedules (
+    name text PRIMARY KEY,
+    task text NOT NULL,
+    queue text NOT NULL,
+    spec text NOT NULL,               -- "every 60s" or "cron */5 * * * * Europe/Paris"
+    last_tick timestamptz NOT NULL,   -- the latest tick enqueued (or skipped at first sight)
+    next_tick timestamptz,            -- the tick after it, as the last writer computed it
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The tick a periodic job was enqueued for (NULL for other jobs); the task reads it from
+-- aioq.current_job().scheduled_at.
+ALTER TABLE {{schema}}.jobs ADD COLUMN scheduled_at timestamptz;
+
+-- aioq:migration 5
+-- Queue limits and pauses, read by every worker, so the whole fleet obeys them. A queue with
+-- no row here (or with no limit set and not paused) is claimed by the plain claim statement and
+-- pays nothing for this; a limited queue's claims lock its row, so they take turns, and count
+-- what they may take in a fresh snapshot under that lock.
+
+CREATE TABLE {{schema}}.queues (
+    name text PRIMARY KEY,
+    max_running integer CONSTRAINT queues_max_running_check CHECK (max_running >= 1),
+    rate_limit integer CONSTRAINT queues_rate_limit_check CHECK (rate_limit >= 1),
+    rate_period interval CONSTRAINT queues_rate_period_check CHECK (rate_period > interval '0'),
+    paused boolean NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT queues_rate_pair CHECK ((rate_limit IS NULL) = (rate_period IS NULL))
+);
+
+-- Claims of rate-limited queues, counted per slot of a tenth of the period. A claim counts
+-- every slot that overlaps the last period, so the count never falls short of the claims
+-- really made in any window of that length (it may exceed them by up to one slot).
+CREATE TABLE {{schema}}.queue_claims (
+    queue text NOT NULL,
+    slot_start timestamptz NOT NULL,
+    slot_end timestamptz NOT NULL,
+    claims integer NOT NULL,
+    PRIMARY KEY (queue, slot_start)
+);
+
+-- aioq:migration 6
+
 
 -- The doorbell rings only for a queue some worker sleeps on (design invariant 15): PostgreSQL
 -- takes one lock for the whole notification queue at the commit of every transaction that

@@ -95,6 +95,17 @@ class Store:
         self._vacuum_jobs = render(q.VACUUM_JOBS)
         self._ready_queues = render(q.READY_QUEUES)
         self._waiting = render(q.WAITING_JOBS)
+        # periodic jobs
+        self._schedule_state = render(q.SCHEDULE_STATE)
+        self._schedule_start = render(q.SCHEDULE_START)
+        self._schedule_tick = render(q.SCHEDULE_TICK)
+        self._list_schedules = render(q.LIST_SCHEDULES)
+        # queue limits
+        self._limited_queues = render(q.LIMITED_QUEUES)
+        self._lock_queue = render(q.LOCK_QUEUE)
+        self._claim_limited = render(q.CLAIM_LIMITED)
+        self._set_queue = render(q.SET_QUEUE)
+        self._queue_settings = render(q.QUEUE_SETTINGS)
         self._get_archived = render(q.GET_ARCHIVED_JOB)
         self._list_archived = render(q.LIST_ARCHIVED_JOBS)
         self._archive_in_use = render(q.ARCHIVE_IN_USE)
@@ -344,3 +355,118 @@ class Store:
     async def waiting(self, conn: Executor, task: str) -> Sequence[asyncpg.Record]:
         """Return a task's pending jobs (due or scheduled), oldest first."""
         return await conn.fetch(self._waiting, task)
+
+    # --- periodic jobs ---
+
+    async def schedule_state(
+        self, conn: Executor, names: Sequence[str]
+    ) -> tuple[datetime, dict[str, datetime]]:
+        """Return the database's clock and the last tick of each known schedule."""
+        rows = await conn.fetch(self._schedule_state, list(names))
+        last = {row["name"]: row["last_tick"] for row in rows if row["last_tick"] is not None}
+        return rows[0]["now"], last
+
+    async def start_schedule(
+        self,
+        conn: Executor,
+        *,
+        name: str,
+        task: str,
+        queue: str,
+        spec: str,
+        last_tick: datetime,
+        next_tick: datetime,
+    ) -> bool:
+        """Record a schedule seen for the first time; False if it was there already."""
+        row = await conn.fetchval(
+            self._schedule_start, name, task, queue, spec, last_tick, next_tick
+        )
+        return row is not None
+
+    async def tick(
+        self,
+        conn: Executor,
+        *,
+        name: str,
+        task: str,
+        queue: str,
+        spec: str,
+        ticks: Sequence[datetime],
+        next_tick: datetime,
+        args: str,
+        priority: int,
+        max_attempts: int,
+        lease: float,
+    ) -> Sequence[int]:
+        """Enqueue one job per tick unless a tick at or after the first is enqueued already."""
+        rows = await conn.fetch(
+            self._schedule_tick,
+            name,
+            task,
+            queue,
+            spec,
+            list(ticks),
+            next_tick,
+            args,
+            priority,
+            max_attempts,
+            lease,
+        )
+        return [row[0] for row in rows]
+
+    async def list_schedules(self, conn: Executor) -> Sequence[asyncpg.Record]:
+        """Return every schedule the fleet has seen, by name."""
+        return await conn.fetch(self._list_schedules)
+
+    # --- queue limits ---
+
+    async def limited_queues(
+        self, conn: Executor, queues: Sequence[str]
+    ) -> dict[str, float | None]:
+        """Return which of these queues have a limit or are paused, with their rate period."""
+        rows = await conn.fetch(self._limited_queues, list(queues))
+        return {row[0]: row[1] for row in rows}
+
+    async def lock_queue(self, conn: Connection, queue: str) -> bool | None:
+        """Take a queue's turn to claim (in a transaction); return whether it is limited.
+
+        None: the queue has no settings row.
+        """
+        return await conn.fetchval(self._lock_queue, queue)  # type: ignore[no-any-return]
+
+    async def claim_limited(
+        self, conn: Connection, queue: str, limit: int, worker_id: str
+    ) -> tuple[Sequence[Claim], int | None]:
+        """Claim as many of ``limit`` jobs as a limited queue has room for (after lock_queue).
+
+        Returns the claims and what the rate allowed (None: the queue has no rate).
+        """
+        rows = await conn.fetch(self._claim_limited, queue, limit, worker_id)
+        claims = [Claim.from_row(row) for row in rows if row["id"] is not None]
+        return claims, (rows[0]["rate_room"] if rows else None)
+
+    async def set_queue(
+        self,
+        conn: Executor,
+        queue: str,
+        *,
+        max_running: tuple[bool, int | None],
+        rate: tuple[bool, int | None, float | None],
+        paused: tuple[bool, bool],
+        must_exist: bool,
+    ) -> bool:
+        """Change what is given of a queue's settings; False if refused as unknown."""
+        name = await conn.fetchval(
+            self._set_queue,
+            queue,
+            *max_running,
+            *rate,
+            *paused,
+            must_exist,
+            self.channel,
+        )
+        return name is not None
+
+    async def queue_settings(self, conn: Executor) -> Sequence[asyncpg.Record]:
+        """Return every queue's settings and the claims in its rate window now."""
+        return await conn.fetch(self._queue_settings)

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
@@ -17,6 +17,9 @@ from aioq.backoff import Backoff
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError
 from aioq.store import Executor, Store, Target, executor
+
+if TYPE_CHECKING:
+    from aioq.schedule import Schedule
 
 __all__ = ("Backoff", "Registry", "Task", "TaskCall", "default_registry", "task")
 
@@ -295,6 +298,7 @@ class Registry:
         queries.quote_schema(schema)
         self.schema = schema
         self._tasks: dict[str, Task[..., Any]] = {}
+        self.schedules: dict[str, Schedule] = {}  # @aioq.periodic adds to it, by schedule name
 
     def __repr__(self) -> str:
         return f"<aioq.Registry schema={self.schema!r} tasks={sorted(self._tasks)}>"

@@ -20,12 +20,14 @@ from aioq.completer import Completer
 from aioq.consumer import Consumer
 from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
+from aioq.limits import DEFAULT_REFRESH, QueueGate
 from aioq.maintenance import Pruner, Vacuumer
 from aioq.metrics import Metrics, QueueSampler
 from aioq.monitor import LoopLag
 from aioq.notifier import Listener
 from aioq.producer import Doorbell, Producer, Slots
 from aioq.queries import DEFAULT_SCHEMA, quote_schema
+from aioq.schedule import Scheduler
 from aioq.store import Store
 from aioq.task import DEFAULT_QUEUE, Registry, check_text, default_registry
 
@@ -103,6 +105,11 @@ class WorkerConfig:
     command_timeout: float | None = DEFAULT_COMMAND_TIMEOUT
     # None turns the loop-lag monitor off.
     lag_threshold: float | None = DEFAULT_LAG_THRESHOLD
+    # Enqueue the ticks of the registry's @aioq.periodic schedules (every worker may: the
+    # database keeps it to one job per tick).
+    periodic: bool = True
+    # How often the worker reads which of its queues have limits (aioq.set_queue).
+    limits_refresh: float = DEFAULT_REFRESH
     # Unique among the live workers of a database: a stopping worker releases every row that
     # still carries its id.
     worker_id: str = field(default_factory=lambda: _default_worker_id())
@@ -143,6 +150,7 @@ class WorkerConfig:
             "reaper_interval",
             "prune_interval",
             "vacuum_interval",
+            "limits_refresh",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
@@ -236,6 +244,7 @@ class Worker:
         self.listener: Listener | None = None
         self.services: list[Service] = []  # this run's, in start order
         self._producer: Producer | None = None
+        self.gate: QueueGate | None = None  # this run's view of its queues' limits
         self._running = False
         self._tg: TaskGroup | None = None
 
@@ -426,6 +435,15 @@ class Worker:
         )
         producer.metrics = self.metrics
         self._producer = producer
+        # Queue limits: claims of limited queues go through their limits (aioq/limits.py).
+        self.gate = QueueGate(
+            store=self.store,
+            queues=self.queues,
+            ring=self.doorbell.ring,
+            refresh=cfg.limits_refresh,
+        )
+        producer.gate = self.gate
+        completer.on_written = self.gate.written
         consumer = Consumer(
             registry=self.registry,
             worker_id=self.id,
@@ -449,6 +467,8 @@ class Worker:
                 ring=self.doorbell.ring,
                 store=store,
             )
+            if self.gate is not None:
+                self.listener.on_limits = self.gate.changed
             services.append(self.listener)
         services.append(
             Heartbeat(
@@ -488,6 +508,9 @@ class Worker:
                     interval=cfg.vacuum_interval,
                 )
             )
+        if cfg.periodic and self.registry.schedules:
+            schedules = list(self.registry.schedules.values())
+            services.append(Scheduler(store=store, db=pool, schedules=schedules))
         if self.metrics is not None:
             services.append(QueueSampler(store=store, db=pool, metrics=self.metrics))
         if cfg.lag_threshold is not None:

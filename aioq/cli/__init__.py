@@ -38,9 +38,19 @@ from aioq.cli.admin import (
     cmd_stats,
 )
 from aioq.cli.common import EXIT_ERROR, UsageError, duration, positive_int
+from aioq.cli.queues import (
+    cmd_queues_list,
+    cmd_queues_pause,
+    cmd_queues_resume,
+    cmd_queues_set,
+    max_running,
+    rate,
+)
+from aioq.cli.schedules import cmd_schedules
 from aioq.cli.worker import add_worker_flags, cmd_dev, cmd_worker
 from aioq.errors import AioqError
 from aioq.job import JobStatus
+from aioq.limits import UNSET
 from aioq.logs import formatter
 from aioq.queries import DEFAULT_SCHEMA
 
@@ -224,6 +234,52 @@ def _build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--dead", action="store_true", required=True, help="purge dead jobs")
     purge.add_argument("--older-than", type=duration, metavar="DURATION", help="e.g. 7d")
     purge.set_defaults(handler=cmd_jobs_purge)
+
+    queues = commands.add_parser(
+        "queues", help="queue limits: list, set, pause, resume (obeyed by the whole fleet)"
+    )
+    steer = queues.add_subparsers(title="actions", dest="action", required=True)
+    steer.add_parser(
+        "list", parents=[db, out], help="queues with their limits, state and counts"
+    ).set_defaults(handler=cmd_queues_list)
+    limit = steer.add_parser(
+        "set",
+        parents=[db, out],
+        help="set a queue's limits",
+        description="Set the fleet-wide limits of queue NAME; running workers obey the new"
+        " values without a restart. `none` removes a limit; what is not given stays.",
+    )
+    limit.add_argument("name", metavar="NAME")
+    limit.add_argument(
+        "--max-running",
+        type=max_running,
+        default=UNSET,
+        metavar="N",
+        help="jobs of the queue running at once across all workers (or none)",
+    )
+    limit.add_argument(
+        "--rate",
+        type=rate,
+        default=UNSET,
+        metavar="COUNT/DURATION",
+        help="at most COUNT claims in any window of DURATION, e.g. 100/60s, 5/1m (or none)",
+    )
+    limit.set_defaults(handler=cmd_queues_set)
+    for verb, handler, text in (
+        ("pause", cmd_queues_pause, "stop claims of a queue fleet-wide; running jobs finish"),
+        ("resume", cmd_queues_resume, "claim a paused queue again, at once"),
+    ):
+        action = steer.add_parser(verb, parents=[db, out], help=text)
+        action.add_argument("name", metavar="NAME")
+        action.set_defaults(handler=handler)
+
+    commands.add_parser(
+        "schedules",
+        parents=[db, out],
+        help="periodic schedules with their last and next tick",
+        description="List the @aioq.periodic schedules the workers have seen: the last tick"
+        " enqueued and the next one.",
+    ).set_defaults(handler=cmd_schedules)
 
     defer = commands.add_parser(
         "defer",

@@ -66,6 +66,13 @@ WORKER_FLAGS = (
         True,
         "no prepared statements on the pool (PgBouncer in transaction mode)",
     ),
+    _Flag(
+        "--no-periodic",
+        "periodic",
+        None,
+        True,
+        "do not enqueue the ticks of the registry's @aioq.periodic schedules",
+    ),
 )
 
 

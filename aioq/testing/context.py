@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from aioq.job import JobContext, _current
@@ -21,11 +22,12 @@ def job_context(
     task: Task[..., Any] | str = "test",
     queue: str | None = None,
     worker_id: str = "test-worker",
+    scheduled_at: datetime | None = None,
 ) -> Iterator[JobContext]:
     """Make ``aioq.current_job()`` return this context inside the block; yield it.
 
     ``task`` may be a :class:`aioq.Task`: its name, queue and max_attempts then fill what is
-    not given. The context is a context variable, so it reaches the ``await``s inside the block
+    not given. ``scheduled_at`` is the tick, for a periodic task. The context is a context variable, so it reaches the ``await``s inside the block
     and a sync task called directly (or through ``anyio.to_thread.run_sync``, which copies it).
     Blocks nest; leaving one restores the context it replaced.
     """
@@ -44,6 +46,7 @@ def job_context(
         task=name,
         queue=DEFAULT_QUEUE if queue is None else queue,
         worker_id=worker_id,
+        scheduled_at=scheduled_at,
     )
     token = _current.set(context)
     try:

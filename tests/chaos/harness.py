@@ -351,9 +351,10 @@ def spawn_fleet(
     processes: int = 3,
     concurrency: int = 10,
     extra: Sequence[str] = (),
+    target: str = "chaostasks:registry",
 ) -> Fleet:
     """Start ``aioq worker chaostasks:registry --processes N`` on ``dsn`` (AIOQ_DSN)."""
-    command = [sys.executable, "-m", "aioq", "worker", "chaostasks:registry"]
+    command = [sys.executable, "-m", "aioq", "worker", target]
     command += ["--processes", str(processes), "--concurrency", str(concurrency)]
     command += ["--poll-interval", "0.2", "--shutdown-grace", "2", "--keep-completed"]
     command += ["--log-format", "json", *extra]

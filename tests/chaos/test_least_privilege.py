@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -35,7 +36,9 @@ from support import (
 )
 
 import aioq
+from aioq.limits import QueueGate
 from aioq.migrate import migrations
+from aioq.schedule import Scheduler
 from aioq.store import Store
 
 pytestmark = pytest.mark.chaos
@@ -79,6 +82,9 @@ async def flaky(n: int) -> None: ...
 
 @registry.task(name="app.doomed", max_attempts=2)
 async def doomed(n: int) -> None: ...
+
+
+async def beat() -> None: ...
 
 
 def documented_grants() -> list[str]:
@@ -220,6 +226,29 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
     async def prune(conn: asyncpg.Connection) -> object:
         return await store.prune_archive(conn, 0.0, 10)
 
+    def claim_from(queue: str) -> Op:
+        async def run(conn: asyncpg.Connection) -> object:
+            await work.options(queue=queue).defer(conn, n=1)
+            gate = QueueGate(store=store, queues=[queue], ring=lambda: None)
+            return await gate.claim(conn, 1, "w")
+
+        return run
+
+    async def set_limit(conn: asyncpg.Connection) -> object:
+        return await aioq.set_queue(conn, "limited", max_running=1000)
+
+    ticks = iter(range(1, 10_000))
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+
+    async def schedule(conn: asyncpg.Connection) -> object:
+        """A schedule seen for the first time, then its next tick."""
+        reg = aioq.Registry()
+        name = f"app.beat{next(ticks)}"
+        aioq.periodic(every=60)(reg.task(name=name)(beat))
+        scheduler = Scheduler(store=store, db=conn, schedules=list(reg.schedules.values()))
+        await scheduler.run_once(start)
+        return await scheduler.run_once(start + timedelta(minutes=1))
+
     needed: list[tuple[str, Op]] = [
         ("USAGE ON SCHEMA aioq", defer),
         ("INSERT ON aioq.jobs", defer),
@@ -230,6 +259,19 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         ("SELECT ON aioq.archive", prune),
         ("UPDATE ON aioq.archive", prune),  # the pruner's FOR UPDATE SKIP LOCKED
         ("DELETE ON aioq.archive", prune),
+        # Queue limits: every worker reads which of its queues are limited; a limited queue's
+        # claim locks its row; a rate-limited one counts, records and prunes its claims.
+        ("SELECT ON aioq.queues", claim_from("default")),
+        ("UPDATE ON aioq.queues", claim_from("limited")),
+        ("INSERT ON aioq.queues", set_limit),
+        ("SELECT ON aioq.queue_claims", claim_from("rated")),
+        ("INSERT ON aioq.queue_claims", claim_from("rated")),
+        ("UPDATE ON aioq.queue_claims", claim_from("rated")),
+        ("DELETE ON aioq.queue_claims", claim_from("rated")),
+        # Periodic jobs: read the last ticks, record a new schedule, advance it.
+        ("SELECT ON aioq.schedules", schedule),
+        ("INSERT ON aioq.schedules", schedule),
+        ("UPDATE ON aioq.schedules", schedule),
     ]
 
     async def scenario() -> None:
@@ -240,6 +282,8 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
             await owner.execute("REVOKE EXECUTE ON FUNCTION aioq.ring_doorbell() FROM PUBLIC")
             rung: list[str] = []
             await owner.add_listener("aioq:aioq", lambda *args: rung.append(args[-1]))
+            await aioq.set_queue(owner, "limited", max_running=1000)
+            await aioq.set_queue(owner, "rated", rate=(1000, 60.0))
             # Wait on "rung" as a sleeping worker does, so that its insert rings.
             await Store.for_schema("aioq").arm_doorbell(owner, ["rung"], 10)
             for privilege, operation in needed:

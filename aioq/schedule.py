@@ -1,0 +1,366 @@
+"""Periodic jobs: ``@aioq.periodic`` and the scheduler every worker runs.
+
+Every worker whose registry holds a schedule enqueues its ticks; the database decides which one
+wins. ``schedules.last_tick`` is the latest tick enqueued, and one statement both inserts a
+tick's jobs and advances it, on the condition that it is still older than the first of those
+ticks (:data:`aioq.queries.SCHEDULE_TICK`). A worker that lost the race, or that comes late
+after the tick's job already ran and left the table, changes nothing. No lock is held between
+statements and no worker is elected: any worker that is up enqueues the tick.
+
+Ticks are aligned to the schedule, not to a worker's start: ``every`` counts from the Unix
+epoch in UTC (``every=60`` ticks on the minute), ``cron`` follows its time zone as cronsim
+does, DST included. Times come from the database's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import anyio
+
+from aioq._service import Service
+from aioq.codec import encode_args
+from aioq.errors import AioqError, ConfigError
+from aioq.store import Executor, Store
+from aioq.task import Task
+
+__all__ = ("Schedule", "Scheduler", "periodic")
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=Task[..., Any])
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+MIN_EVERY = 1.0
+# At most this many jobs per schedule from one catch-up (the newest are kept).
+MAX_CATCH_UP_TICKS = 10_000
+# A skipped-ticks count stops here ("at least N"): counting a long outage tick by tick is waste.
+MAX_SKIPPED_COUNT = 10_000
+# The scheduler looks again at least this often (another worker may have moved a schedule).
+MAX_SLEEP = 30.0
+
+
+def _cronsim() -> Any:
+    try:
+        import cronsim
+    except ImportError:
+        return None
+    return cronsim
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """When a task's periodic jobs are due; built by :func:`periodic`."""
+
+    name: str
+    task: Task[..., Any]
+    every: float | None = None
+    cron: str | None = None
+    tz: str = "UTC"
+    kwargs: Mapping[str, object] = field(default_factory=dict)
+    catch_up: float = 0.0
+    args: str = field(init=False)  # the kwargs as stored JSON
+    _zone: tzinfo = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        where = f"task {self.task.name!r}"
+        if (self.every is None) == (self.cron is None):
+            raise ConfigError("periodic", f"{where}: give exactly one of every= or cron=")
+        if self.every is not None and not self.every >= MIN_EVERY:
+            raise ConfigError(
+                "every", f"{where}: must be at least {MIN_EVERY:g} second, got {self.every!r}"
+            )
+        if not self.catch_up >= 0:
+            raise ConfigError("catch_up", f"{where}: must be >= 0 seconds, got {self.catch_up!r}")
+        try:
+            zone = ZoneInfo(self.tz)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise ConfigError("tz", f"{where}: unknown time zone {self.tz!r}") from None
+        if self.every is not None and self.tz != "UTC":
+            raise ConfigError("tz", f"{where}: tz applies to cron= only; every= counts in UTC")
+        object.__setattr__(self, "_zone", zone)
+        if self.cron is not None:
+            cronsim = _cronsim()
+            if cronsim is None:
+                raise ConfigError(
+                    "cron", f"{where}: cron= needs the cron extra: pip install 'aioq-pg[cron]'"
+                )
+            try:
+                cronsim.CronSim(self.cron, datetime.now(zone))
+            except cronsim.CronSimError as exc:
+                raise ConfigError(
+                    "cron", f"{where}: bad cron expression {self.cron!r}: {exc}"
+                ) from None
+        try:
+            self.task.check_arguments(self.kwargs)
+        except TypeError as exc:
+            raise ConfigError("kwargs", f"{where}: {exc}") from None
+        try:
+            args = encode_args(self.task.name, dict(self.kwargs))
+        except AioqError as exc:
+            raise ConfigError("kwargs", f"{where}: {exc}") from None
+        object.__setattr__(self, "args", args)
+
+    @property
+    def spec(self) -> str:
+        """The schedule in words: ``every 60s`` or ``cron */5 * * * * Europe/Paris``."""
+        if self.every is not None:
+            return f"every {self.every:g}s"
+        return f"cron {self.cron} {self.tz}"
+
+    def next_after(self, t: datetime) -> datetime:
+        """Return the first tick strictly after ``t`` (in UTC)."""
+        if self.every is not None:
+            step = self._step_us()
+            return _from_us((_to_us(t) // step + 1) * step)
+        cronsim = _cronsim()
+        local = t.astimezone(self._zone)
+        return next(iter(cronsim.CronSim(self.cron, local))).astimezone(UTC)  # type: ignore[no-any-return]
+
+    def ticks(self, after: datetime, until: datetime, limit: int) -> list[datetime]:
+        """Return the ticks in ``(after, until]``, oldest first, at most ``limit`` (the newest)."""
+        if self.every is not None:
+            step = self._step_us()
+            first = _to_us(after) // step + 1
+            last = _to_us(until) // step
+            first = max(first, last - limit + 1)
+            return [_from_us(k * step) for k in range(first, last + 1)]
+        found: list[datetime] = []
+        t = self.next_after(after)
+        while t <= until:
+            found.append(t)
+            if len(found) > limit:
+                del found[0]
+            t = self.next_after(t)
+        return found
+
+    def latest(self, t: datetime) -> datetime | None:
+        """Return the latest tick at or before ``t``, or None if there was none."""
+        if self.every is not None:
+            step = self._step_us()
+            return _from_us(_to_us(t) // step * step)
+        # Find a starting point before the latest tick going backwards, then walk forwards so
+        # the answer is a tick of the forward sequence (the one next_after() gives), DST quirks
+        # included: backwards and forwards iteration may differ inside a DST transition.
+        cronsim = _cronsim()
+        back = iter(cronsim.CronSim(self.cron, t.astimezone(self._zone), reverse=True))
+        try:
+            anchor = next(back).astimezone(UTC) - timedelta(hours=2)
+        except StopIteration:
+            return None
+        found = self.ticks(anchor, t, 1)
+        return found[-1] if found else None
+
+    def due(self, last: datetime, now: datetime) -> tuple[list[datetime], int]:
+        """Return the ticks to enqueue after ``last`` as of ``now``, and how many are skipped.
+
+        The latest tick at or before ``now`` is always due if it is newer than ``last``; the
+        ticks missed before it are due if they fall within ``catch_up`` seconds of ``now``.
+        """
+        latest = self.latest(now)
+        if latest is None or latest <= last:
+            return [], 0
+        start = max(last, now - timedelta(seconds=self.catch_up) - _US)
+        ticks = self.ticks(start, latest, MAX_CATCH_UP_TICKS) or [latest]
+        return ticks, self.count(last, ticks[0] - _US, MAX_SKIPPED_COUNT)
+
+    def count(self, after: datetime, until: datetime, cap: int) -> int:
+        """Return how many ticks fall in ``(after, until]``, counting no further than ``cap``."""
+        if self.every is not None:
+            step = self._step_us()
+            return min(cap, max(0, _to_us(until) // step - _to_us(after) // step))
+        n, t = 0, self.next_after(after)
+        while t <= until and n < cap:
+            n, t = n + 1, self.next_after(t)
+        return n
+
+    def _step_us(self) -> int:
+        assert self.every is not None
+        return round(self.every * 1_000_000)
+
+
+def _to_us(t: datetime) -> int:
+    return (t - EPOCH) // _US
+
+
+def _from_us(us: int) -> datetime:
+    return EPOCH + timedelta(microseconds=us)
+
+
+def _seconds(task: str, name: str, value: float | timedelta | None) -> float | None:
+    if value is None or isinstance(value, timedelta):
+        return value.total_seconds() if value is not None else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            name, f"task {task!r}: must be seconds or a timedelta, got {type(value).__name__}"
+        )
+    return float(value)
+
+
+def periodic(
+    *,
+    every: float | timedelta | None = None,
+    cron: str | None = None,
+    tz: str = "UTC",
+    kwargs: Mapping[str, object] | None = None,
+    catch_up: float | timedelta = 0.0,
+    name: str | None = None,
+) -> Callable[[T], T]:
+    """Run a task on a schedule: stack ``@aioq.periodic(...)`` on top of ``@aioq.task``.
+
+    ``every`` is seconds (or a timedelta) counted from the Unix epoch in UTC; ``cron`` a
+    five-field expression in time zone ``tz`` (needs ``aioq-pg[cron]``). ``kwargs`` are the
+    task's arguments for every tick. After downtime, the ticks missed within ``catch_up``
+    seconds are enqueued once each; by default only the most recent one. ``name`` identifies
+    the schedule (default: the task's name); give one to put a task on two schedules.
+    """
+
+    def register(task: T) -> T:
+        if not isinstance(task, Task):
+            raise ConfigError(
+                "periodic",
+                f"{getattr(task, '__qualname__', task)!r} is not a task: put @aioq.periodic"
+                " above @aioq.task",
+            )
+        schedule = Schedule(
+            name=name or task.name,
+            task=task,
+            every=_seconds(task.name, "every", every),
+            cron=cron,
+            tz=tz,
+            kwargs=dict(kwargs or {}),
+            catch_up=_seconds(task.name, "catch_up", catch_up) or 0.0,
+        )
+        schedules = task.registry.schedules
+        old = schedules.get(schedule.name)
+        if old is not None and (old.task.name, old.spec, old.args, old.catch_up) != (
+            task.name,
+            schedule.spec,
+            schedule.args,
+            schedule.catch_up,
+        ):
+            raise ConfigError(
+                "name",
+                f"task {task.name!r}: a schedule named {schedule.name!r} exists already;"
+                " give each schedule of a task its own name=",
+            )
+        schedules[schedule.name] = schedule
+        return task
+
+    return register
+
+
+class Scheduler(Service):
+    """Enqueues the due ticks of a registry's schedules; safe to run on every worker."""
+
+    name = "scheduler"
+
+    def __init__(self, *, store: Store, db: Executor, schedules: Sequence[Schedule]) -> None:
+        super().__init__()
+        self.store = store
+        self.db = db
+        self.schedules = list(schedules)
+        self.enqueued = 0  # jobs this scheduler inserted (tests and logs)
+        self._delay = 0.0  # seconds from the last pass to the next tick
+
+    async def run_once(self, now: datetime | None = None) -> float:
+        """Enqueue every due tick; return the seconds until the next tick.
+
+        ``now`` replaces the database's clock (for tests); by default the database decides.
+        """
+        if not self.schedules:
+            return MAX_SLEEP
+        db_now, last_ticks = await self.store.schedule_state(
+            self.db, [s.name for s in self.schedules]
+        )
+        now = now or db_now
+        for schedule in self.schedules:
+            last = last_ticks.get(schedule.name)
+            if last is None:
+                await self._start(schedule, now)
+            else:
+                await self._tick(schedule, last, now)
+        upcoming = min(s.next_after(now) for s in self.schedules)
+        self._delay = min(max((upcoming - now).total_seconds(), 0.001), MAX_SLEEP)
+        return self._delay
+
+    async def _start(self, schedule: Schedule, now: datetime) -> None:
+        """First sight of a schedule: its first job is the next tick, not one in the past."""
+        latest = schedule.latest(now) or now
+        created = await self.store.start_schedule(
+            self.db,
+            name=schedule.name,
+            task=schedule.task.name,
+            queue=schedule.task.defaults.queue,
+            spec=schedule.spec,
+            last_tick=latest,
+            next_tick=schedule.next_after(latest),
+        )
+        if created:
+            logger.info(
+                "schedule %s (%s): first tick at %s",
+                schedule.name,
+                schedule.spec,
+                f"{schedule.next_after(latest):%Y-%m-%d %H:%M:%S}Z",
+                extra={"schedule": schedule.name},
+            )
+
+    async def _tick(self, schedule: Schedule, last: datetime, now: datetime) -> None:
+        ticks, skipped = schedule.due(last, now)
+        if not ticks:
+            return
+        opts = schedule.task.defaults
+        ids = await self.store.tick(
+            self.db,
+            name=schedule.name,
+            task=schedule.task.name,
+            queue=opts.queue,
+            spec=schedule.spec,
+            ticks=ticks,
+            next_tick=schedule.next_after(ticks[-1]),
+            args=schedule.args,
+            priority=opts.priority,
+            max_attempts=opts.max_attempts,
+            lease=opts.lease,
+        )
+        if not ids:
+            return  # another worker enqueued these ticks first
+        self.enqueued += len(ids)
+        if skipped:
+            logger.warning(
+                "schedule %s: skipped %s%d missed ticks older than catch_up (%gs)",
+                schedule.name,
+                "at least " if skipped >= MAX_SKIPPED_COUNT else "",
+                skipped,
+                schedule.catch_up,
+                extra={"schedule": schedule.name, "skipped": skipped},
+            )
+        logger.debug(
+            "schedule %s: enqueued %d jobs for ticks up to %s",
+            schedule.name,
+            len(ids),
+            ticks[-1].isoformat(),
+            extra={"schedule": schedule.name},
+        )
+
+    def interval(self) -> float:
+        """Seconds until the next tick, as of the last pass."""
+        return self._delay
+
+    async def wait(self, seconds: float) -> None:
+        """Sleep until the next tick; after a failed pass, the backoff given.
+
+        Not the service's jittered interval, which could wake a tenth of the wait late: the
+        jitter here only ever delays, by at most 20 ms, to spread the fleet's statements.
+        """
+        if self.failures.count:
+            await anyio.sleep(seconds)
+        else:
+            await anyio.sleep(self._delay + random.uniform(0, 0.02))

@@ -1,0 +1,461 @@
+"""Fleet-wide queue limits: max_running, rate, pause and resume, enforced by PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import asyncpg
+import pytest
+from procs import LISTENERS, aioq_cli, assert_one_line_error
+
+import aioq
+from aioq.limits import QueueGate
+from aioq.store import Store
+
+T = TypeVar("T")
+HANG_GUARD = 60.0
+MakeWorker = Callable[..., aioq.Worker]
+
+
+async def eventually(check: Callable[[], Awaitable[T]]) -> T:
+    with anyio.fail_after(HANG_GUARD):
+        while True:
+            result = await check()
+            if result:
+                return result
+            await anyio.sleep(0.02)
+
+
+async def settings(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    return [dict(r) for r in await conn.fetch("SELECT * FROM aioq.queues ORDER BY name")]
+
+
+async def defer_noops(conn: asyncpg.Connection, queue: str, n: int, sleep: float = 0.0) -> None:
+    await conn.execute(
+        "INSERT INTO aioq.jobs (queue, task, args)"
+        " SELECT $1, 'nap', jsonb_build_object('sleep', $3::float8) FROM generate_series(1, $2)",
+        queue,
+        n,
+        sleep,
+    )
+
+
+# --- the API ---
+
+
+@pytest.mark.anyio
+async def test_set_queue_and_queues(conn: asyncpg.Connection) -> None:
+    await defer_noops(conn, "emails", 3)
+    info = await aioq.set_queue(conn, "billing", max_running=5, rate=(100, 60.0))
+    assert (info.name, info.max_running, info.rate, info.paused) == (
+        "billing",
+        5,
+        (100, 60.0),
+        False,
+    )
+    assert info.window_claims == 0
+    # What is not given stays; None removes a limit; a timedelta is a period.
+    info = await aioq.set_queue(conn, "billing", paused=True)
+    assert (info.max_running, info.rate, info.paused) == (5, (100, 60.0), True)
+    info = await aioq.set_queue(conn, "billing", rate=None, max_running=2)
+    assert (info.max_running, info.rate, info.paused) == (2, None, True)
+    info = await aioq.set_queue(conn, "billing", rate=(3, timedelta(minutes=1)), paused=False)
+    assert (info.rate, info.paused) == ((3, 60.0), False)
+    # A queue that only has jobs may be paused; it then has settings.
+    info = await aioq.set_queue(conn, "emails", paused=True)
+    assert (info.paused, info.ready, info.max_running) == (True, 3, None)
+    listed = await aioq.queues(conn)
+    assert [(q.name, q.paused, q.ready) for q in listed] == [
+        ("billing", False, 0),
+        ("emails", True, 3),
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("options", "field", "fragment"),
+    [
+        ({"max_running": 0}, "max_running", "must be an integer >= 1 or None, got 0"),
+        ({"max_running": -3}, "max_running", "got -3"),
+        ({"max_running": True}, "max_running", "got True"),
+        ({"max_running": 2.5}, "max_running", "got 2.5"),
+        ({"rate": (-1, 1.0)}, "rate", "claims >= 1 and seconds > 0, got (-1, 1.0)"),
+        ({"rate": (10, -1.0)}, "rate", "got (10, -1.0)"),
+        ({"rate": (10, 0)}, "rate", "got (10, 0)"),
+        ({"rate": (10, float("inf"))}, "rate", "got (10, inf)"),
+        ({"rate": 10}, "rate", "got 10"),
+        ({"paused": "yes"}, "paused", "must be True or False"),
+        ({}, "set_queue", "give max_running, rate or paused"),
+    ],
+)
+async def test_bad_values_change_nothing(
+    conn: asyncpg.Connection, options: dict[str, Any], field: str, fragment: str
+) -> None:
+    await aioq.set_queue(conn, "billing", max_running=5)
+    before = await settings(conn)
+    with pytest.raises(aioq.ConfigError) as caught:
+        await aioq.set_queue(conn, "billing", **options)
+    assert caught.value.field == field
+    assert "'billing'" in str(caught.value) or field == "queue"
+    assert fragment in str(caught.value)
+    assert await settings(conn) == before
+
+
+@pytest.mark.anyio
+async def test_pausing_an_unknown_queue_is_refused(conn: asyncpg.Connection) -> None:
+    with pytest.raises(aioq.ConfigError, match=r"unknown queue 'bilint'.*a typo") as caught:
+        await aioq.set_queue(conn, "bilint", paused=True)
+    assert caught.value.field == "queue"
+    with pytest.raises(aioq.ConfigError, match="unknown queue"):
+        await aioq.set_queue(conn, "bilint", paused=False)
+    with pytest.raises(aioq.ConfigError, match="non-empty name"):
+        await aioq.set_queue(conn, "", max_running=1)
+    assert await settings(conn) == []
+
+
+# --- the claim ---
+
+
+@pytest.mark.anyio
+async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
+    dsn: str, conn: asyncpg.Connection
+) -> None:
+    """32 claimers at once, each asking for 50, on a queue with max_running=5: 5 in all."""
+    await defer_noops(conn, "billing", 500)
+    await aioq.set_queue(conn, "billing", max_running=5)
+    claimed: list[int] = []
+    async with asyncpg.create_pool(dsn, min_size=32, max_size=32) as pool:
+
+        async def claim(i: int) -> None:
+            gate = QueueGate(store=Store(), queues=["billing", "default"], ring=lambda: None)
+            claimed.extend(c.id for c in await gate.claim(pool, 50, f"w{i}"))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(32):
+                tg.start_soon(claim, i)
+    assert len(claimed) == 5
+    running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
+    assert await conn.fetchval(running) == 5
+    # A limit raised takes effect at the next claim; a lowered one lets none in until below it.
+    gate = QueueGate(store=Store(), queues=["billing"], ring=lambda: None)
+    await aioq.set_queue(conn, "billing", max_running=7)
+    assert len(await gate.claim(conn, 50, "w")) == 2
+    await aioq.set_queue(conn, "billing", max_running=3)
+    assert await gate.claim(conn, 50, "w") == []
+    # Removing the limit: the plain claim again (after the view is read anew).
+    await aioq.set_queue(conn, "billing", max_running=None)
+    gate.changed()
+    assert len(await gate.claim(conn, 50, "w")) == 50
+    assert gate.limited == frozenset()
+
+
+@pytest.mark.anyio
+async def test_a_rate_window_counts_claims(conn: asyncpg.Connection) -> None:
+    await defer_noops(conn, "api", 100)
+    await aioq.set_queue(conn, "api", rate=(7, 3600.0))
+    gate = QueueGate(store=Store(), queues=["api"], ring=lambda: None)
+    assert len(await gate.claim(conn, 5, "w")) == 5
+    assert len(await gate.claim(conn, 5, "w")) == 2
+    assert await gate.claim(conn, 5, "w") == []
+    assert gate.wake_after == pytest.approx(360.0)  # a tenth of the period
+    # Once the rate is gone, so is the early wake-up.
+    await aioq.set_queue(conn, "api", rate=None)
+    gate.changed()
+    assert len(await gate.claim(conn, 1, "w")) == 1
+    assert gate.wake_after == float("inf")
+    await aioq.set_queue(conn, "api", rate=(7, 3600.0))
+    gate.changed()
+    # An idle rate-limited queue is not polled faster: no jobs held back, nothing to wake for.
+    idle = QueueGate(store=Store(), queues=["quiet"], ring=lambda: None)
+    await aioq.set_queue(conn, "quiet", rate=(7, 1.0))
+    assert await idle.claim(conn, 5, "w") == []
+    assert idle.wake_after == float("inf")
+    [info, _] = await aioq.queues(conn)
+    assert info.window_claims == 7
+    # Completing the jobs does not give the window back: it counts claims, not running jobs.
+    await conn.execute("DELETE FROM aioq.jobs WHERE status = 'running'")
+    assert await gate.claim(conn, 5, "w") == []
+    # A window that has passed no longer counts (its slots are pruned by the next claim).
+    await conn.execute("UPDATE aioq.queue_claims SET slot_end = slot_end - interval '2 hours'")
+    assert len(await gate.claim(conn, 10, "w")) == 7
+    assert await conn.fetchval("SELECT count(*) FROM aioq.queue_claims") == 1
+
+
+# --- real workers ---
+
+NAPPER = textwrap.dedent(
+    """
+    import asyncio
+
+    import aioq
+
+    registry = aioq.Registry()
+
+
+    @registry.task(name="nap")
+    async def nap(sleep: float = 0.0) -> None:
+        await asyncio.sleep(sleep)
+    """
+)
+
+
+@pytest.fixture
+def fleet(dsn: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``aioq worker napper:registry`` processes; stopped (or killed) at teardown."""
+    (tmp_path / "napper.py").write_text(NAPPER)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "aioq", "worker", "napper:registry", *args]
+        with (tmp_path / "workers.log").open("ab") as log:
+            proc = subprocess.Popen(
+                command, cwd=tmp_path, env={**os.environ, "AIOQ_DSN": dsn}, stdout=log, stderr=log
+            )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def listening(conn: asyncpg.Connection, n: int) -> None:
+    await eventually(lambda: _true(conn, LISTENERS, n))
+
+
+async def _true(conn: asyncpg.Connection, query: str, n: int) -> bool:
+    return len(await conn.fetch(query)) == n
+
+
+@pytest.mark.anyio
+async def test_max_running_holds_across_worker_processes(
+    conn: asyncpg.Connection, fleet: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """3 processes x concurrency 20 on a queue with max_running=3, jobs of 0.2 s: never more
+    than 3 running (sampled every 20 ms in the database), and the 3 slots are kept busy."""
+    jobs = 60
+    await aioq.set_queue(conn, "limited", max_running=3)
+    fleet("--processes", "3", "--concurrency", "20", "--queue", "limited", "--keep-completed")
+    await listening(conn, 3)
+    await defer_noops(conn, "limited", jobs, sleep=0.2)
+    samples: list[int] = []
+    with anyio.fail_after(HANG_GUARD):
+        while (
+            len(samples) < 5 or samples[-1] or await conn.fetchval("SELECT count(*) FROM aioq.jobs")
+        ):
+            samples.append(
+                await conn.fetchval(
+                    "SELECT count(*) FROM aioq.jobs WHERE queue = 'limited' AND status = 'running'"
+                )
+            )
+            await anyio.sleep(0.02)
+    assert max(samples) == 3, samples
+    first, last = await conn.fetchrow("SELECT min(started_at), max(finished_at) FROM aioq.archive")
+    assert await conn.fetchval("SELECT count(*) FROM aioq.archive") == jobs
+    rate = jobs / (last - first).total_seconds()
+    print(f"\nmax_running=3, 0.2 s jobs: {rate:.1f} jobs/s (ideal 15), max running {max(samples)}")
+    assert 12.0 <= rate <= 18.0, rate  # within 20 % of 3 slots / 0.2 s
+
+
+@pytest.mark.anyio
+async def test_rate_limit_holds_in_every_window(
+    conn: asyncpg.Connection, fleet: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """rate (20, 1.0) for 4+ s: at most 20 claims in any 1 s window, at least 60 in all."""
+    await aioq.set_queue(conn, "api", rate=(20, 1.0))
+    await defer_noops(conn, "api", 400)
+    fleet("--processes", "2", "--concurrency", "10", "--queue", "api", "--keep-completed")
+    await eventually(
+        lambda: conn.fetchval(
+            "SELECT max(started_at) - min(started_at) >= interval '4 seconds' FROM aioq.archive"
+        )
+    )
+    rows = await conn.fetch("SELECT started_at FROM aioq.archive ORDER BY started_at")
+    times = [r[0] for r in rows]
+    start = times[0]
+    in_4s = [t for t in times if t < start + timedelta(seconds=4)]
+    busiest = max(sum(1 for u in times if t <= u < t + timedelta(seconds=1)) for t in times)
+    print(f"\nrate 20/1s: {len(in_4s)} claims in the first 4 s, busiest 1 s window {busiest}")
+    assert busiest <= 20
+    assert len(in_4s) >= 60
+
+
+@pytest.mark.anyio
+async def test_pause_keeps_jobs_pending_and_resume_wakes_workers_at_once(
+    conn: asyncpg.Connection, make_worker: MakeWorker, registry: aioq.Registry
+) -> None:
+    gate_open = anyio.Event()
+    finished: list[int] = []
+
+    @registry.task(name="hold")
+    async def hold() -> None:
+        await gate_open.wait()
+        finished.append(aioq.current_job().id)
+
+    @registry.task(name="nap")
+    async def nap(sleep: float = 0.0) -> None:
+        finished.append(aioq.current_job().id)
+
+    # A poll interval far longer than the test: only a NOTIFY can wake the workers in time.
+    async with make_worker(concurrency=5, queues=["work"], poll_interval=300) as worker:
+        async with conn.transaction():
+            held = [await hold.options(queue="work").defer(conn) for _ in range(3)]
+        running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
+        await eventually(lambda: _is(conn, running, 3))
+        await aioq.set_queue(conn, "work", paused=True)
+        assert worker.gate is not None
+        await eventually(lambda: _sure("work" in worker.gate.limited))  # type: ignore[union-attr]
+        await defer_noops(conn, "work", 200)
+        gate_open.set()  # the running jobs finish normally: a pause aborts nothing
+        await eventually(lambda: _sure(sorted(finished) == sorted(held)))
+        await anyio.sleep(0.5)  # give a wrongful claim the time to show
+        assert await conn.fetchval(running) == 0
+        pending = "SELECT count(*) FROM aioq.jobs WHERE status = 'pending'"
+        assert await conn.fetchval(pending) == 200
+        [info] = await aioq.queues(conn)
+        assert (info.paused, info.ready, info.running) == (True, 200, 0)
+        await aioq.set_queue(conn, "work", paused=False)
+        await eventually(lambda: _is(conn, "SELECT count(*) FROM aioq.jobs", 0))
+    assert len(finished) == 203
+
+
+@pytest.mark.anyio
+async def test_a_limit_set_on_a_running_worker_holds(
+    conn: asyncpg.Connection, make_worker: MakeWorker, registry: aioq.Registry
+) -> None:
+    """Workers started with no limits obey a max_running set while they run, then its removal."""
+    stop = anyio.Event()
+
+    @registry.task(name="nap")
+    async def nap(sleep: float = 0.0) -> None:
+        await stop.wait()
+
+    running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
+    async with (
+        make_worker(concurrency=10, queues=["work"]),
+        make_worker(concurrency=10, queues=["work"]),
+    ):
+        await defer_noops(conn, "work", 4)
+        await eventually(lambda: _is(conn, running, 4))
+        await aioq.set_queue(conn, "work", max_running=6)
+        await defer_noops(conn, "work", 30)
+        await eventually(lambda: _is(conn, running, 6))
+        await anyio.sleep(1.5)  # past the workers' refresh: nothing more may start
+        assert await conn.fetchval(running) == 6
+        await aioq.set_queue(conn, "work", max_running=None)
+        await eventually(lambda: _is(conn, running, 20))
+        stop.set()
+
+
+async def _is(conn: asyncpg.Connection, query: str, value: int) -> bool:
+    return await conn.fetchval(query) == value  # type: ignore[no-any-return]
+
+
+async def _sure(value: bool) -> bool:
+    return value
+
+
+# --- the CLI ---
+
+
+def test_queues_cli(dsn: str) -> None:
+    made = aioq_cli(dsn, "queues", "set", "billing", "--max-running", "5", "--rate", "100/60s")
+    assert made.returncode == 0, made
+    assert made.stdout.splitlines()[0].split()[:4] == ["QUEUE", "STATE", "MAX_RUNNING", "RATE"]
+    assert made.stdout.splitlines()[1].split()[:4] == ["billing", "active", "5", "100/60s"]
+    paused = aioq_cli(dsn, "queues", "pause", "billing", "--json")
+    assert paused.returncode == 0, paused
+    [info] = json.loads(paused.stdout)
+    assert (info["name"], info["paused"], info["max_running"], info["rate"]) == (
+        "billing",
+        True,
+        5,
+        [100, 60.0],
+    )
+    listed = aioq_cli(dsn, "queues", "list")
+    assert listed.returncode == 0, listed
+    assert "billing  paused" in listed.stdout
+    resumed = aioq_cli(dsn, "queues", "resume", "billing")
+    assert "billing  active" in resumed.stdout
+    cleared = aioq_cli(dsn, "queues", "set", "billing", "--rate", "none", "--json")
+    assert json.loads(cleared.stdout)[0]["rate"] is None
+    assert json.loads(cleared.stdout)[0]["max_running"] == 5
+
+    assert_one_line_error(
+        aioq_cli(dsn, "queues", "set", "billing", "--max-running", "0"),
+        "max_running",
+        "queue 'billing'",
+        "got 0",
+    )
+    assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing", "--rate", "-5/1s"), "rate")
+    assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing", "--rate", "5/0s"), "rate")
+    assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing"), "give max_running")
+    assert_one_line_error(aioq_cli(dsn, "queues", "pause", "bilint"), "unknown queue 'bilint'")
+    after = json.loads(aioq_cli(dsn, "queues", "list", "--json").stdout)
+    assert [(q["name"], q["max_running"], q["rate"], q["paused"]) for q in after] == [
+        ("billing", 5, None, False)
+    ]
+
+
+@pytest.mark.anyio
+async def test_ten_workers_of_fifty_never_run_more_than_max_running(
+    conn: asyncpg.Connection, make_worker: MakeWorker, registry: aioq.Registry
+) -> None:
+    """10 workers x concurrency 50 on a queue with max_running=5, sampled in the database."""
+
+    @registry.task(name="nap")
+    async def nap(sleep: float = 0.0) -> None:
+        await anyio.sleep(sleep)
+
+    await aioq.set_queue(conn, "billing", max_running=5)
+    await defer_noops(conn, "billing", 150, sleep=0.03)
+    samples: list[int] = []
+    running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
+    async with anyio.create_task_group() as tg:
+        workers = [make_worker(concurrency=50, queues=["billing"]) for _ in range(10)]
+        for worker in workers:
+            tg.start_soon(worker.run)
+        with anyio.fail_after(HANG_GUARD):
+            while await conn.fetchval("SELECT count(*) FROM aioq.jobs"):
+                samples.append(await conn.fetchval(running))
+                await anyio.sleep(0.01)
+        for worker in workers:
+            worker.stop()
+    assert max(samples) <= 5, max(samples)
+    assert 5 in samples  # the limit was reached, not just respected
+
+
+@pytest.mark.anyio
+async def test_a_schema_without_limits_tables_claims_as_before(
+    conn: asyncpg.Connection,
+    make_worker: MakeWorker,
+    registry: aioq.Registry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Workers of this version on a schema not yet upgraded: no queue can be limited."""
+
+    @registry.task(name="nap")
+    async def nap(sleep: float = 0.0) -> None: ...
+
+    await conn.execute("DROP TABLE aioq.queues, aioq.queue_claims")
+    await defer_noops(conn, "default", 20)
+    with anyio.fail_after(HANG_GUARD):
+        await make_worker(limits_refresh=0.01).run_until_idle()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+    assert caplog.text.count("queue limits are off until `aioq schema apply`") == 1

@@ -2,6 +2,7 @@
 
 from aioq.admin import (
     QueueStats,
+    Replay,
     Stats,
     TableStats,
     cancel_jobs,
@@ -18,6 +19,7 @@ from aioq.errors import (
     DeferError,
     Fail,
     JobControl,
+    OptionError,
     PayloadError,
     Retry,
     SchemaError,
@@ -46,10 +48,12 @@ __all__ = (
     "JobContext",
     "JobControl",
     "JobStatus",
+    "OptionError",
     "PayloadError",
     "QueueInfo",
     "QueueStats",
     "Registry",
+    "Replay",
     "Retry",
     "Schedule",
     "SchemaError",

@@ -6,12 +6,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import asyncpg
+
+from aioq.errors import AioqError
 from aioq.job import Job, JobStatus
 from aioq.queries import DEFAULT_SCHEMA
-from aioq.store import Store, Target, executor
+from aioq.store import Connection, Store, Target, executor
+from aioq.task import check_duration
 
 __all__ = (
     "QueueStats",
+    "Replay",
     "Stats",
     "TableStats",
     "cancel_jobs",
@@ -121,6 +126,8 @@ async def purge_dead(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if older_than is not None:
+        check_duration("older_than", older_than)  # before any SQL: now() - it must not overflow
     conn = await executor(conn)
     store = Store.for_schema(schema)
     total = 0
@@ -131,6 +138,18 @@ async def purge_dead(
             return total
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replay:
+    """What :func:`retry_dead` did: the jobs made pending again, and those left dead, with why."""
+
+    retried: list[int]
+    skipped: dict[int, str]  # job id -> why it stays dead (its unique_key is taken)
+
+
+REPLAY_TRIES = 10
+"""Times a replay is tried again when a concurrent defer takes one of its unique keys."""
+
+
 async def retry_dead(
     conn: Target,
     *,
@@ -139,13 +158,48 @@ async def retry_dead(
     queue: str | None = None,
     all: bool = False,
     schema: str = DEFAULT_SCHEMA,
-) -> list[int]:
-    """Replay dead jobs (by id, task or queue; ``all=True`` for every one); return their ids."""
+) -> Replay:
+    """Replay dead jobs (by id, task or queue; ``all=True`` for every one).
+
+    A ``unique_key`` belongs to at most one live job: of several dead jobs sharing a key only the
+    newest is replayed, and none while a live job holds it. Those are reported in ``skipped``;
+    they never make the whole call fail.
+    """
     if job_id is None and task is None and queue is None and not all:
         raise ValueError("retry_dead needs job_id, task, queue or all=True")
-    conn = await executor(conn)
+    db = await executor(conn)
     ids = [job_id] if isinstance(job_id, int) else job_id
-    return await Store.for_schema(schema).replay(conn, ids=ids, task=task, queue=queue)
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as own:
+            return await _replay(own, ids, task, queue, schema)
+    return await _replay(db, ids, task, queue, schema)
+
+
+async def _replay(
+    conn: Connection, ids: Sequence[int] | None, task: str | None, queue: str | None, schema: str
+) -> Replay:
+    store = Store.for_schema(schema)
+    for _ in range(REPLAY_TRIES):
+        try:
+            # A savepoint inside the caller's transaction (or a transaction of its own), so a
+            # lost race leaves the caller's transaction usable.
+            async with conn.transaction():
+                rows = await store.replay(conn, ids=ids, task=task, queue=queue)
+        except asyncpg.UniqueViolationError:
+            # A job with one of the keys became live after this statement's snapshot (a defer
+            # or another replay committed meanwhile); the next try sees it and skips that key.
+            continue
+        retried = [row["id"] for row in rows if row["replayed"]]
+        skipped = {row["id"]: _why_skipped(row) for row in rows if not row["replayed"]}
+        return Replay(retried=retried, skipped=skipped)
+    raise AioqError(f"retry_dead: unique keys kept changing owner over {REPLAY_TRIES} tries")
+
+
+def _why_skipped(row: asyncpg.Record) -> str:
+    key = row["unique_key"]
+    if row["live_id"] is not None:
+        return f"unique_key {key!r} is held by live job {row['live_id']}"
+    return f"unique_key {key!r} went to dead job {row['newest']}, the newest with that key"
 
 
 async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:

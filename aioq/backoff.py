@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
-from aioq.errors import ConfigError
+from aioq.errors import MAX_RETRY_DELAY, ConfigError
 
 __all__ = ("Backoff", "Failures", "jittered")
 
@@ -20,9 +21,16 @@ class Backoff:
     jitter: float = 0.25  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
 
     def __post_init__(self) -> None:
-        if self.base < 0:
-            raise ConfigError("base", f"must be >= 0, got {self.base}")
-        if self.factor < 1:
+        # Each delay becomes an interval in the completer's statement: NaN or an overflowing
+        # value would fail the whole batch of outcomes it is written with.
+        for name in ("base", "max"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value <= MAX_RETRY_DELAY):
+                raise ConfigError(
+                    name,
+                    f"must be finite, between 0 and {MAX_RETRY_DELAY:.0f} seconds; got {value!r}",
+                )
+        if not (math.isfinite(self.factor) and self.factor >= 1):
             raise ConfigError("factor", f"must be >= 1, got {self.factor}")
         if self.max < self.base:
             raise ConfigError("max", f"must be >= base ({self.base}), got {self.max}")

@@ -6,6 +6,7 @@ Every exception that crosses the public API derives from :class:`AioqError`::
     ├── ConfigError             a bad option or name (field, value)
     ├── DeferError              a job could not be deferred; nothing was written (task_name)
     │   ├── ArgumentError       the arguments do not bind to the task's signature
+    │   ├── OptionError         an ``options(...)`` value out of range (also a ConfigError)
     │   └── SerializationError  an argument is not exactly representable as JSON (argument)
     ├── TaskError               a job failed to run in a way the worker reports (task_name, job_id)
     │   ├── UnknownTaskError    no task of that name is registered
@@ -26,6 +27,7 @@ __all__ = (
     "DeferError",
     "Fail",
     "JobControl",
+    "OptionError",
     "PayloadError",
     "Retry",
     "SchemaError",
@@ -61,6 +63,7 @@ class ConfigError(AioqError, ValueError):
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
+        self.problem = problem
         super().__init__(f"{field}: {problem}")
 
 
@@ -76,6 +79,16 @@ class DeferError(AioqError):
 
 class ArgumentError(DeferError, TypeError):
     """The arguments given to ``defer`` do not match the task's signature."""
+
+
+class OptionError(DeferError, ConfigError):
+    """A per-call option (``options(...)``) has a value the job could not be stored with."""
+
+    def __init__(self, task_name: str, field: str, problem: str) -> None:
+        self.task_name = task_name
+        self.field = field
+        self.problem = problem
+        AioqError.__init__(self, f"cannot defer {task_name!r}: option {field}: {problem}")
 
 
 class SerializationError(DeferError, TypeError):

@@ -13,7 +13,14 @@ from datetime import UTC, datetime
 __all__ = ("EXTRA_KEYS", "JsonFormatter", "formatter")
 
 EXTRA_KEYS = ("job_id", "task", "queue", "attempt", "duration_s", "outcome")
-"""The ``extra`` keys of aioq's job log lines, copied into JSON records when present."""
+"""The stable ``extra`` keys of aioq's job log lines (every other ``extra`` is kept too)."""
+
+# What every LogRecord carries; anything else on a record came from ``extra`` and is kept.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
 
@@ -22,7 +29,7 @@ class JsonFormatter(logging.Formatter):
     """Format each record as one JSON object on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        """Return the record as a JSON object: time, level, logger, message, job extras."""
+        """Return the record as a JSON object: time, level, logger, message, and every extra."""
         out: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
@@ -30,9 +37,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "process": record.process,
         }
-        for key in EXTRA_KEYS:
-            if key in record.__dict__:
-                out[key] = record.__dict__[key]
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out.setdefault(key, value)  # an extra never hides the record's own fields
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

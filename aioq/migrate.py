@@ -10,9 +10,17 @@ import asyncpg
 
 from aioq import queries as q
 from aioq.errors import SchemaError
-from aioq.store import Connection
+from aioq.store import Connection, Executor
 
-__all__ = ("Migration", "SchemaStatus", "install", "migrations", "schema_sql", "status")
+__all__ = (
+    "Migration",
+    "SchemaStatus",
+    "check_installed",
+    "install",
+    "migrations",
+    "schema_sql",
+    "status",
+)
 
 _MARKER = re.compile(r"^-- aioq:migration (\d+)\s*$", re.MULTILINE)
 
@@ -63,7 +71,7 @@ def schema_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
     return _source().replace("{{schema}}", q.quote_schema(schema))
 
 
-async def _installed(conn: Connection, schema: str) -> int:
+async def _installed(conn: Executor, schema: str) -> int:
     table = f"{q.quote_schema(schema)}.migrations"
     if not await conn.fetchval(q.SCHEMA_EXISTS, table):
         return 0
@@ -100,3 +108,38 @@ async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]
             " (or, for a first install, a role that may create schemas in this database)"
         ) from exc
     return applied
+
+
+async def check_installed(conn: Executor, schema: str = "aioq") -> None:
+    """Raise :class:`SchemaError` unless the schema is installed at the version this aioq needs.
+
+    A worker calls it at start-up, so that a missing or outdated schema is one clear error
+    that says what to run, instead of a loop of failing statements. A role that may not read
+    the migrations table (an application role with only the README's grants) is checked for
+    the jobs table alone.
+    """
+    quoted = q.quote_schema(schema)
+    if not await conn.fetchval(q.SCHEMA_EXISTS, f"{quoted}.jobs"):
+        raise SchemaError(
+            f"the aioq schema {schema!r} is not installed in this database:"
+            f" run: aioq schema apply{_flag(schema)} (or await aioq.install(conn))"
+        )
+    try:
+        installed = await _installed(conn, schema)
+    except asyncpg.InsufficientPrivilegeError:
+        return
+    latest = len(migrations(schema))
+    if installed < latest:
+        raise SchemaError(
+            f"the aioq schema {schema!r} is at version {installed}, this aioq needs {latest}:"
+            f" run: aioq schema apply{_flag(schema)}"
+        )
+    if installed > latest:
+        raise SchemaError(
+            f"the aioq schema {schema!r} is at version {installed}, newer than this aioq"
+            f" knows ({latest}): upgrade aioq-pg on this host"
+        )
+
+
+def _flag(schema: str) -> str:
+    return "" if schema == "aioq" else f" --schema {schema}"

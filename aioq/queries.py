@@ -308,24 +308,43 @@ rang AS (
 SELECT id, status FROM changed WHERE (SELECT count(*) FROM rang) >= 0
 """
 
-# Dead jobs back to pending with fresh attempts; a job whose unique_key is live again is left.
+# Dead jobs back to pending with fresh attempts. unique_key is unique
+# among live jobs, so of the dead jobs sharing a key only the newest comes back, and none while a
+# live job holds the key; every matching dead job is returned with what happened to it, so the
+# caller can say why one was left. `newest` is a window over `locked` because FOR UPDATE and
+# window functions cannot share a SELECT. The final WHERE only forces `rang` (and its NOTIFY) to
+# run: a CTE nobody reads is skipped.
 REPLAY_DEAD = """
-WITH changed AS (
-    UPDATE {s}.jobs AS j
-    SET status = 'pending', attempts = 0, run_at = now()
+WITH locked AS (
+    SELECT j.id, j.queue, j.unique_key FROM {s}.jobs AS j
     WHERE j.status = 'dead'
       AND ($1::bigint[] IS NULL OR j.id = ANY($1))
       AND ($2::text IS NULL OR j.task = $2)
       AND ($3::text IS NULL OR j.queue = $3)
-      AND (j.unique_key IS NULL OR NOT EXISTS (
-          SELECT FROM {s}.jobs AS live
-          WHERE live.unique_key = j.unique_key AND live.status IN ('pending', 'running')))
+    FOR UPDATE
+),
+matching AS (
+    SELECT l.id, l.unique_key, max(l.id) OVER (PARTITION BY l.unique_key) AS newest,
+           (SELECT live.id FROM {s}.jobs AS live
+            WHERE live.unique_key = l.unique_key AND live.status IN ('pending', 'running')
+            LIMIT 1) AS live_id
+    FROM locked AS l
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = 'pending', attempts = 0, run_at = now()
+    FROM matching AS m
+    WHERE j.id = m.id AND (m.unique_key IS NULL OR (m.live_id IS NULL AND m.id = m.newest))
     RETURNING j.id, j.queue
 ),
 rang AS (
     SELECT pg_notify({channel}, queue) FROM changed GROUP BY queue
 )
-SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+SELECT m.id, m.unique_key, c.id IS NOT NULL AS replayed, m.live_id, m.newest
+FROM matching AS m
+LEFT JOIN changed AS c ON c.id = m.id
+WHERE (SELECT count(*) FROM rang) >= 0
+ORDER BY m.id
 """
 
 GET_JOB = """

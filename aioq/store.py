@@ -256,10 +256,13 @@ class Store:
         ids: Sequence[int] | None = None,
         task: str | None = None,
         queue: str | None = None,
-    ) -> list[int]:
-        """Make dead jobs pending again with fresh attempts; return their ids."""
-        rows = await conn.fetch(self._replay, list(ids) if ids is not None else None, task, queue)
-        return sorted(row[0] for row in rows)
+    ) -> Sequence[asyncpg.Record]:
+        """Make matching dead jobs pending again with fresh attempts, one per unique_key.
+
+        Return every matching dead job: id, unique_key, replayed, live_id (the live job holding
+        its key) and newest (the dead job of its key that was chosen).
+        """
+        return await conn.fetch(self._replay, list(ids) if ids is not None else None, task, queue)
 
     async def get(self, conn: Executor, job_id: int) -> Job | None:
         """Return one job, or None if it is not in the table."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
@@ -15,13 +16,22 @@ from aioq import hooks, queries
 from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
-from aioq.errors import ArgumentError, ConfigError, DeferError
+from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.store import Executor, Store, Target, executor
 
 if TYPE_CHECKING:
     from aioq.schedule import Schedule
 
-__all__ = ("Backoff", "Registry", "Task", "TaskCall", "default_registry", "task")
+__all__ = (
+    "MAX_DURATION",
+    "MIN_LEASE",
+    "Backoff",
+    "Registry",
+    "Task",
+    "TaskCall",
+    "default_registry",
+    "task",
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -37,6 +47,10 @@ after the claim and after each extension, so a lease of one second leaves a beat
 worker would lose its own jobs to another worker's reaper."""
 DEFAULT_SCHEMA = queries.DEFAULT_SCHEMA
 
+MAX_DURATION = 100 * 365.25 * 86400.0
+"""The longest delay or lease, in seconds (a century): far inside PostgreSQL's interval and
+timestamp range, so ``now() + delay`` and ``now() + lease`` can never overflow at defer or claim."""
+
 
 def check_text(field: str, value: str) -> None:
     """Raise ConfigError unless a name is text PostgreSQL stores as given (no NUL, valid UTF-8)."""
@@ -50,6 +64,30 @@ def check_text(field: str, value: str) -> None:
         raise ConfigError(
             field, f"{value!r} contains a lone surrogate, which is not valid Unicode text"
         ) from None
+
+
+def check_duration(
+    field: str, value: object, *, minimum: float = 0.0, maximum: float = MAX_DURATION
+) -> None:
+    """Raise ConfigError unless ``value`` is a finite number of seconds in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(field, f"must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and minimum <= value <= maximum):
+        raise ConfigError(
+            field, f"must be finite, between {minimum:g} and {maximum:.0f} seconds; got {value!r}"
+        )
+
+
+def check_time(field: str, value: object) -> None:
+    """Raise ConfigError unless ``value`` is an aware datetime PostgreSQL can store."""
+    if not isinstance(value, datetime):
+        raise ConfigError(field, f"must be a datetime, got {type(value).__name__}")
+    if value.utcoffset() is None:
+        raise ConfigError(field, "must be an aware datetime (with tzinfo)")
+    try:
+        value.astimezone(UTC)  # what the driver sends; near year 1 or 9999 it overflows
+    except OverflowError:
+        raise ConfigError(field, f"{value.isoformat()} is out of range in UTC") from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,24 +110,27 @@ class JobOptions:
         check_text("queue", self.queue)
         if self.unique_key is not None:
             check_text("unique_key", self.unique_key)
+        for name in ("priority", "max_attempts"):  # the driver would truncate 1.5 to 1
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(name, f"must be an integer, got {type(value).__name__}")
         if not -(2**31) <= self.priority < 2**31:
             raise ConfigError("priority", f"must fit in 32 bits, got {self.priority}")
         if not 1 <= self.max_attempts < 2**31:
             raise ConfigError("max_attempts", f"must be >= 1, got {self.max_attempts}")
-        if not self.lease >= MIN_LEASE:
-            raise ConfigError("lease", f"must be >= {MIN_LEASE:g} seconds, got {self.lease}")
-        if self.delay < 0:
-            raise ConfigError("delay", f"must be >= 0 seconds, got {self.delay}")
+        # Durations and times are checked here, before any SQL: a value PostgreSQL refuses
+        # would abort the caller's transaction at defer.
+        check_duration("lease", self.lease, minimum=MIN_LEASE)
+        check_duration("delay", self.delay)
         if self.run_at is not None:
-            if self.run_at.tzinfo is None:
-                raise ConfigError("run_at", "must be an aware datetime (with tzinfo)")
+            check_time("run_at", self.run_at)
             if self.delay:
                 raise ConfigError("run_at", "give either run_at or delay, not both")
 
 
 def _seconds(name: str, value: float | timedelta) -> float:
     if isinstance(value, timedelta):
-        return value.total_seconds()
+        return value.total_seconds()  # a float: timedelta.max (8.6e13 s) is refused afterwards
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(name, f"must be seconds or a timedelta, got {type(value).__name__}")
     return float(value)
@@ -200,7 +241,11 @@ class Task(Generic[P, R]):
         unique_key: str | None = None,
         lease: float | None = None,
     ) -> TaskCall[P]:
-        """Return this task with options for the jobs deferred through it."""
+        """Return this task with options for the jobs deferred through it.
+
+        A value the job could not be stored with raises :class:`OptionError` (a DeferError and
+        a ConfigError) naming the option.
+        """
         changes: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -209,10 +254,13 @@ class Task(Generic[P, R]):
             "unique_key": unique_key,
             "lease": lease,
         }
-        if delay is not None:
-            changes["delay"] = _seconds("delay", delay)
-        changes = {k: v for k, v in changes.items() if v is not None}
-        return TaskCall(self, replace(self.defaults, **changes))
+        try:
+            if delay is not None:
+                changes["delay"] = _seconds("delay", delay)
+            changes = {k: v for k, v in changes.items() if v is not None}
+            return TaskCall(self, replace(self.defaults, **changes))
+        except ConfigError as exc:
+            raise OptionError(self.name, exc.field, exc.problem) from None
 
     async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""

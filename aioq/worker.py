@@ -23,13 +23,14 @@ from aioq.lease import Heartbeat, Reaper
 from aioq.limits import DEFAULT_REFRESH, QueueGate
 from aioq.maintenance import Pruner, Vacuumer
 from aioq.metrics import Metrics, QueueSampler
+from aioq.migrate import check_installed
 from aioq.monitor import LoopLag
 from aioq.notifier import Listener
 from aioq.producer import Doorbell, Producer, Slots
 from aioq.queries import DEFAULT_SCHEMA, quote_schema
 from aioq.schedule import Scheduler
 from aioq.store import Store
-from aioq.task import DEFAULT_QUEUE, Registry, check_text, default_registry
+from aioq.task import DEFAULT_QUEUE, Registry, check_duration, check_text, default_registry
 
 __all__ = ("Worker", "WorkerConfig")
 
@@ -159,9 +160,8 @@ class WorkerConfig:
             if value is not None and not value > 0:
                 raise ConfigError(name, f"must be None or > 0 seconds, got {value!r}")
         for name in ("archive_retention", "dead_retention"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ConfigError(name, f"must be None or >= 0 seconds, got {value!r}")
+            if getattr(self, name) is not None:  # `now() - retention` must not overflow in SQL
+                check_duration(name, getattr(self, name))
         if self.shutdown_grace < 0:
             raise ConfigError("shutdown_grace", f"must be >= 0 seconds, got {self.shutdown_grace}")
         if not self.worker_id:
@@ -284,8 +284,13 @@ class Worker:
         try:
             await self._tg.start(self._serve_started)
         except BaseException as exc:
-            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
+            failed = exc
+            try:
+                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseExceptionGroup as group:
+                if group.split(lambda e: e is failed)[1] is not None:
+                    raise
+            raise  # the start-up error plain (no schema, no server), as run() raises it
         return self
 
     async def __aexit__(
@@ -352,7 +357,14 @@ class Worker:
                     self.dsn, min_size=1, max_size=POOL_SIZE, **self._pool_kwargs()
                 )
         except BaseException:
-            self._end()
+            self._end(served=False)
+            raise
+        try:
+            await check_installed(pool, self.schema)  # one clear error, not a failing loop
+        except BaseException:
+            if pool is not self.pool:  # ours to close; an application's pool is not
+                await pool.close()
+            self._end(served=False)
             raise
         completer = self._completer(pool)
         try:
@@ -394,11 +406,12 @@ class Worker:
                         pool.terminate()
                 self._end()
 
-    def _end(self) -> None:
+    def _end(self, *, served: bool = True) -> None:
         self.stopping.set()
         self.stopped.set()
         self._running = False
-        logger.info("worker %s stopped", self.id)
+        if served:  # a worker that could not start says so in its error, not in a log line
+            logger.info("worker %s stopped", self.id)
 
     def _completer(self, pool: asyncpg.Pool) -> Completer:
         cfg = self.config

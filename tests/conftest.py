@@ -7,35 +7,15 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from db import run_sql, with_database
 
 import aioq
 from aioq.dev.server import EmbeddedPostgres
 
 TEMPLATE = f"aioq_template_{os.getpid()}"
-
-
-def with_database(dsn: str, database: str) -> str:
-    """Return ``dsn`` pointing at another database."""
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
-async def _execute(dsn: str, *statements: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
-def run_sql(dsn: str, *statements: str) -> None:
-    """Run statements (outside any test's event loop)."""
-    asyncio.run(_execute(dsn, *statements))
 
 
 @pytest.fixture(scope="session")

@@ -248,7 +248,7 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
         raise UsageError("jobs retry: --task and --queue go with --dead")
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        retried = await admin.retry_dead(
+        replay = await admin.retry_dead(
             conn,
             job_id=args.ids or None,
             task=args.task,
@@ -256,7 +256,7 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
             all=args.dead,
             schema=schema_from(args),
         )
-        return _report(args, "retried", retried, "not dead jobs")
+        return _report(args, "retried", replay.retried, "not dead jobs", skipped=replay.skipped)
 
     return with_db(args, run)
 
@@ -271,15 +271,29 @@ def cmd_jobs_cancel(args: argparse.Namespace) -> int:
     return with_db(args, run)
 
 
-def _report(args: argparse.Namespace, verb: str, done: list[int], missing_are: str) -> int:
-    missing = sorted(set(args.ids) - set(done))
+def _report(
+    args: argparse.Namespace,
+    verb: str,
+    done: list[int],
+    missing_are: str,
+    *,
+    skipped: dict[int, str] | None = None,
+) -> int:
+    """Print what was done; exit 1 if a job asked for by id was not done."""
+    skipped = skipped or {}
+    missing = sorted(set(args.ids) - set(done) - set(skipped))
     if args.json:
-        print_json({verb: done, "missing": missing})
+        out: dict[str, object] = {verb: done, "missing": missing}
+        if skipped:
+            out["skipped"] = {str(job_id): why for job_id, why in skipped.items()}
+        print_json(out)
     else:
         print(f"{verb} {len(done)} jobs" + (f": {format_ints(done)}" if done else ""))
+        for job_id, why in skipped.items():
+            print(f"skipped job {job_id}: {why}")
         if missing:
             print(f"{missing_are} (or not found): {format_ints(missing)}")
-    return EXIT_FAILED if missing else EXIT_OK
+    return EXIT_FAILED if missing or set(args.ids) & set(skipped) else EXIT_OK
 
 
 def cmd_jobs_purge(args: argparse.Namespace) -> int:

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import asyncpg
 
 from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, dsn_from, duration, load_registry, positive_int
 from aioq.dev.server import EmbeddedPostgres
+from aioq.migrate import check_installed
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import Registry
 from aioq.worker import (
@@ -129,8 +131,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     dsn = dsn_from(args)
     registry = load_registry(args.target)  # in the supervisor too: a typo fails at once
     if args.processes > 1:
+        # Children would each fail on a missing schema and be restarted forever: check first.
+        anyio.run(_check_schema, dsn, args.schema or registry.schema)
         return _supervise(args, dsn)
     return anyio.run(_work, args, dsn, registry)
+
+
+async def _check_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)  # PgBouncer-safe
+    try:
+        await check_installed(conn, schema)
+    finally:
+        await conn.close()
 
 
 def _supervise(args: argparse.Namespace, dsn: str) -> int:

@@ -6,19 +6,14 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from harness import Fleet, Sql, prepare, spawn_fleet
+from db import with_database
+from harness import Sql, WorkerProcess, prepare, spawn_fleet
 
 import aioq
 from aioq.dev.server import EmbeddedPostgres, find_binaries
 from aioq.errors import ServerError
-
-
-def with_database(dsn: str, database: str) -> str:
-    """Return ``dsn`` pointing at another database."""
-    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +58,11 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def fleets() -> Iterator[Callable[..., Fleet]]:
+def fleets() -> Iterator[Callable[..., WorkerProcess]]:
     """Start worker fleets (``spawn_fleet``); whatever is left is killed at teardown."""
-    started: list[Fleet] = []
+    started: list[WorkerProcess] = []
 
-    def start(*args: object, **kwargs: object) -> Fleet:
+    def start(*args: object, **kwargs: object) -> WorkerProcess:
         fleet = spawn_fleet(*args, **kwargs)  # type: ignore[arg-type]
         started.append(fleet)
         return fleet

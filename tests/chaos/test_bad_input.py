@@ -20,10 +20,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from procs import aioq_cli
-from support import (
+from harness import (
     RUNS_TABLE,
     STOP_TIMEOUT,
     WorkerProcess,
@@ -36,6 +33,9 @@ from support import (
     wait_for,
     write_tasks,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from procs import aioq_cli
 
 import aioq
 

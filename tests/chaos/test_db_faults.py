@@ -11,9 +11,9 @@ import pytest
 from harness import (
     LONG,
     Fault,
-    Fleet,
     Result,
     Sql,
+    WorkerProcess,
     archived,
     check_drained,
     defer,
@@ -41,7 +41,7 @@ TERMINATE_JOBS = 8000 if LONG else 2000
 TERMINATE_INTERVAL = 0.7
 
 
-def no_restarts(fleet: Fleet) -> None:
+def no_restarts(fleet: WorkerProcess) -> None:
     restarted = [m for m in fleet.messages(fleet.pid) if "restarting it" in m]
     assert not restarted, restarted
 
@@ -51,7 +51,7 @@ def test_postgres_restart_mid_drain(
     own_dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     """``pg_ctl restart -m fast`` while 3 processes drain; they reconnect (pool, LISTEN)."""
     sql = open_sql(own_dsn)
@@ -121,7 +121,7 @@ def test_backends_terminated_repeatedly(
     dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     """``pg_terminate_backend`` on every aioq connection (pool and LISTEN), every ~1 s."""
     sql = open_sql(dsn)

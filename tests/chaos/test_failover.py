@@ -27,9 +27,9 @@ import pytest
 from harness import (
     LONG,
     Fault,
-    Fleet,
     Result,
     Sql,
+    WorkerProcess,
     archived,
     check_drained,
     defer,
@@ -115,7 +115,7 @@ def test_primary_killed_standby_promoted_mid_drain(
     servers: tuple[EmbeddedPostgres, EmbeddedPostgres],
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     primary, standby = servers
     database = f"aioq_failover_{secrets.token_hex(4)}"

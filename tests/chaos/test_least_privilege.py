@@ -18,8 +18,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from procs import aioq_cli, assert_one_line_error
-from support import (
+from harness import (
     RUNS_TABLE,
     STOP_TIMEOUT,
     WorkerProcess,
@@ -34,6 +33,7 @@ from support import (
     wait_for,
     write_tasks,
 )
+from procs import aioq_cli, assert_one_line_error
 
 import aioq
 from aioq.limits import QueueGate

@@ -13,9 +13,9 @@ import pytest
 from harness import (
     LONG,
     Fault,
-    Fleet,
     Result,
     Sql,
+    WorkerProcess,
     archived,
     check_drained,
     defer,
@@ -65,7 +65,7 @@ def test_long_snapshot_during_drain(
     own_dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     sql = open_sql(own_dsn)
     probe = Sql(own_dsn)

@@ -12,10 +12,10 @@ import pytest
 from harness import (
     LONG,
     Fault,
-    Fleet,
     Proxy,
     Result,
     Sql,
+    WorkerProcess,
     archived,
     check_drained,
     defer,
@@ -49,7 +49,7 @@ def test_network_drop_stall_blackhole(
     own_dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     sql = open_sql(own_dsn)
     jobs = defer(sql, JOBS, max_sleep=0.2)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
-from support import (
+from harness import (
     RUNS_TABLE,
     PgBouncer,
     WorkerProcess,

@@ -14,9 +14,9 @@ from harness import (
     HANG_GUARD,
     LONG,
     Fault,
-    Fleet,
     Result,
     Sql,
+    WorkerProcess,
     archived,
     backends_of,
     busy_backends_of,
@@ -45,7 +45,7 @@ def test_sigkill_random_workers_mid_drain(
     dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     """Kill a random child of the supervisor every ~0.5 s; nothing is lost, repeats are bounded."""
     sql = open_sql(dsn)
@@ -114,7 +114,7 @@ def test_lease_theft_stale_completion_is_fenced(
     dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     """SIGSTOP the holder of a short-lease job past its lease; another worker's reaper rescues
     it and completes it; on SIGCONT the stale completion changes nothing and says so."""

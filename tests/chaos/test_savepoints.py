@@ -18,7 +18,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from support import (
+from harness import (
     LONG,
     RUNS_TABLE,
     WorkerProcess,

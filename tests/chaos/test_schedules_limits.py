@@ -20,9 +20,9 @@ import pytest
 from harness import (
     LONG,
     Fault,
-    Fleet,
     Result,
     Sql,
+    WorkerProcess,
     archived,
     backends_of,
     check_drained,
@@ -57,7 +57,7 @@ def test_sigkill_as_ticks_fall_due(
     dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     """Kill a worker a few milliseconds after a tick falls due, again and again: each tick is
     enqueued once by whoever gets there (the tick jobs wait in a queue nobody serves)."""
@@ -105,7 +105,7 @@ def test_sigkill_under_max_running_rescues_and_holds_the_limit(
     dsn: str,
     workdir: Path,
     open_sql: Callable[[str], Sql],
-    fleets: Callable[..., Fleet],
+    fleets: Callable[..., WorkerProcess],
 ) -> None:
     sql = open_sql(dsn)
     sql.execute("INSERT INTO aioq.queues (name, max_running) VALUES ('default', $1)", MAX_RUNNING)

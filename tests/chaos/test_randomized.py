@@ -1,0 +1,608 @@
+"""Scenario 12: a randomized run of the core's promises under mixed faults (issue 10).
+
+Three worker processes (``python -m aioq worker``, each its own process, restarted when it ends)
+serve jobs whose leases are drawn from the allowed range and whose durations straddle them: async
+and plain ``def`` tasks (some with a timeout they overstay once), tasks that snooze
+(``raise aioq.Retry``) or fail once on purpose. Meanwhile the test stops workers (SIGTERM), kills
+them (SIGKILL), and drops or stalls every connection through a TCP proxy (lost replies).
+
+Each run of a task records its start and end (pid, worker id, outcome) in ``runs``, on a direct
+connection of the task's own, so the record survives what the workers' connections go through.
+At the end, with every worker stopped:
+
+* nothing is left ``running`` (a gracefully stopped worker leaves nothing ``running`` either);
+* every job is in exactly one terminal state: archived once, or dead;
+* no two runs of a job overlap in time, unless on different workers and a network fault
+  (a dropped or stalled connection) happened between the first run's start and the second's:
+  a healthy worker keeps its lease, and one worker never runs a job twice at once;
+* every duplicate run (a run after one that was not a planned snooze or failure) is explained by
+  a fault: the previous run's worker was killed or stopped, or a network fault hit it.
+
+The seed is printed at the start and in every failure; ``AIOQ_CHAOS_SEED`` replays it.
+``AIOQ_CHAOS_PROFILE=long`` (``make chaos``) runs longer with more jobs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import textwrap
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import PROFILE, Proxy, Sql, WorkerProcess, chaos_seed, log, scaled
+
+from aioq.dev.server import EmbeddedPostgres
+from aioq.task import MIN_LEASE
+
+pytestmark = pytest.mark.chaos
+
+PROCESSES = 3
+CONCURRENCY = 6
+FAULT_PHASE = scaled(25, 240)  # seconds of faults
+JOBS_PER_BATCH = scaled(6, 10)
+MAX_LEASE = 4.0
+SYNC_TIMEOUT = 1.0  # the timeout of the sync task that overstays it once
+GRACE = 2.0  # --shutdown-grace
+REAPER = 5.0  # the worker's default reaper interval: a lost lease is reaped within it
+SLACK = 3.0  # scheduling noise on a machine shared with other test runs
+DRAIN_GUARD = 180.0  # hang guard: "never", not a timing
+
+TASKS = textwrap.dedent(
+    '''
+    """Tasks of the randomized scenario: every run records its start and end in ``runs``."""
+
+    import asyncio
+    import os
+    import threading
+    import time
+
+    import anyio
+    import asyncpg
+
+    import aioq
+
+    registry = aioq.Registry()
+    DSN = os.environ["CHAOS_RECORD_DSN"]
+    QUICK = aioq.Backoff(base=0.2, factor=2, max=1.0)
+    SYNC_TIMEOUT = float(os.environ["CHAOS_SYNC_TIMEOUT"])
+    START = (
+        "INSERT INTO runs (job_id, attempt, pid, worker_id, kind) VALUES ($1, $2, $3, $4, $5)"
+        " RETURNING id, (SELECT count(*) FILTER (WHERE outcome = 'snooze') FROM runs"
+        "                WHERE job_id = $1) AS snoozed,"
+        "   (SELECT count(*) FILTER (WHERE outcome IN ('fail', 'timeout')) FROM runs"
+        "    WHERE job_id = $1) AS failed"
+    )
+    END = "UPDATE runs SET ended_at = clock_timestamp(), outcome = $2 WHERE id = $1"
+    _pool = None
+    _lock = None
+    _local = threading.local()
+
+
+    async def _recorder():
+        global _pool, _lock
+        if _lock is None:
+            _lock = asyncio.Lock()
+        async with _lock:
+            if _pool is None:
+                _pool = await asyncpg.create_pool(DSN, min_size=0, max_size=8)
+        return _pool
+
+
+    def _plan(row, snoozes, fail_once):
+        if row["snoozed"] < snoozes:
+            return "snooze"
+        if fail_once and row["failed"] == 0:
+            return "fail"
+        return None
+
+
+    def _raise(plan):
+        if plan == "snooze":
+            raise aioq.Retry(delay=0.05)
+        if plan == "fail":
+            raise RuntimeError("a planned failure")
+
+
+    @registry.task(name="work", max_attempts=25, retry=QUICK)
+    async def work(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None:
+        job = aioq.current_job()
+        with anyio.CancelScope(shield=True):  # a cancel waits until the start is recorded
+            row = await (await _recorder()).fetchrow(
+                START, job.id, job.attempt, os.getpid(), job.worker_id, "async"
+            )
+        outcome = "cancelled"
+        try:
+            plan = _plan(row, snoozes, fail_once)
+            if plan:
+                outcome = plan
+                _raise(plan)
+            await asyncio.sleep(seconds)
+            outcome = "ok"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await (await _recorder()).execute(END, row["id"], outcome)
+
+
+    def _sync(query, *args):
+        """Run one statement on this thread's own connection (and event loop)."""
+        if getattr(_local, "loop", None) is None:
+            _local.loop, _local.conn = asyncio.new_event_loop(), None
+
+        async def go():
+            if _local.conn is None or _local.conn.is_closed():
+                _local.conn = await asyncpg.connect(DSN)
+            return await _local.conn.fetchrow(query, *args)
+
+        return _local.loop.run_until_complete(go())
+
+
+    def _sync_run(kind, seconds, snoozes, fail_once, overstay):
+        job = aioq.current_job()
+        row = _sync(START, job.id, job.attempt, os.getpid(), job.worker_id, kind)
+        outcome = "cancelled"
+        try:
+            plan = _plan(row, snoozes, fail_once)
+            if plan:
+                outcome = plan
+                _raise(plan)
+            if overstay and row["failed"] == 0:
+                outcome = "timeout"  # planned: the first run overstays the task's timeout
+                time.sleep(SYNC_TIMEOUT * 1.5)
+                return
+            time.sleep(seconds)
+            outcome = "ok"
+        finally:
+            _sync(END + " RETURNING id", row["id"], outcome)
+
+
+    @registry.task(name="sync_work", max_attempts=25, retry=QUICK)
+    def sync_work(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None:
+        _sync_run("sync", seconds, snoozes, fail_once, overstay=False)
+
+
+    @registry.task(name="sync_timeout", max_attempts=25, retry=QUICK, timeout=SYNC_TIMEOUT)
+    def sync_timeout(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None:
+        _sync_run("sync_timeout", seconds, snoozes, fail_once, overstay=True)
+    '''
+)
+
+RUNS_DDL = """
+CREATE TABLE runs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    pid integer NOT NULL,
+    worker_id text NOT NULL,
+    kind text NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at timestamptz,
+    outcome text
+)
+"""
+
+PLANNED = ("snooze", "fail", "timeout")  # outcomes after which another run is expected
+
+
+@dataclass
+class Fault:
+    """One injected event: a worker killed or stopped, or the network dropped or stalled."""
+
+    kind: str  # kill, stop, drop, stall
+    started: float  # epoch seconds
+    ended: float
+    pid: int | None = None  # the worker it hit (None: every worker, through the proxy)
+
+
+@dataclass
+class Slot:
+    """One of the three worker processes; a new one is started when it has ended."""
+
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    exits: dict[int, float] = field(default_factory=dict)  # pid -> when it was seen gone
+    stopping: Fault | None = None
+    restart_at: float = 0.0
+
+
+class Workers:
+    """The worker processes, started through the proxy, logs in ``workdir``."""
+
+    def __init__(self, workdir: Path, dsn: str, record_dsn: str) -> None:
+        self.workdir = workdir
+        self.dsn = dsn
+        self.env = {"CHAOS_RECORD_DSN": record_dsn, "CHAOS_SYNC_TIMEOUT": str(SYNC_TIMEOUT)}
+        self.slots = [Slot(i) for i in range(PROCESSES)]
+        self.started = 0
+
+    def start(self, slot: Slot) -> None:
+        args = ["--concurrency", str(CONCURRENCY), "--poll-interval", "0.2"]
+        args += ["--shutdown-grace", str(GRACE), "--keep-completed", "--log-format", "json"]
+        args += ["--command-timeout", "5"]
+        worker = WorkerProcess(
+            "randomtasks:registry", *args, dsn=self.dsn, cwd=self.workdir, env=self.env
+        )
+        slot.proc = worker.start().proc
+        self.started += 1
+        slot.stopping = None
+
+    def alive(self) -> list[Slot]:
+        return [s for s in self.slots if s.proc is not None and s.proc.poll() is None]
+
+    def reap(self, now: float, rng: random.Random) -> list[int]:
+        """Note workers that ended, restart their slots after a pause; return the ended pids."""
+        ended = []
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is not None:
+                slot.exits[slot.proc.pid] = now
+                if slot.stopping is not None:
+                    slot.stopping.ended = now
+                ended.append(slot.proc.pid)
+                slot.proc = None
+                slot.restart_at = now + rng.uniform(0.2, 1.5)
+            if slot.proc is None and now >= slot.restart_at:
+                self.start(slot)
+        return ended
+
+    def kill_all(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.kill()
+                slot.proc.wait(30)
+
+
+@pytest.fixture
+def workers(workdir: Path) -> Iterator[Callable[[str, str], Workers]]:
+    made: list[Workers] = []
+
+    def make(dsn: str, record_dsn: str) -> Workers:
+        made.append(Workers(workdir, dsn, record_dsn))
+        return made[-1]
+
+    yield make
+    for group in made:
+        group.kill_all()
+
+
+def _defer(sql: Sql, rng: random.Random, count: int) -> dict[int, float]:
+    """Defer ``count`` jobs with random tasks, leases, durations, snoozes and failures.
+
+    Return the lease of each job id.
+    """
+    tasks, args, leases = [], [], []
+    for _ in range(count):
+        lease = round(rng.uniform(MIN_LEASE, MAX_LEASE), 2)
+        kind = rng.choices(["work", "sync_work", "sync_timeout"], weights=[6, 2, 1])[0]
+        long_run = rng.random() < 0.35
+        seconds = lease * rng.uniform(0.3, 1.8) if long_run else rng.uniform(0.0, 0.2)
+        if kind == "sync_timeout":
+            seconds = min(seconds, SYNC_TIMEOUT / 2)  # later runs stay inside the timeout
+        tasks.append(kind)
+        args.append(
+            {
+                "seconds": round(seconds, 3),
+                "snoozes": rng.choice([0, 0, 0, 1, 2, 3]),
+                "fail_once": rng.random() < 0.1,
+            }
+        )
+        leases.append(lease)
+    rows = sql.fetch(
+        "INSERT INTO aioq.jobs (task, args, lease, max_attempts)"
+        " SELECT t, a::jsonb, make_interval(secs => l), 25"
+        " FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(t, a, l) RETURNING id",
+        tasks,
+        [json.dumps(a) for a in args],
+        leases,
+    )
+    return {r["id"]: lease for r, lease in zip(rows, leases, strict=True)}
+
+
+def _epoch(at: datetime | None) -> float | None:
+    return None if at is None else at.timestamp()
+
+
+def _run_end(run: dict[str, Any], exits: dict[int, float], kills: dict[int, float]) -> float:
+    """When a run ended: recorded, or its process's death (a SIGKILL leaves no record)."""
+    if run["ended"] is not None:
+        return float(run["ended"])
+    return kills.get(run["pid"], exits.get(run["pid"], float("inf")))
+
+
+def _net_fault_between(faults: list[Fault], start: float, end: float) -> Fault | None:
+    for fault in faults:
+        if fault.kind in ("drop", "stall") and fault.started <= end and fault.ended >= start:
+            return fault
+    return None
+
+
+def analyse(
+    runs: list[dict[str, Any]],
+    faults: list[Fault],
+    exits: dict[int, float],
+    leases: dict[int, float],
+) -> tuple[list[str], dict[str, Any]]:
+    """Check overlaps and duplicates against the faults; return (violations, figures)."""
+    kills = {f.pid: f.started for f in faults if f.kind == "kill" and f.pid is not None}
+    stops = {f.pid: f for f in faults if f.kind == "stop" and f.pid is not None}
+    by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        by_job[run["job_id"]].append(run)
+    violations: list[str] = []
+    figures: Counter[str] = Counter()
+    for job, job_runs in sorted(by_job.items()):
+        job_runs.sort(key=lambda r: r["started"])
+        lease = leases[job]
+        for i, first in enumerate(job_runs):
+            first_end = _run_end(first, exits, kills)
+            for second in job_runs[i + 1 :]:
+                if second["started"] >= first_end:
+                    continue
+                figures["overlaps"] += 1
+                what = (
+                    f"job {job} (lease {lease}s): run {first['id']} [{first['kind']}, pid"
+                    f" {first['pid']}, attempt {first['attempt']}, {first['outcome']}] overlaps"
+                    f" run {second['id']} [pid {second['pid']}, attempt {second['attempt']}]"
+                    f" by {min(first_end, _run_end(second, exits, kills)) - second['started']:.2f}s"
+                )
+                if first["pid"] == second["pid"]:
+                    violations.append(f"{what}, on the same worker")
+                elif _net_fault_between(faults, first["started"], second["started"]) is None:
+                    violations.append(f"{what}, with no network fault in between (healthy workers)")
+                else:
+                    figures["overlaps_explained"] += 1
+        for prev, run in itertools.pairwise(job_runs):
+            if prev["outcome"] in PLANNED:
+                continue
+            figures["duplicates"] += 1
+            prev_end = _run_end(prev, exits, kills)
+            why = None
+            if prev["pid"] in kills and kills[prev["pid"]] >= prev["started"] - SLACK:
+                why = "killed"
+            elif prev["pid"] in stops and prev["outcome"] in ("cancelled", None):
+                why = "stopped"
+            elif _net_fault_between(faults, prev["started"] - lease, min(prev_end, run["started"]) + SLACK):  # fmt: skip
+                why = "network"
+            if why is None:
+                violations.append(
+                    f"job {job}: run {run['id']} (pid {run['pid']}, attempt {run['attempt']})"
+                    f" repeats run {prev['id']} (pid {prev['pid']}, attempt {prev['attempt']},"
+                    f" {prev['kind']}, outcome {prev['outcome']}) with no fault to explain it"
+                )
+            else:
+                figures[f"duplicates_{why}"] += 1
+    return violations, dict(figures)
+
+
+def test_randomized_faults_keep_the_core_promises(
+    own_server: EmbeddedPostgres,
+    own_dsn: str,
+    workdir: Path,
+    workers: Callable[[str, str], Workers],
+) -> None:
+    seed = chaos_seed()
+    rng = random.Random(seed)
+    log(f"randomized scenario: seed {seed} (AIOQ_CHAOS_SEED={seed} replays it)")
+    (workdir / "randomtasks.py").write_text(TASKS)
+    sql = Sql(own_dsn)
+    sql.execute(RUNS_DDL)
+    faults: list[Fault] = []
+    violations: list[str] = []
+    leases: dict[int, float] = {}
+    try:
+        with Proxy("127.0.0.1", own_server.port) as proxy:
+            proxied = own_dsn.replace(f":{own_server.port}/", f":{proxy.port}/")
+            fleet = workers(proxied, own_dsn)
+            for slot in fleet.slots:
+                fleet.start(slot)
+            deadline = time.monotonic() + FAULT_PHASE
+            while time.monotonic() < deadline:
+                now = time.time()
+                for pid in fleet.reap(now, rng):
+                    violations += _left_running(sql, pid, faults)
+                action = rng.choices(
+                    ["defer", "kill", "stop", "drop", "stall", "wait"],
+                    weights=[4, 0.4, 0.5, 0.5, 0.3, 2],
+                )[0]
+                alive = fleet.alive()
+                if action == "defer":
+                    leases.update(_defer(sql, rng, rng.randint(1, JOBS_PER_BATCH)))
+                elif action == "kill" and alive:
+                    slot = rng.choice(alive)
+                    assert slot.proc is not None
+                    slot.proc.send_signal(signal.SIGKILL)
+                    faults.append(Fault("kill", now, now, slot.proc.pid))
+                elif action == "stop" and alive:
+                    slot = rng.choice([s for s in alive if s.stopping is None] or alive)
+                    assert slot.proc is not None
+                    slot.proc.send_signal(signal.SIGTERM)
+                    slot.stopping = Fault("stop", now, float("inf"), slot.proc.pid)
+                    faults.append(slot.stopping)
+                elif action == "drop":
+                    proxy.drop_all()
+                    faults.append(Fault("drop", now, time.time()))
+                elif action == "stall":
+                    seconds = rng.uniform(0.2, 1.5)
+                    proxy.stall(seconds)
+                    faults.append(Fault("stall", now, now + seconds))
+                time.sleep(rng.uniform(0.1, 0.6))
+            log(f"faults injected: {Counter(f.kind for f in faults)}; {len(leases)} jobs")
+            violations += _drain(sql, fleet, rng, faults)
+        runs, exits = _collect(sql, fleet)
+        found, figures = analyse(runs, faults, exits, leases)
+        violations += found
+        violations += _terminal(sql, list(leases))
+        summary = (
+            f"{len(leases)} jobs, {len(runs)} runs, {fleet.started} worker processes,"
+            f" faults {dict(Counter(f.kind for f in faults))}, {figures}"
+        )
+        log(f"RESULT randomized [{PROFILE}] seed {seed}: {summary}")
+        report = os.environ.get("AIOQ_CHAOS_REPORT")
+        if report:
+            with open(report, "a") as out:
+                out.write(json.dumps({"scenario": "12 randomized", "profile": PROFILE, "seed": seed, "jobs": len(leases), "runs": len(runs), "faults": dict(Counter(f.kind for f in faults)), "violations": len(violations), **figures}) + "\n")  # fmt: skip
+    finally:
+        sql.close()
+    assert not violations, (
+        f"seed {seed} (rerun with AIOQ_CHAOS_SEED={seed}): {len(violations)} violations"
+        f" ({summary}):\n" + "\n".join(violations[:40])
+    )
+
+
+def _left_running(sql: Sql, pid: int, faults: list[Fault]) -> list[str]:
+    """A worker that stopped gracefully (not killed) must leave no row ``running``.
+
+    Unless the network failed while it stopped: then its release may not have reached the
+    database, and the rows wait for their leases to expire (another worker reaps them).
+    """
+    if any(f.kind == "kill" and f.pid == pid for f in faults):
+        return []
+    stop = next((f for f in faults if f.kind == "stop" and f.pid == pid), None)
+    since = stop.started if stop is not None else time.time() - GRACE - SLACK
+    if _net_fault_between(faults, since - 1.0, time.time()):
+        return []
+    rows = sql.retrying(
+        lambda: sql.fetch(
+            "SELECT id, attempts FROM aioq.jobs WHERE status = 'running'"
+            " AND split_part(locked_by, ':', 2) = $1",
+            str(pid),
+        )
+    )
+    return [
+        f"job {r['id']} (attempt {r['attempts']}) left running by worker pid {pid},"
+        " which stopped gracefully"
+        for r in rows
+    ]
+
+
+def _drain(sql: Sql, fleet: Workers, rng: random.Random, faults: list[Fault]) -> list[str]:
+    """Let healthy workers finish every job, then stop them all gracefully."""
+    violations: list[str] = []
+    guard = time.monotonic() + DRAIN_GUARD
+    left = -1
+    while time.monotonic() < guard:
+        for pid in fleet.reap(time.time(), rng):
+            violations += _left_running(sql, pid, faults)
+        left = sql.retrying(
+            lambda: sql.value(
+                "SELECT count(*) FROM aioq.jobs WHERE status IN ('pending', 'running')"
+            )
+        )
+        if left == 0:
+            break
+        time.sleep(0.2)
+    else:
+        rows = sql.fetch(
+            "SELECT id, task, status, attempts, locked_by, lease_expires_at, run_at"
+            " FROM aioq.jobs WHERE status IN ('pending', 'running') ORDER BY id LIMIT 10"
+        )
+        violations.append(
+            f"{left} jobs still pending or running after {DRAIN_GUARD:g}s without faults:"
+            f" {[dict(r) for r in rows]}"
+        )
+    for slot in fleet.alive():
+        assert slot.proc is not None
+        slot.proc.send_signal(signal.SIGTERM)
+    for slot in fleet.slots:
+        if slot.proc is not None:
+            try:
+                slot.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                violations.append(f"worker pid {slot.proc.pid} ignored SIGTERM for 60s")
+                slot.proc.kill()
+                slot.proc.wait(30)
+            slot.exits[slot.proc.pid] = time.time()
+            violations += _left_running(sql, slot.proc.pid, faults)
+            slot.proc = None
+    running = sql.fetch("SELECT id, locked_by FROM aioq.jobs WHERE status = 'running'")
+    if running:
+        violations.append(f"rows running once every worker stopped: {[dict(r) for r in running]}")
+    return violations
+
+
+def _collect(sql: Sql, fleet: Workers) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    rows = sql.fetch(
+        "SELECT id, job_id, attempt, pid, kind, started_at, ended_at, outcome FROM runs ORDER BY id"
+    )
+    runs = [
+        {
+            "id": r["id"],
+            "job_id": r["job_id"],
+            "attempt": r["attempt"],
+            "pid": r["pid"],
+            "kind": r["kind"],
+            "started": _epoch(r["started_at"]),
+            "ended": _epoch(r["ended_at"]),
+            "outcome": r["outcome"],
+        }
+        for r in rows
+    ]
+    exits = {pid: at for slot in fleet.slots for pid, at in slot.exits.items()}
+    return runs, exits
+
+
+def _terminal(sql: Sql, job_ids: list[int]) -> list[str]:
+    """Every job is archived once or dead, never both, never neither."""
+    archived = Counter(r["id"] for r in sql.fetch("SELECT id FROM aioq.archive"))
+    dead = {r["id"] for r in sql.fetch("SELECT id FROM aioq.jobs WHERE status = 'dead'")}
+    violations = [f"job {j} archived {n} times" for j, n in archived.items() if n > 1]
+    violations += [f"job {j} both archived and dead" for j in set(archived) & dead]
+    missing = set(job_ids) - set(archived) - dead
+    if missing:
+        violations.append(f"{len(missing)} jobs in no terminal state: {sorted(missing)[:20]}")
+    return violations
+
+
+def _run(
+    run_id: int, pid: int, started: float, ended: float | None, outcome: str | None
+) -> dict[str, Any]:
+    return {
+        "id": run_id,
+        "job_id": 1,
+        "attempt": run_id,
+        "pid": pid,
+        "kind": "async",
+        "started": started,
+        "ended": ended,
+        "outcome": outcome,
+    }
+
+
+def test_the_analysis_tells_explained_from_unexplained_runs() -> None:
+    """The checker itself: each rule flags what it should and excuses only what a fault explains."""
+    lease = {1: 2.0}
+    # Planned snooze, then a run: no duplicate, no overlap.
+    planned = [_run(1, 10, 100.0, 100.5, "snooze"), _run(2, 11, 101.0, 102.0, "ok")]
+    assert analyse(planned, [], {}, lease) == ([], {})
+    # One worker runs the job twice at once: never explained, whatever the faults.
+    same = [_run(1, 10, 100.0, 103.0, "ok"), _run(2, 10, 102.0, 104.0, "ok")]
+    found, figures = analyse(same, [Fault("drop", 101.0, 101.0)], {}, lease)
+    assert len(found) == 1
+    assert "on the same worker" in found[0]
+    assert figures["overlaps"] == 1
+    # Two workers at once, no fault: the lease expired on a healthy worker.
+    healthy = [_run(1, 10, 100.0, 103.0, "ok"), _run(2, 11, 102.0, 104.0, "ok")]
+    found, _ = analyse(healthy, [], {}, lease)
+    assert any("no network fault" in v for v in found)
+    assert any("no fault to explain it" in v for v in found)
+    # The same with a stall of the network during the first run: explained.
+    found, figures = analyse(healthy, [Fault("stall", 100.5, 101.5)], {}, lease)
+    assert found == []
+    assert figures == {"overlaps": 1, "overlaps_explained": 1, "duplicates": 1, "duplicates_network": 1}  # fmt: skip
+    # A run cut by SIGKILL (no end recorded) ends at the kill; its rerun is explained by it.
+    killed = [_run(1, 10, 100.0, None, None), _run(2, 11, 104.0, 105.0, "ok")]
+    found, figures = analyse(killed, [Fault("kill", 101.0, 101.0, pid=10)], {}, lease)
+    assert found == []
+    assert figures == {"duplicates": 1, "duplicates_killed": 1}
+    # A run whose end is unknown and whose worker was never killed overlaps everything after.
+    found, _ = analyse(killed, [], {}, lease)
+    assert len(found) == 2

@@ -18,9 +18,15 @@ from aioq.errors import (
     ConfigError,
     DeferError,
     Fail,
+    JobCancelled,
     JobControl,
+    JobFailed,
+    NoResult,
     OptionError,
     PayloadError,
+    ResultError,
+    ResultMissing,
+    ResultTimeout,
     Retry,
     SchemaError,
     SerializationError,
@@ -31,6 +37,7 @@ from aioq.errors import (
 from aioq.job import Job, JobContext, JobStatus, current_job
 from aioq.limits import QueueInfo, queues, set_queue
 from aioq.migrate import install, schema_sql
+from aioq.results import result
 from aioq.schedule import Schedule, periodic
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
@@ -45,15 +52,21 @@ __all__ = (
     "DeferError",
     "Fail",
     "Job",
+    "JobCancelled",
     "JobContext",
     "JobControl",
+    "JobFailed",
     "JobStatus",
+    "NoResult",
     "OptionError",
     "PayloadError",
     "QueueInfo",
     "QueueStats",
     "Registry",
     "Replay",
+    "ResultError",
+    "ResultMissing",
+    "ResultTimeout",
     "Retry",
     "Schedule",
     "SchemaError",
@@ -77,6 +90,7 @@ __all__ = (
     "periodic",
     "purge_dead",
     "queues",
+    "result",
     "retry_dead",
     "schema_sql",
     "set_queue",

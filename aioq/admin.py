@@ -104,12 +104,37 @@ async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     )
 
 
+CANCEL_STATES = ("cancelled", "cancelling", "finished", "dead", "missing")
+_CANCEL_RACES = 10
+
+
 async def cancel_jobs(
     conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
-) -> list[int]:
-    """Delete jobs that are still pending; return the ids deleted (running or dead are kept)."""
+) -> dict[int, str]:
+    """Cancel jobs wherever they are; return each id's state after the call.
+
+    ``"cancelled"``: it was pending (or scheduled), or was cancelled before, and never runs;
+    ``"cancelling"``: it is running, and its worker, on whatever host, cancels the run and
+    records ``cancelled`` (within about a second, or one heartbeat interval when it missed the
+    notification) unless the run ends first, which then keeps its real outcome; ``"finished"``:
+    it succeeded (found in the results or the archive); ``"dead"``; ``"missing"``: no such job,
+    or it succeeded leaving no trace (no ``result_ttl``, no ``keep_completed``). Idempotent:
+    a second call changes nothing. Cancelled jobs are kept, like dead ones, until pruned.
+    """
     conn = await executor(conn)
-    return list(await Store.for_schema(schema).cancel(conn, job_ids))
+    ids = sorted({int(i) for i in job_ids})
+    store = Store.for_schema(schema)
+    states: dict[int, str] = {}
+    for _ in range(_CANCEL_RACES):
+        if not ids:
+            break
+        found = await store.cancel_jobs(conn, ids)
+        # 'raced': the job changed while the statement ran; a fresh snapshot tells what it is.
+        ids = [i for i, state in found.items() if state == "raced"]
+        states.update((i, state) for i, state in found.items() if state != "raced")
+    for job_id in ids:  # still changing after every try: it is finishing right now
+        states[job_id] = "finished"
+    return dict(sorted(states.items()))
 
 
 async def purge_dead(
@@ -203,10 +228,12 @@ def _why_skipped(row: asyncpg.Record) -> str:
 
 
 async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
-    """Return a job: pending, running or dead, or ``succeeded`` from the archive; else None.
+    """Return a job: pending, running, dead, cancelled, or ``succeeded`` (kept); else None.
 
-    Finished jobs are deleted unless workers keep them (``keep_completed=True``); then they
-    are found here until pruned after ``archive_retention``.
+    A succeeded job is found while its result is kept (tasks with ``result_ttl``; ``result``
+    is the value as JSON text) or, when workers keep completed jobs (``keep_completed=True``),
+    in the archive until pruned after ``archive_retention``. ``progress`` and
+    ``progress_note`` are as the task last reported them.
     """
     conn = await executor(conn)
     store = Store.for_schema(schema)
@@ -223,10 +250,14 @@ async def list_jobs(
     limit: int = 100,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[Job]:
-    """Return jobs matching the filters, oldest first (``succeeded``: from the archive)."""
+    """Return jobs matching the filters, oldest first (``succeeded``: archive and results)."""
     conn = await executor(conn)
     wanted = JobStatus(status).value if status is not None else None
     store = Store.for_schema(schema)
     if wanted == JobStatus.SUCCEEDED:
-        return await store.list_archived(conn, task=task, queue=queue, limit=limit)
+        archived = await store.list_archived(conn, task=task, queue=queue, limit=limit)
+        # jobcontrol: and those that kept a result (the richer row when a job is in both)
+        kept = await store.list_results(conn, task=task, queue=queue, limit=limit)
+        by_id = {job.id: job for job in archived} | {job.id: job for job in kept}
+        return [by_id[i] for i in sorted(by_id)[:limit]]
     return await store.list_jobs(conn, status=wanted, task=task, queue=queue, limit=limit)

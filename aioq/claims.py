@@ -27,6 +27,7 @@ class CancelReason(enum.Enum):
 
     LEASE_LOST = "lease lost"  # another worker owns the job now
     SHUTDOWN = "shutdown"  # the grace period of a stop ran out
+    CANCELLED = "cancel requested"  # aioq.cancel_jobs asked for it (jobcontrol)
 
 
 @dataclass(slots=True, eq=False)
@@ -38,6 +39,9 @@ class Running:
     finished: bool = False  # the outcome is with the completer
     cancel_reason: CancelReason | None = None
     in_thread: bool = False  # a plain def task's thread runs it: it cannot be interrupted
+    # jobcontrol: a cancel request reached this run (current_job().cancel_requested); the run
+    # ends `cancelled` whatever it does next.
+    cancel_requested: bool = False
     # When the lease was last extended (the claim counts), in time.monotonic() seconds.
     extended_at: float = field(default_factory=time.monotonic)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from aioq.errors import SerializationError
+from aioq.errors import ResultError, SerializationError
 
-__all__ = ("decode_args", "encode_args")
+__all__ = ("decode_args", "decode_result", "encode_args", "encode_result")
 
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
@@ -112,3 +112,22 @@ def decode_args(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def encode_result(task_name: str, job_id: int, value: object) -> str:
+    """Encode a task's return value as JSON, or raise ResultError saying what cannot be stored."""
+    found = _problem(value, "return value", 0)
+    if found:
+        path, problem = found
+        raise ResultError(task_name, job_id, f"task {task_name!r}: {path} {problem}")
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError as exc:  # e.g. a lone surrogate in a str
+        raise ResultError(
+            task_name, job_id, f"task {task_name!r}: return value cannot be encoded as JSON: {exc}"
+        ) from exc
+
+
+def decode_result(text: str) -> Any:
+    """Decode a stored return value."""
+    return orjson.loads(text)

@@ -46,6 +46,10 @@ class Outcome:
     duration: float = 0.0
     delay: float = 0.0
     error: str | None = None
+    # jobcontrol: the task's result_ttl (None: it keeps no result, and nobody awaits the job)
+    # and its return value as JSON text, for COMPLETE.
+    result_ttl: float | None = None
+    result: str | None = None
 
 
 class Completer(Service):
@@ -253,9 +257,19 @@ class Completer(Service):
         ids = [o.claim.id for o in group]
         numbers = [o.claim.number for o in group]
         if kind is OutcomeKind.COMPLETE:
+            if any(o.result_ttl is not None for o in group):  # jobcontrol: stored results
+                return await self._complete_results(group)
             return await store.complete(db, ids, numbers, me, archive=self.keep_completed)
+        if kind is OutcomeKind.CANCEL:  # jobcontrol
+            awaited = [o.result_ttl is not None for o in group]
+            return await store.cancel_running(db, ids, numbers, me, awaited=awaited)
         if kind is OutcomeKind.BURY:
-            return await store.bury(db, ids, numbers, me, errors=[o.error or "dead" for o in group])
+            kept = await store.bury(db, ids, numbers, me, errors=[o.error or "dead" for o in group])
+            # jobcontrol: wake whoever awaits these (a second statement, dead jobs only)
+            rung = sorted(kept.intersection(o.claim.id for o in group if o.result_ttl is not None))
+            if rung:
+                await store.ring_results(db, rung)
+            return kept
         return await store.reschedule(
             db,
             ids,
@@ -265,6 +279,30 @@ class Completer(Service):
             errors=[o.error if kind is OutcomeKind.FAIL else None for o in group],
             refunds=[kind is OutcomeKind.RELEASE] * len(group),
             snoozes=[kind is OutcomeKind.SNOOZE] * len(group),
+        )
+
+    async def _complete_results(self, group: list[Outcome]) -> set[int]:
+        """Write completions of a group where some keep their return value (jobcontrol)."""
+        store, db, me = self.store, self.db, self.worker_id
+        plain = [o for o in group if o.result_ttl is None]
+        kept: set[int] = set()
+        if plain:
+            kept = await store.complete(
+                db,
+                [o.claim.id for o in plain],
+                [o.claim.number for o in plain],
+                me,
+                archive=self.keep_completed,
+            )
+        stored = [o for o in group if o.result_ttl is not None]
+        return kept | await store.complete_result(
+            db,
+            [o.claim.id for o in stored],
+            [o.claim.number for o in stored],
+            me,
+            results=[o.result if o.result is not None else "null" for o in stored],
+            ttls=[o.result_ttl or 0.0 for o in stored],
+            archive=self.keep_completed,
         )
 
     @property

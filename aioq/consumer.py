@@ -17,9 +17,10 @@ import anyio.lowlevel
 
 from aioq import hooks
 from aioq.claims import CancelReason, Claims, Running
-from aioq.codec import decode_args
+from aioq.codec import decode_args, encode_result
 from aioq.completer import Completer, Outcome
-from aioq.errors import Fail, PayloadError, Retry, UnknownTaskError
+from aioq.control import RunHandle
+from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
 from aioq.job import Claim, JobContext, OutcomeKind, _current
 from aioq.task import Backoff, Registry, Task
 
@@ -103,6 +104,12 @@ class Consumer:
             outcome: Outcome | None = Outcome(claim, OutcomeKind.RELEASE)
         else:
             outcome = await self.run_one(claim, running)
+            # jobcontrol: once a cancel request reached the run, the job ends cancelled
+            # whatever the task did next (a sync task returns when it sees the flag).
+            if running.cancel_requested and outcome is not None:
+                outcome = Outcome(
+                    claim, OutcomeKind.CANCEL, outcome.duration, result_ttl=outcome.result_ttl
+                )
         if outcome is None:
             self.completer.lost(claim)
         else:
@@ -112,14 +119,16 @@ class Consumer:
         """Run one attempt and return its outcome (None: lease lost); task faults never raise."""
         task = self.registry.get(claim.task)
         retry = task.retry if task is not None else _DEFAULT_RETRY
+        ttl = task.result_ttl if task is not None else None  # jobcontrol: someone may await it
         started = time.monotonic()
 
         def failed(error: str) -> Outcome:
             duration = time.monotonic() - started
             if claim.attempt >= claim.max_attempts:
-                return Outcome(claim, OutcomeKind.BURY, duration, error=error)
+                return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
+            delay = retry.delay(claim.attempt)
             return Outcome(
-                claim, OutcomeKind.FAIL, duration, delay=retry.delay(claim.attempt), error=error
+                claim, OutcomeKind.FAIL, duration, delay=delay, error=error, result_ttl=ttl
             )
 
         if task is None:
@@ -136,26 +145,18 @@ class Consumer:
             )
             return failed(format_error(err, with_traceback=False))
 
-        token = _current.set(
-            JobContext(
-                id=claim.id,
-                attempt=claim.attempt,
-                max_attempts=claim.max_attempts,
-                task=claim.task,
-                queue=claim.queue,
-                worker_id=self.worker_id,
-                snoozes=claim.snoozes,
-                scheduled_at=claim.scheduled_at,
-            )
-        )
+        if running.cancel_requested:  # jobcontrol: cancelled before it started
+            return Outcome(claim, OutcomeKind.CANCEL, result_ttl=ttl)
+        token = _current.set(self._context(claim, running))
         try:
-            scope, returned = await self._call(task, kwargs, running)
+            scope, returned, value = await self._call(task, kwargs, running)
         except Retry as exc:
             duration = time.monotonic() - started
-            return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay)
+            return Outcome(claim, OutcomeKind.SNOOZE, duration, delay=exc.delay, result_ttl=ttl)
         except Fail as exc:
             duration = time.monotonic() - started
-            return Outcome(claim, OutcomeKind.BURY, duration, error=format_error(exc))
+            error = format_error(exc)
+            return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
         except Exception as exc:
             return failed(format_error(exc))
         except BaseException as exc:
@@ -168,8 +169,12 @@ class Consumer:
             running.scope = None
             _current.reset(token)
         duration = time.monotonic() - started
+        if running.cancel_requested:  # jobcontrol: handle() records it cancelled
+            if running.cancel_reason is CancelReason.LEASE_LOST:
+                return None  # the reaper wrote the requested cancel
+            return Outcome(claim, OutcomeKind.CANCEL, duration, result_ttl=ttl)
         if not scope.cancelled_caught:
-            return Outcome(claim, OutcomeKind.COMPLETE, duration)
+            return self._completed(claim, ttl, value, duration, failed)
         if running.cancel_reason is CancelReason.SHUTDOWN:
             # A thread that ran to its end after the stop: its work is done, record it.
             kind = OutcomeKind.COMPLETE if returned else OutcomeKind.RELEASE
@@ -187,16 +192,49 @@ class Consumer:
             )
         return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
 
+    def _context(self, claim: Claim, running: Running) -> JobContext:
+        """What ``current_job()`` returns in the task; its handle reaches this run (jobcontrol)."""
+        return JobContext(
+            id=claim.id,
+            attempt=claim.attempt,
+            max_attempts=claim.max_attempts,
+            task=claim.task,
+            queue=claim.queue,
+            worker_id=self.worker_id,
+            snoozes=claim.snoozes,
+            scheduled_at=claim.scheduled_at,
+            handle=RunHandle(running, self.completer.store, self.completer.db, self.worker_id),
+        )
+
+    @staticmethod
+    def _completed(
+        claim: Claim,
+        ttl: float | None,
+        value: object,
+        duration: float,
+        failed: Callable[[str], Outcome],
+    ) -> Outcome:
+        """The outcome of a run that returned: with its value as JSON when the task keeps it."""
+        if ttl is None:
+            return Outcome(claim, OutcomeKind.COMPLETE, duration)
+        try:  # jobcontrol: a value that cannot be stored fails the attempt
+            result = encode_result(claim.task, claim.id, value)
+        except ResultError as exc:
+            return failed(format_error(exc, with_traceback=False))
+        return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl, result=result)
+
     async def _call(
         self, task: Task[..., Any], kwargs: dict[str, Any], running: Running
-    ) -> tuple[anyio.CancelScope, bool]:
-        """Call the task under one scope; return the scope and whether a thread ran to its end.
+    ) -> tuple[anyio.CancelScope, bool, object]:
+        """Call the task under one scope; return the scope, whether a thread ran to its end,
+        and the task's return value.
 
         The scope serves the timeout (its deadline), a lost lease and a shutdown (both set
         ``running.cancel_reason`` before they cancel it).
         """
         deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
         returned = False
+        value: object = None
         with anyio.CancelScope(deadline=deadline) as scope:
             running.scope = scope
             if running.cancel_reason is not None:
@@ -208,14 +246,14 @@ class Consumer:
                 )
                 with observed:
                     if task.is_async:
-                        await task.fn(**kwargs)
+                        value = await task.fn(**kwargs)
                     else:
                         # A thread cannot be interrupted: on timeout, a lost lease or shutdown
                         # the job stays claimed (the heartbeat extends it) until the thread
                         # returns; abandoning it would let a retry run beside it.
                         running.in_thread = True
                         try:
-                            await anyio.to_thread.run_sync(
+                            value = await anyio.to_thread.run_sync(
                                 functools.partial(task.fn, **kwargs),
                                 abandon_on_cancel=False,
                                 limiter=self.limiter,
@@ -234,4 +272,4 @@ class Consumer:
                 raise RuntimeError(
                     "the task raised CancelledError without being cancelled"
                 ) from exc
-        return scope, returned
+        return scope, returned, value

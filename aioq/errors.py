@@ -10,9 +10,15 @@ Every exception that crosses the public API derives from :class:`AioqError`::
     │   └── SerializationError  an argument is not exactly representable as JSON (argument)
     ├── TaskError               a job failed to run in a way the worker reports (task_name, job_id)
     │   ├── UnknownTaskError    no task of that name is registered
-    │   └── PayloadError        the stored arguments cannot be decoded or bound
+    │   ├── PayloadError        the stored arguments cannot be decoded or bound
+    │   └── ResultError         the return value cannot be stored as JSON (a failed attempt)
     ├── SchemaError             the schema is missing, too old, or cannot be applied
     ├── ServerError             the embedded PostgreSQL cannot be found or started
+    ├── NoResult                ``aioq.result`` has no value to return (job_id)
+    │   ├── JobFailed           the job is dead (last_error)
+    │   ├── JobCancelled        the job was cancelled
+    │   └── ResultMissing       no result is stored: expired, never kept, or no such job
+    ├── ResultTimeout           (also a TimeoutError) the job has not ended in time; left alone
     └── JobControl              raised by a task to steer its own job
         ├── Retry               run again later, without counting as an error
         └── Fail                stop retrying: the job goes straight to ``dead``
@@ -26,9 +32,15 @@ __all__ = (
     "ConfigError",
     "DeferError",
     "Fail",
+    "JobCancelled",
     "JobControl",
+    "JobFailed",
+    "NoResult",
     "OptionError",
     "PayloadError",
+    "ResultError",
+    "ResultMissing",
+    "ResultTimeout",
     "Retry",
     "SchemaError",
     "SerializationError",
@@ -118,6 +130,10 @@ class PayloadError(TaskError):
     """The job's stored arguments cannot be decoded or do not bind to the task."""
 
 
+class ResultError(TaskError):
+    """A task returned a value that cannot be stored as JSON; the attempt failed."""
+
+
 class SchemaError(AioqError):
     """The aioq schema is missing or cannot be installed."""
 
@@ -128,6 +144,46 @@ class ServerError(AioqError):
     """The embedded PostgreSQL server cannot be found or started."""
 
     default_message = "the embedded PostgreSQL server failed"
+
+
+class NoResult(AioqError):
+    """``aioq.result`` cannot return a value for this job."""
+
+    default_message = "the job has no result"
+
+    def __init__(self, job_id: int, problem: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id}: {problem}")
+
+
+class JobFailed(NoResult):
+    """The awaited job is dead: it failed on its last attempt (``last_error`` says how)."""
+
+    def __init__(self, job_id: int, last_error: str | None) -> None:
+        self.last_error = last_error
+        first = (last_error or "no error recorded").splitlines()[0]
+        super().__init__(job_id, f"failed: {first}")
+
+
+class JobCancelled(NoResult):
+    """The awaited job was cancelled."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(job_id, "was cancelled")
+
+
+class ResultMissing(NoResult):
+    """No result is stored for the job: it expired, its task keeps none, or no such job."""
+
+
+class ResultTimeout(AioqError, TimeoutError):
+    """The awaited job did not end within the timeout; it is left as it is."""
+
+    def __init__(self, job_id: int, timeout: float, status: str) -> None:
+        self.job_id = job_id
+        self.timeout = timeout
+        self.status = status
+        super().__init__(f"job {job_id} is still {status} after {timeout:g}s")
 
 
 class JobControl(AioqError):

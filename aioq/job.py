@@ -4,26 +4,38 @@ from __future__ import annotations
 
 import contextvars
 import enum
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 import asyncpg
 
-from aioq.errors import AioqError
+from aioq.errors import AioqError, ConfigError
 
-__all__ = ("Claim", "ClaimKey", "Job", "JobContext", "JobStatus", "OutcomeKind", "current_job")
+__all__ = (
+    "Claim",
+    "ClaimKey",
+    "Job",
+    "JobContext",
+    "JobHandle",
+    "JobStatus",
+    "OutcomeKind",
+    "current_job",
+)
 
 ClaimKey = tuple[int, int]
 """(job id, claim number): the identity of one claim, never reused."""
 
 
 class JobStatus(enum.StrEnum):
-    """The values of ``jobs.status``, and ``succeeded`` for a finished job in the archive."""
+    """The values of ``jobs.status``, and ``succeeded`` for a finished job (archive, results)."""
 
     PENDING = "pending"
     RUNNING = "running"
     DEAD = "dead"
-    SUCCEEDED = "succeeded"
+    CANCELLED = "cancelled"  # kept, like dead, until dead_retention prunes it
+    SUCCEEDED = "succeeded"  # not a jobs row: found in the archive or in results
 
 
 class OutcomeKind(enum.Enum):
@@ -34,15 +46,17 @@ class OutcomeKind(enum.Enum):
     SNOOZE = "snoozed"  # the task raised aioq.Retry: back to pending after its delay
     RELEASE = "released"  # given back unrun or unfinished (shutdown): attempt refunded
     BURY = "dead"  # failed with no attempts left, or aioq.Fail
+    CANCEL = "cancelled"  # cancelled on request (jobcontrol): kept, never retried
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
     """A job as stored, for inspection.
 
-    A ``succeeded`` job comes from the archive, which keeps no run_at, lease, error or
-    unique_key: there ``run_at`` and ``locked_at`` are when the successful attempt started,
-    ``locked_by`` the worker that ran it, ``lease`` None, and ``finished_at`` is set.
+    A ``succeeded`` job comes from the results (tasks with ``result_ttl``) or the archive,
+    which keep no run_at, lease, error or unique_key: there ``run_at`` and ``locked_at`` are
+    when the successful attempt started, ``locked_by`` the worker that ran it, ``lease`` None,
+    and ``finished_at`` is set.
     """
 
     id: int
@@ -62,6 +76,10 @@ class Job:
     unique_key: str | None
     created_at: datetime
     finished_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    progress: float | None = None  # 0..1, as the task last reported it
+    progress_note: str | None = None
+    result: str | None = None  # the stored return value as JSON text (succeeded jobs)
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Job:
@@ -119,6 +137,18 @@ class Claim:
         )
 
 
+class JobHandle(Protocol):
+    """What a running job's context asks its worker (see :mod:`aioq.control`)."""
+
+    @property
+    def cancel_requested(self) -> bool: ...
+
+    async def set_progress(self, progress: float, note: str | None) -> None: ...
+
+
+MAX_PROGRESS_NOTE = 1000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext:
     """What a running task knows about its job; ``id`` is the stable idempotency key.
@@ -136,11 +166,39 @@ class JobContext:
     worker_id: str
     snoozes: int = 0
     scheduled_at: datetime | None = None  # the tick a periodic job runs for, else None
+    handle: JobHandle | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
         """Whether a failure now makes the job dead."""
         return self.attempt >= self.max_attempts
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether someone asked to cancel this job (for sync tasks, which cannot be interrupted).
+
+        A sync task polls it and returns early; the job then ends ``cancelled`` whatever it
+        returns. An async task is cancelled where it awaits and need not look.
+        """
+        return self.handle is not None and self.handle.cancel_requested
+
+    async def set_progress(self, progress: float, *, note: str | None = None) -> None:
+        """Store how far the job is (0 to 1) and an optional note, visible in ``get_job``.
+
+        From a sync task (a thread): ``anyio.from_thread.run(job.set_progress, 0.5)``.
+        """
+        if isinstance(progress, bool) or not isinstance(progress, int | float):
+            raise ConfigError("progress", f"must be a number from 0 to 1, got {progress!r}")
+        if not (math.isfinite(progress) and 0 <= progress <= 1):
+            raise ConfigError("progress", f"must be a number from 0 to 1, got {progress!r}")
+        if note is not None:
+            if not isinstance(note, str) or "\x00" in note or len(note) > MAX_PROGRESS_NOTE:
+                raise ConfigError(
+                    "note", f"must be text without NUL of at most {MAX_PROGRESS_NOTE} characters"
+                )
+            note = note.encode("utf-8", "backslashreplace").decode("utf-8")
+        if self.handle is not None:
+            await self.handle.set_progress(float(progress), note)
 
 
 _current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("aioq_current_job")

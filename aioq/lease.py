@@ -129,11 +129,13 @@ class Reaper(Service):
         rescued = await self.store.reap(self.db, self.batch_size, worker_id=self.worker_id)
         if rescued:
             dead = sum(1 for _, status in rescued if status == "dead")
+            cancelled = sum(1 for _, status in rescued if status == "cancelled")  # jobcontrol
             logger.warning(
-                "reaper: %d expired leases rescued (%d to pending, %d dead)",
+                "reaper: %d expired leases rescued (%d to pending, %d dead, %d cancelled)",
                 len(rescued),
-                len(rescued) - dead,
+                len(rescued) - dead - cancelled,
                 dead,
-                extra={"rescued": len(rescued), "dead": dead},
+                cancelled,
+                extra={"rescued": len(rescued), "dead": dead, "cancelled": cancelled},
             )
         return rescued

@@ -14,7 +14,9 @@ logger = logging.getLogger(__name__)
 
 
 class Pruner(Service):
-    """Deletes archived jobs and dead jobs past their retention, one bounded batch per table.
+    """Deletes archived, dead and cancelled jobs past their retention, and expired results.
+
+    One bounded batch per kind per pass.
 
     A retention of None keeps those rows forever. Each pass runs at most one DELETE of at most
     ``batch_size`` rows per table, picked with SKIP LOCKED, so no statement runs long, no lock
@@ -44,23 +46,35 @@ class Pruner(Service):
         self._full = False  # the last pass filled a batch: more rows may be due
 
     async def run_once(self) -> int:
-        """Delete up to one batch of archived and one batch of dead jobs; return how many."""
-        archived = dead = 0
+        """Delete up to one batch of each kind of expired row; return how many."""
+        archived = dead = cancelled = 0
         if self.archive_retention is not None:
             archived = await self.store.prune_archive(
                 self.db, self.archive_retention, self.batch_size
             )
         if self.dead_retention is not None:
             dead = await self.store.prune_dead(self.db, self.dead_retention, self.batch_size)
-        self._full = archived >= self.batch_size or dead >= self.batch_size
-        if archived or dead:
+            # jobcontrol: cancelled jobs are kept like dead ones, for as long
+            cancelled = await self.store.prune_cancelled(
+                self.db, self.dead_retention, self.batch_size
+            )
+        results = await self.store.prune_results(self.db, self.batch_size)  # jobcontrol
+        self._full = max(archived, dead, cancelled, results) >= self.batch_size
+        if archived or dead or cancelled or results:
             logger.info(
-                "pruner: deleted %d archived and %d dead jobs",
+                "pruner: deleted %d archived, %d dead and %d cancelled jobs, %d expired results",
                 archived,
                 dead,
-                extra={"archived": archived, "dead": dead},
+                cancelled,
+                results,
+                extra={
+                    "archived": archived,
+                    "dead": dead,
+                    "cancelled": cancelled,
+                    "results": results,
+                },
             )
-        return archived + dead
+        return archived + dead + cancelled + results
 
     def interval(self) -> float:
         """Seconds between passes."""

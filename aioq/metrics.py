@@ -87,6 +87,7 @@ class Metrics:
         self.dead = counter("jobs_dead", "Jobs that failed for good (no attempts left, or Fail).")
         self.snoozed = counter("jobs_snoozed", "Attempts that asked to run later (aioq.Retry).")
         self.released = counter("jobs_released", "Claims given back unfinished on shutdown.")
+        self.cancelled = counter("jobs_cancelled", "Running jobs cancelled on request.")
         self.lease_lost = counter(
             "jobs_lease_lost", "Claims whose lease was lost to the reaper before their outcome."
         )
@@ -137,6 +138,7 @@ class Metrics:
             OutcomeKind.BURY: self.dead,
             OutcomeKind.SNOOZE: self.snoozed,
             OutcomeKind.RELEASE: self.released,
+            OutcomeKind.CANCEL: self.cancelled,
         }
         self._known_queues: set[str] = set()
         self._servers: list[tuple[Any, threading.Thread]] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import anyio
@@ -39,6 +39,7 @@ class Listener(Service):
         ring: Callable[[], None],
         store: Store,
         keepalive: float = 5.0,
+        control: Mapping[str, Callable[[str], None]] | None = None,
     ) -> None:
         super().__init__()
         self.connect = connect
@@ -48,6 +49,9 @@ class Listener(Service):
         self.queues = frozenset(queues)
         self.ring = ring
         self.keepalive = keepalive
+        # jobcontrol: more channels on the same connection (the control channel), with the
+        # handler each notification's payload goes to.
+        self.control = dict(control or {})
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
         self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
@@ -114,6 +118,8 @@ class Listener(Service):
             self._lost = False
             conn.add_termination_listener(self._on_lost)
             await conn.add_listener(self.channel, self._on_notify)
+            for channel, handler in self.control.items():
+                await conn.add_listener(channel, _payload_to(handler))
             self.connections += 1
             self.failures.reset()  # the backoff starts afresh after a good connection
             self.connected.set()
@@ -160,3 +166,10 @@ class Listener(Service):
                 exc,
                 delay,
             )
+
+
+def _payload_to(handler: Callable[[str], None]) -> Callable[[object, int, str, object], None]:
+    def on_notify(conn: object, pid: int, channel: str, payload: object) -> None:
+        handler(str(payload))
+
+    return on_notify

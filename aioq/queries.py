@@ -35,6 +35,20 @@ def channel_name(schema: str) -> str:
     return f"aioq:{schema}"
 
 
+def control_channel(schema: str) -> str:
+    """Return the schema's control channel: cancel requests for running jobs, payload the job id.
+
+    Five characters of prefix like the doorbell's, so any valid schema name fits PostgreSQL's
+    63-byte channel names.
+    """
+    return f"aioq!{schema}"
+
+
+def results_channel(schema: str) -> str:
+    """Return the schema's results channel: a job someone may await has ended, payload its id."""
+    return f"aioq={schema}"
+
+
 # The payload of a notification that queue limits changed (aioq.set_queue): not a queue name,
 # since queue names are never empty.
 LIMITS_CHANGED = ""
@@ -220,7 +234,9 @@ WITH mine AS (
 ),
 changed AS (
     UPDATE {s}.jobs AS j
-    SET status = 'pending', run_at = now() + make_interval(secs => m.delay),
+    -- jobcontrol: a job whose cancel was requested is never run again (cancelled, not pending)
+    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        run_at = now() + make_interval(secs => m.delay),
         last_error = coalesce(m.error, j.last_error),
         attempts = j.attempts - CASE WHEN m.refund THEN 1 ELSE 0 END,
         max_attempts = j.max_attempts + CASE WHEN m.snooze THEN 1 ELSE 0 END,
@@ -228,7 +244,7 @@ changed AS (
         locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine AS m
     WHERE j.id = m.id
-    RETURNING j.id, j.queue, m.delay = 0 AS ready
+    RETURNING j.id, j.queue, m.delay = 0 AND j.status = 'pending' AS ready
 ),
 rang AS (
     SELECT pg_notify({channel}, queue) FROM changed WHERE ready GROUP BY queue
@@ -265,7 +281,9 @@ WITH mine AS (
 ),
 changed AS (
     UPDATE {s}.jobs AS j
-    SET status = 'pending', run_at = now(), attempts = greatest(j.attempts - 1, 0),
+    -- jobcontrol: a job whose cancel was requested ends cancelled, never pending
+    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        run_at = now(), attempts = greatest(j.attempts - 1, 0),
         locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine
     WHERE j.id = mine.id
@@ -293,7 +311,9 @@ WITH expired AS (
 ),
 changed AS (
     UPDATE {s}.jobs AS j
-    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    -- jobcontrol: a rescued job whose cancel was requested ends cancelled, never pending.
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
         run_at = now(),
         last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
                             j.attempts),
@@ -332,7 +352,8 @@ matching AS (
 ),
 changed AS (
     UPDATE {s}.jobs AS j
-    SET status = 'pending', attempts = 0, run_at = now()
+    SET status = 'pending', attempts = 0, run_at = now(),
+        cancel_requested_at = NULL  -- jobcontrol: a request that came too late ends with the run
     FROM matching AS m
     WHERE j.id = m.id AND (m.unique_key IS NULL OR (m.live_id IS NULL AND m.id = m.newest))
     RETURNING j.id, j.queue
@@ -347,18 +368,26 @@ WHERE (SELECT count(*) FROM rang) >= 0
 ORDER BY m.id
 """
 
-GET_JOB = """
-SELECT id, queue, task, args::text AS args, status, priority, run_at, attempts, max_attempts,
-       extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at, lease_expires_at,
-       last_error, unique_key, created_at
-FROM {s}.jobs WHERE id = $1
+_JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
+       max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
+       lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
+       progress_note, NULL::text AS result"""
+
+# A job that succeeded and stored a result has left the jobs table for results (jobcontrol).
+GET_JOB = f"""
+SELECT {_JOB_COLUMNS}, NULL::timestamptz AS finished_at
+FROM {{s}}.jobs WHERE id = $1
+UNION ALL
+SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
+       NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
+       result::text, finished_at
+FROM {{s}}.results WHERE id = $1
+LIMIT 1
 """
 
-LIST_JOBS = """
-SELECT id, queue, task, args::text AS args, status, priority, run_at, attempts, max_attempts,
-       extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at, lease_expires_at,
-       last_error, unique_key, created_at
-FROM {s}.jobs
+LIST_JOBS = f"""
+SELECT {_JOB_COLUMNS}
+FROM {{s}}.jobs
 WHERE ($1::text IS NULL OR status = $1)
   AND ($2::text IS NULL OR task = $2)
   AND ($3::text IS NULL OR queue = $3)
@@ -463,13 +492,6 @@ WHERE c.oid = '{s}.jobs'::regclass
 
 # SKIP_LOCKED: when another worker (or autovacuum) is vacuuming the table, skip it at once.
 VACUUM_JOBS = "VACUUM (SKIP_LOCKED) {s}.jobs"
-
-CANCEL_PENDING = """
-DELETE FROM {s}.jobs
-WHERE id = ANY($1::bigint[]) AND status = 'pending'
-RETURNING id
-"""
-
 
 # --- periodic jobs (aioq/schedule.py) ---
 
@@ -660,6 +682,202 @@ LIMIT $3
 
 # Whether any worker keeps finished jobs: an empty archive means they are being deleted.
 ARCHIVE_IN_USE = "SELECT EXISTS (SELECT FROM {s}.archive)"
+
+
+# --- job control: cancel, progress, results (issue 12) ---
+
+# Pending (ready or scheduled) jobs become cancelled at once; running ones get a cancel request
+# that their worker acts on (a NOTIFY on the control channel now, its cancel watch within a
+# heartbeat interval otherwise). One UPDATE for both, so a job claimed while this statement
+# waits for its row lock is re-checked as running and still gets its request.
+# $1 ids, $2 control channel, $3 results channel (waiters of a job cancelled while pending).
+# A row that was live in this statement's snapshot but that the UPDATE did not change ended
+# (or changed hands) concurrently: 'raced', and the caller asks again with a fresh snapshot.
+CANCEL_JOBS = """
+WITH wanted AS (
+    SELECT DISTINCT id FROM unnest($1::bigint[]) AS w(id)
+),
+locked AS (  -- in id order, like the fenced writes: two statements never deadlock
+    SELECT j.id FROM {s}.jobs AS j
+    WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'running')
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = CASE WHEN j.status = 'pending' THEN 'cancelled' ELSE j.status END,
+        run_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.run_at END,
+        cancel_requested_at = coalesce(j.cancel_requested_at, now())
+    FROM locked
+    WHERE j.id = locked.id AND j.status IN ('pending', 'running')
+    RETURNING j.id, j.status
+),
+rang AS (
+    SELECT pg_notify(CASE WHEN status = 'running' THEN $2 ELSE $3 END, id::text) FROM changed
+)
+SELECT w.id,
+       CASE WHEN c.status = 'cancelled' THEN 'cancelled'
+            WHEN c.status = 'running' THEN 'cancelling'
+            WHEN j.status IN ('dead', 'cancelled') THEN j.status
+            WHEN j.status IS NOT NULL THEN 'raced'
+            WHEN EXISTS (SELECT FROM {s}.results AS r WHERE r.id = w.id)
+              OR EXISTS (SELECT FROM {s}.archive AS a WHERE a.id = w.id) THEN 'finished'
+            ELSE 'missing'
+       END AS state
+FROM wanted AS w
+LEFT JOIN changed AS c ON c.id = w.id
+LEFT JOIN {s}.jobs AS j ON j.id = w.id
+WHERE (SELECT count(*) FROM rang) >= 0
+ORDER BY w.id
+"""
+
+# Our running jobs that someone asked to cancel: what the cancel watch delivers when the
+# control channel's notification was missed. $1 ids, $2 claim numbers, $3 worker id. A read:
+# no row lock, so it never waits on (or for) the fenced writes.
+CANCEL_REQUESTED = """
+SELECT j.id FROM {s}.jobs AS j
+JOIN unnest($1::bigint[], $2::integer[]) AS f(id, claim) ON j.id = f.id
+WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+  AND j.cancel_requested_at IS NOT NULL
+"""
+
+# The worker records a cancelled run, fenced like every other outcome; $4 says per job whether
+# its task stores results (someone may await it: ring the results channel $5).
+CANCEL_RUNNING = """
+WITH mine AS (
+    SELECT j.id, f.awaited FROM {s}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[], $4::boolean[]) AS f(id, claim, awaited)
+         ON j.id = f.id
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = 'cancelled', run_at = now(),  -- when it ended: the pruner's clock
+        cancel_requested_at = coalesce(j.cancel_requested_at, now()),
+        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+    FROM mine AS m
+    WHERE j.id = m.id
+    RETURNING j.id, m.awaited
+),
+rang AS (
+    SELECT pg_notify($5, id::text) FROM changed WHERE awaited
+)
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+"""
+
+# Ring the results channel for jobs that ended in a state written by another statement (dead).
+RING_RESULTS = """
+SELECT count(pg_notify($1, id::text)) FROM unnest($2::bigint[]) AS r(id)
+"""
+
+# Completion of jobs whose task stores its result: out of the hot table into results (and the
+# archive too when the worker keeps completed jobs), and a NOTIFY per job for its waiters.
+# $4 results (JSON text), $5 their TTLs in seconds, $6 archive too, $7 the results channel.
+COMPLETE_RESULT = """
+WITH mine AS (
+    SELECT j.id, f.result, f.ttl FROM {s}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[], $4::text[], $5::float8[])
+         AS f(id, claim, result, ttl) ON j.id = f.id
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+done AS (
+    DELETE FROM {s}.jobs AS j
+    USING mine AS m
+    WHERE j.id = m.id
+    RETURNING j.*, m.result, m.ttl
+),
+kept AS (
+    INSERT INTO {s}.results (id, queue, task, args, priority, attempts, max_attempts, worker,
+                             progress, progress_note, created_at, started_at, finished_at,
+                             expires_at, result)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by, progress,
+           progress_note, created_at, locked_at, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => ttl), result::jsonb
+    FROM done
+    RETURNING id
+),
+archived AS (
+    INSERT INTO {s}.archive (id, queue, task, args, priority, attempts, max_attempts, worker,
+                             created_at, started_at, finished_at)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by,
+           created_at, locked_at, clock_timestamp()
+    FROM done WHERE $6::boolean
+    RETURNING 1
+),
+rang AS (
+    SELECT pg_notify($7, id::text) FROM kept
+)
+SELECT id FROM kept
+WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM archived) >= 0
+"""
+
+# A task reports how far it is; fenced, so a run that lost its claim changes nothing.
+SET_PROGRESS = """
+UPDATE {s}.jobs AS j
+SET progress = $4, progress_note = $5
+WHERE j.id = $1 AND j.claims = $2 AND j.locked_by = $3 AND j.status = 'running'
+RETURNING j.id
+"""
+
+# What a waiter needs: the live or kept job's state, or its stored result.
+RESULT_STATE = """
+SELECT status, last_error, NULL::text AS result, false AS expired FROM {s}.jobs WHERE id = $1
+UNION ALL
+SELECT 'succeeded', NULL, result::text, expires_at <= now() FROM {s}.results WHERE id = $1
+LIMIT 1
+"""
+
+# Retention: results past their TTL, and cancelled jobs past dead_retention (their run_at is
+# when they were cancelled), in bounded SKIP LOCKED batches like PRUNE_DEAD.
+PRUNE_RESULTS = """
+WITH deleted AS (
+    DELETE FROM {s}.results
+    WHERE id IN (
+        SELECT id FROM {s}.results
+        WHERE expires_at < now()
+        ORDER BY expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+"""
+
+PRUNE_CANCELLED = """
+WITH deleted AS (
+    DELETE FROM {s}.jobs
+    WHERE id IN (
+        SELECT id FROM {s}.jobs
+        WHERE status = 'cancelled' AND run_at < now() - make_interval(secs => $1::float8)
+        ORDER BY run_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+"""
+
+# Succeeded jobs that kept a result, shaped as GET_JOB's rows: for `jobs list --status
+# succeeded` beside the archive's. $1 task, $2 queue (NULL: any), $3 limit.
+LIST_RESULT_JOBS = """
+SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
+       attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
+       started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
+       NULL::text AS unique_key, created_at, finished_at, progress, progress_note,
+       result::text AS result
+FROM {s}.results
+WHERE ($1::text IS NULL OR task = $1)
+  AND ($2::text IS NULL OR queue = $2)
+  AND expires_at > now()
+ORDER BY id
+LIMIT $3
+"""
 
 # --- testing (aioq.testing) -------------------------------------------------------------------
 

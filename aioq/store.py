@@ -90,7 +90,19 @@ class Store:
         self._queue_stats = render(q.QUEUE_STATS)
         self._archive_stats = render(q.ARCHIVE_STATS)
         self._table_stats = render(q.TABLE_STATS)
-        self._cancel = render(q.CANCEL_PENDING)
+        # jobcontrol: cancel, progress, results
+        self.control_channel = q.control_channel(schema)
+        self.results_channel = q.results_channel(schema)
+        self._cancel_jobs = render(q.CANCEL_JOBS)
+        self._cancel_requested = render(q.CANCEL_REQUESTED)
+        self._cancel_running = render(q.CANCEL_RUNNING)
+        self._ring_results = render(q.RING_RESULTS)
+        self._complete_result = render(q.COMPLETE_RESULT)
+        self._set_progress = render(q.SET_PROGRESS)
+        self._result_state = render(q.RESULT_STATE)
+        self._prune_results = render(q.PRUNE_RESULTS)
+        self._prune_cancelled = render(q.PRUNE_CANCELLED)
+        self._list_results = render(q.LIST_RESULT_JOBS)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
         self._ready_queues = render(q.READY_QUEUES)
@@ -346,10 +358,96 @@ class Store:
         """Stop the ringing that :meth:`arm_doorbell` asked for (the worker is awake)."""
         await conn.execute(self._disarm_doorbell, list(queues), timeout=within)
 
-    async def cancel(self, conn: Executor, ids: Sequence[int]) -> Sequence[int]:
-        """Delete these jobs if they are still pending; return the ids deleted."""
-        rows = await conn.fetch(self._cancel, list(ids))
-        return sorted(row[0] for row in rows)
+    # --- job control (issue 12) ---
+
+    async def cancel_jobs(self, conn: Executor, ids: Sequence[int]) -> dict[int, str]:
+        """Cancel pending jobs, request the cancel of running ones; return id -> state."""
+        rows = await conn.fetch(
+            self._cancel_jobs, list(ids), self.control_channel, self.results_channel
+        )
+        return {row[0]: row[1] for row in rows}
+
+    async def cancel_requested(
+        self, conn: Executor, ids: Sequence[int], numbers: Sequence[int], worker_id: str
+    ) -> set[int]:
+        """Return which of our running jobs someone asked to cancel."""
+        rows = await conn.fetch(self._cancel_requested, ids, numbers, worker_id)
+        return {row[0] for row in rows}
+
+    async def cancel_running(
+        self,
+        conn: Executor,
+        ids: Sequence[int],
+        numbers: Sequence[int],
+        worker_id: str,
+        *,
+        awaited: Sequence[bool],
+    ) -> set[int]:
+        """Mark our running jobs cancelled; ring waiters of the awaited; return the ids changed."""
+        rows = await conn.fetch(
+            self._cancel_running, ids, numbers, worker_id, awaited, self.results_channel
+        )
+        return {row[0] for row in rows}
+
+    async def ring_results(self, conn: Executor, ids: Sequence[int]) -> None:
+        """Wake the waiters of jobs that ended (a NOTIFY on the results channel each)."""
+        await conn.fetchval(self._ring_results, self.results_channel, list(ids))
+
+    async def complete_result(
+        self,
+        conn: Executor,
+        ids: Sequence[int],
+        numbers: Sequence[int],
+        worker_id: str,
+        *,
+        results: Sequence[str],
+        ttls: Sequence[float],
+        archive: bool,
+    ) -> set[int]:
+        """Move finished jobs to results with their return values; return the ids still ours."""
+        rows = await conn.fetch(
+            self._complete_result,
+            ids,
+            numbers,
+            worker_id,
+            results,
+            ttls,
+            archive,
+            self.results_channel,
+        )
+        return {row[0] for row in rows}
+
+    async def set_progress(
+        self,
+        conn: Executor,
+        job_id: int,
+        number: int,
+        worker_id: str,
+        progress: float,
+        note: str | None,
+    ) -> bool:
+        """Store a running job's progress; return False if the claim is no longer ours."""
+        row = await conn.fetchrow(self._set_progress, job_id, number, worker_id, progress, note)
+        return row is not None
+
+    async def result_state(self, conn: Executor, job_id: int) -> asyncpg.Record | None:
+        """Return (status, last_error, result, expired) of a job or its stored result."""
+        return await conn.fetchrow(self._result_state, job_id)
+
+    async def prune_results(self, conn: Executor, limit: int) -> int:
+        """Delete up to ``limit`` results past their TTL."""
+        return await conn.fetchval(self._prune_results, limit)  # type: ignore[no-any-return]
+
+    async def prune_cancelled(self, conn: Executor, older_than: float, limit: int) -> int:
+        """Delete up to ``limit`` jobs cancelled over ``older_than`` seconds ago."""
+        return await conn.fetchval(self._prune_cancelled, older_than, limit)  # type: ignore[no-any-return]
+
+    async def list_results(
+        self, conn: Executor, *, task: str | None, queue: str | None, limit: int
+    ) -> list[Job]:
+        """Return succeeded jobs that kept an unexpired result, oldest first."""
+        rows = await conn.fetch(self._list_results, task, queue, limit)
+        return [Job.from_row(row) for row in rows]
 
     async def ready_queues(self, conn: Executor) -> Sequence[str]:
         """Return the queues holding a job that is ready to run now."""

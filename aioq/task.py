@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -17,6 +17,8 @@ from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
+from aioq.results import DEFAULT_RESULT_TIMEOUT
+from aioq.results import result as _await_result
 from aioq.store import Executor, Store, Target, executor
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ __all__ = (
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 0
@@ -137,6 +140,7 @@ def _seconds(name: str, value: float | timedelta) -> float:
 
 
 _FITTING_NAMES_CACHED = 64
+_MAX_RESULT_TTL = 366 * 24 * 3600.0
 _NO_HOOK = contextlib.nullcontext()
 
 
@@ -152,8 +156,18 @@ class Task(Generic[P, R]):
         options: JobOptions,
         timeout: float | None,
         retry: Backoff,
+        result_ttl: float | None = None,
     ) -> None:
         check_text("name", name)
+        if result_ttl is not None and (
+            isinstance(result_ttl, bool) or not isinstance(result_ttl, int | float)
+            or not 0 < result_ttl <= _MAX_RESULT_TTL
+        ):  # fmt: skip
+            raise ConfigError(
+                "result_ttl",
+                f"{name!r}: must be None or seconds in (0, {_MAX_RESULT_TTL:g}], got {result_ttl!r}",
+            )
+        self.result_ttl = None if result_ttl is None else float(result_ttl)
         self.fn = fn
         self.name = name
         self.registry = registry
@@ -269,6 +283,42 @@ class Task(Generic[P, R]):
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         return await TaskCall(self, self.defaults).defer_many(conn, calls)
+
+    # An async task's R is the coroutine: the first overload unwraps it to what it returns.
+    @overload
+    async def result(
+        self: Task[..., Coroutine[Any, Any, T]],
+        db: Target,
+        job_id: int,
+        /,
+        *,
+        timeout: float | None = DEFAULT_RESULT_TIMEOUT,  # noqa: ASYNC109 (the API contract)
+    ) -> T: ...
+
+    @overload
+    async def result(
+        self: Task[..., T],
+        db: Target,
+        job_id: int,
+        /,
+        *,
+        timeout: float | None = DEFAULT_RESULT_TIMEOUT,  # noqa: ASYNC109 (the API contract)
+    ) -> T: ...
+
+    async def result(
+        self,
+        db: Target,
+        job_id: int,
+        /,
+        *,
+        timeout: float | None = DEFAULT_RESULT_TIMEOUT,  # noqa: ASYNC109 (the API contract)
+    ) -> Any:
+        """Wait for a job of this task to end and return its value (see :func:`aioq.result`)."""
+        if self.result_ttl is None:
+            raise ConfigError(
+                "result_ttl", f"task {self.name!r} keeps no results; register it with result_ttl"
+            )
+        return await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +446,7 @@ class Registry:
         lease: float = DEFAULT_LEASE,
         timeout: float | None = None,
         retry: Backoff | None = None,
+        result_ttl: float | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -409,8 +460,13 @@ class Registry:
         lease: float = DEFAULT_LEASE,
         timeout: float | None = None,
         retry: Backoff | None = None,
+        result_ttl: float | None = None,
     ) -> Any:
-        """Register a function as a task (as ``@registry.task`` or ``@registry.task(...)``)."""
+        """Register a function as a task (as ``@registry.task`` or ``@registry.task(...)``).
+
+        ``result_ttl`` (seconds) keeps each job's return value, as JSON, for that long after it
+        succeeds, for :func:`aioq.result` and ``task.result``; without it nothing is kept.
+        """
         if timeout is not None and not timeout > 0:
             raise ConfigError("timeout", f"must be > 0 seconds or None, got {timeout}")
         options = JobOptions(queue=queue, priority=priority, max_attempts=max_attempts, lease=lease)
@@ -424,6 +480,7 @@ class Registry:
                     options=options,
                     timeout=timeout,
                     retry=retry or Backoff(),
+                    result_ttl=result_ttl,
                 )
             )
 

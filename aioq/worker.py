@@ -18,6 +18,7 @@ from aioq._service import Service
 from aioq.claims import CancelReason, Claims
 from aioq.completer import Completer
 from aioq.consumer import Consumer
+from aioq.control import CancelWatch
 from aioq.errors import ConfigError
 from aioq.lease import Heartbeat, Reaper
 from aioq.limits import DEFAULT_REFRESH, QueueGate
@@ -471,6 +472,15 @@ class Worker:
         """The background services of a run besides the completer and the producer."""
         cfg, store = self.config, self.store
         services: list[Service] = []
+        # jobcontrol: cancel requests, by notification (the listener) and by polling
+        cancel_watch = CancelWatch(
+            store=store,
+            db=pool,
+            worker_id=self.id,
+            claims=self.claims,
+            interval=cfg.heartbeat_interval,
+        )
+        services.append(cancel_watch)
         self.listener = None
         if cfg.listen:
             self.listener = Listener(
@@ -479,6 +489,7 @@ class Worker:
                 queues=self.queues,
                 ring=self.doorbell.ring,
                 store=store,
+                control={store.control_channel: cancel_watch.on_notify},
             )
             if self.gate is not None:
                 self.listener.on_limits = self.gate.changed
@@ -501,17 +512,17 @@ class Worker:
                 worker_id=self.id,
             )
         )
-        if cfg.archive_retention is not None or cfg.dead_retention is not None:
-            services.append(
-                Pruner(
-                    store=store,
-                    db=pool,
-                    archive_retention=cfg.archive_retention,
-                    dead_retention=cfg.dead_retention,
-                    interval=cfg.prune_interval,
-                    batch_size=cfg.prune_batch,
-                )
+        # Always: expired results are pruned whatever the retention (jobcontrol).
+        services.append(
+            Pruner(
+                store=store,
+                db=pool,
+                archive_retention=cfg.archive_retention,
+                dead_retention=cfg.dead_retention,
+                interval=cfg.prune_interval,
+                batch_size=cfg.prune_batch,
             )
+        )
         if cfg.vacuum_threshold is not None:
             services.append(
                 Vacuumer(

@@ -220,9 +220,16 @@ def test_retry_cancel_purge(dsn: str) -> None:
     cancelled = aioq_cli(dsn, "jobs", "cancel", str(ids[3]), str(ids[2]))
     assert cancelled.returncode == 1  # ids[2] is dead, not pending
     assert f"cancelled 1 jobs: {ids[3]}" in cancelled.stdout
-    assert f"not pending jobs (or not found): {ids[2]}" in cancelled.stdout
-    ok = aioq_cli(dsn, "jobs", "cancel", str(ids[0]), "--json")
-    assert (ok.returncode, json.loads(ok.stdout)) == (0, {"cancelled": [ids[0]], "missing": []})
+    assert f"already dead (not cancelled): {ids[2]}" in cancelled.stdout
+    ok = aioq_cli(dsn, "jobs", "cancel", str(ids[0]), "999999", "--json")
+    assert (ok.returncode, json.loads(ok.stdout)) == (
+        1,
+        {"cancelled": [ids[0]], "cancelling": [], "finished": [], "dead": [], "missing": [999999]},
+    )
+    again = aioq_cli(dsn, "jobs", "cancel", str(ids[0]))  # idempotent
+    assert (again.returncode, again.stdout.strip()) == (0, f"cancelled 1 jobs: {ids[0]}")
+    listed = aioq_cli(dsn, "jobs", "list", "--status", "cancelled", "--json")
+    assert sorted(j["id"] for j in json.loads(listed.stdout)) == [ids[0], ids[3]]
 
     young = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "1h")
     assert (young.returncode, young.stdout.strip()) == (0, "purged 0 dead jobs")
@@ -231,7 +238,10 @@ def test_retry_cancel_purge(dsn: str) -> None:
     )
     purged = aioq_cli(dsn, "jobs", "purge", "--dead", "--json")
     assert json.loads(purged.stdout) == {"purged": 1}
-    assert [r["id"] for r in fetch(dsn, "SELECT id FROM aioq.jobs")] == [ids[1]]
+    left = fetch(dsn, "SELECT id, status FROM aioq.jobs ORDER BY id")
+    assert [(r["id"], r["status"]) for r in left] == [
+        (ids[0], "cancelled"), (ids[1], "pending"), (ids[3], "cancelled")
+    ]  # fmt: skip
 
 
 def test_stats_watch_until_interrupted(

@@ -222,8 +222,8 @@ def test_jobs_show_finds_a_succeeded_job_or_says_why_it_cannot(
     assert missing.returncode == 1
     assert missing.stderr == (
         f"aioq: job {first} not found: finished jobs are deleted unless workers keep them in"
-        " the archive (aioq worker --keep-completed, Worker(keep_completed=True)); or it was"
-        " cancelled, or never existed\n"
+        " the archive (aioq worker --keep-completed, Worker(keep_completed=True)) or keep a"
+        " result (result_ttl); or it was pruned, or never existed\n"
     )
     assert missing.stderr.strip().replace(f"job {first}", "job 22") in README
 

@@ -83,13 +83,17 @@ async def test_connection_savepoints_options_defer_many_and_admin_functions(
         # The admin functions see the uncommitted jobs on the same transaction.
         listed = await aioq.list_jobs(sa_conn)
         assert [job.id for job in listed] == [first, *many]
-        assert await aioq.cancel_jobs(sa_conn, [many[0]]) == [many[0]]
+        assert await aioq.cancel_jobs(sa_conn, [many[0]]) == {many[0]: "cancelled"}
         job = await aioq.get_job(sa_conn, first)
         assert job is not None
         assert (job.priority, job.queue) == (5, "urgent")
         assert (await aioq.stats(sa_conn)).queues
         await sa_conn.commit()
-    assert [job.id for job in await aioq.list_jobs(conn)] == [first, many[1]]
+    assert [(job.id, job.status) for job in await aioq.list_jobs(conn)] == [
+        (first, "pending"),
+        (many[0], "cancelled"),  # kept, like a dead job
+        (many[1], "pending"),
+    ]
 
 
 async def test_jsonb_read_through_sqlalchemys_codecs(

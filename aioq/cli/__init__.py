@@ -227,7 +227,9 @@ def _build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--task")
     retry.add_argument("--queue")
     retry.set_defaults(handler=cmd_jobs_retry)
-    cancel = verbs.add_parser("cancel", parents=[db, out], help="delete pending jobs")
+    cancel = verbs.add_parser(
+        "cancel", parents=[db, out], help="cancel jobs: pending ones at once, running ones too"
+    )
     cancel.add_argument("ids", type=int, nargs="+", metavar="ID")
     cancel.set_defaults(handler=cmd_jobs_cancel)
     purge = verbs.add_parser("purge", parents=[db, out], help="delete dead jobs in batches")

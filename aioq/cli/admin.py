@@ -217,11 +217,12 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
             print_json(values)
             return EXIT_OK
         for key, value in values.items():
-            if key == "args":
+            if key == "args" or (key == "result" and job.result is not None):
                 value = json.dumps(value)
             elif value is None:
                 value = "-"
-            print(f"{key + ':':<18}{value}")
+            label = key + ":"
+            print(f"{label:<18}{value}" if len(label) < 18 else f"{label} {value}")
         return EXIT_OK
 
     return with_db(args, run)
@@ -230,13 +231,13 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> str:
     if await Store.for_schema(schema_from(args)).archive_in_use(conn):
         return (
-            "it is not in the jobs table nor in the archive (cancelled, pruned after"
-            " archive_retention, finished on a worker without --keep-completed, or never existed)"
+            "it is not in the jobs table nor in the archive (pruned after archive_retention or"
+            " dead_retention, finished on a worker without --keep-completed, or never existed)"
         )
     return (
         "finished jobs are deleted unless workers keep them in the archive"
-        " (aioq worker --keep-completed, Worker(keep_completed=True)); or it was cancelled,"
-        " or never existed"
+        " (aioq worker --keep-completed, Worker(keep_completed=True)) or keep a result"
+        " (result_ttl); or it was pruned, or never existed"
     )
 
 
@@ -261,12 +262,33 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
     return with_db(args, run)
 
 
+_CANCEL_LINES = {
+    "cancelled": "cancelled {n} jobs",
+    "cancelling": "cancelling {n} running jobs (their workers stop them)",
+    "finished": "already finished (kept their outcome)",
+    "dead": "already dead (not cancelled)",
+    "missing": "not found",
+}
+
+
 def cmd_jobs_cancel(args: argparse.Namespace) -> int:
-    """Delete pending jobs; exit 1 if a given id was not pending."""
+    """Cancel jobs, running ones too; exit 1 if a given id had already ended or was not found."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        cancelled = await admin.cancel_jobs(conn, args.ids, schema=schema_from(args))
-        return _report(args, "cancelled", cancelled, "not pending jobs")
+        states = await admin.cancel_jobs(conn, args.ids, schema=schema_from(args))
+        by_state: dict[str, list[int]] = {state: [] for state in admin.CANCEL_STATES}
+        for job_id, state in states.items():
+            by_state[state].append(job_id)
+        if args.json:
+            print_json(by_state)
+        else:
+            for state, line in _CANCEL_LINES.items():
+                ids = by_state[state]
+                if ids or state == "cancelled":
+                    head = line.format(n=len(ids))
+                    print(f"{head}: {format_ints(ids)}" if ids else head)
+        ended = by_state["finished"] or by_state["dead"] or by_state["missing"]
+        return EXIT_FAILED if ended else EXIT_OK
 
     return with_db(args, run)
 

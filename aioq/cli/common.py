@@ -106,6 +106,8 @@ def job_dict(job: Job) -> dict[str, Any]:
     values = dataclasses.asdict(job)
     values["status"] = job.status.value
     values["args"] = json.loads(job.args)
+    if job.result is not None:  # jobcontrol: the stored return value, decoded like args
+        values["result"] = json.loads(job.result)
     return values
 
 

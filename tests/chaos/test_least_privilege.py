@@ -249,6 +249,16 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         await scheduler.run_once(start)
         return await scheduler.run_once(start + timedelta(minutes=1))
 
+    async def keep_result(conn: asyncpg.Connection) -> object:
+        claimed = await claim_one(conn)
+        ids, numbers = [claimed.id], [claimed.number]
+        return await store.complete_result(
+            conn, ids, numbers, "w", results=["1"], ttls=[0.0], archive=False
+        )
+
+    async def prune_results(conn: asyncpg.Connection) -> object:
+        return await store.prune_results(conn, 10)
+
     needed: list[tuple[str, Op]] = [
         ("USAGE ON SCHEMA aioq", defer),
         ("INSERT ON aioq.jobs", defer),
@@ -272,6 +282,10 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         ("SELECT ON aioq.schedules", schedule),
         ("INSERT ON aioq.schedules", schedule),
         ("UPDATE ON aioq.schedules", schedule),
+        ("INSERT ON aioq.results", keep_result),  # tasks with result_ttl
+        ("SELECT ON aioq.results", prune_results),
+        ("UPDATE ON aioq.results", prune_results),
+        ("DELETE ON aioq.results", prune_results),
     ]
 
     async def scenario() -> None:

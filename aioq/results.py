@@ -1,0 +1,216 @@
+"""Await a job's result: :func:`result` (``aioq.result``) and ``Task.result``.
+
+A task registered with ``result_ttl`` keeps its return value (JSON) in the ``results`` table
+for that many seconds; its completion, death or cancel also rings the schema's results channel
+with the job id. A waiter LISTENs on that channel and reads the job's state when rung, and
+polls as the guarantee (a missed notification, a LISTEN that PgBouncer cannot hold), with a
+delay that grows to a few seconds. All waiters of one process on one pool (or connection)
+share one LISTEN connection: the first one borrows it from the pool and the last one gives it
+back. A waiter holds no other connection while it waits; each poll borrows one for a statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import anyio
+import asyncpg
+
+from aioq.codec import decode_result
+from aioq.errors import (
+    ConfigError,
+    JobCancelled,
+    JobFailed,
+    ResultMissing,
+    ResultTimeout,
+)
+from aioq.queries import DEFAULT_SCHEMA
+from aioq.store import Executor, Store, Target, executor
+
+__all__ = ("DEFAULT_RESULT_TIMEOUT", "result")
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RESULT_TIMEOUT = 30.0
+_FIRST_POLL = 0.25  # then doubling, up to:
+_MAX_POLL = 5.0  # while the LISTEN works (a notification is the fast path)
+_MAX_POLL_DEAF = 1.0  # while it does not
+_RELISTEN_AFTER = 1.0  # seconds between attempts to set the LISTEN up again
+
+
+class _Hub:
+    """One LISTEN on the results channel for every waiter of one pool or connection."""
+
+    def __init__(self, db: Executor, channel: str) -> None:
+        self.db = db
+        self.channel = channel
+        self.waiters: dict[int, set[anyio.Event]] = {}
+        self.count = 0
+        self.conn: Any = None  # the listening connection (asyncpg's, or a pool's proxy)
+        self.borrowed = False  # conn came from the pool and goes back to it
+        self.retry_at = 0.0
+        self.listens = 0  # how many times a LISTEN was set up (for tests and debugging)
+        self._lock = anyio.Lock()
+        # A plain connection runs one statement at a time: its waiters take turns.
+        self._turn = anyio.Lock() if not isinstance(db, asyncpg.Pool) else None
+
+    def add(self, job_id: int, event: anyio.Event) -> None:
+        self.waiters.setdefault(job_id, set()).add(event)
+
+    def discard(self, job_id: int, event: anyio.Event) -> None:
+        events = self.waiters.get(job_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self.waiters[job_id]
+
+    @property
+    def listening(self) -> bool:
+        return self.conn is not None and not self.conn.is_closed()
+
+    def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        try:
+            job_id = int(str(payload))
+        except ValueError:
+            return
+        for event in self.waiters.get(job_id, ()):
+            event.set()
+
+    async def ensure_listening(self) -> None:
+        """Set the LISTEN up if it is not (at most once a second while it keeps failing)."""
+        if self.listening or anyio.current_time() < self.retry_at:
+            return
+        async with self._lock:
+            if self.listening:
+                return
+            await self._drop()
+            try:
+                if isinstance(self.db, asyncpg.Pool):
+                    self.conn, self.borrowed = await self.db.acquire(), True
+                    await self.conn.add_listener(self.channel, self._on_notify)
+                else:
+                    self.conn = self.db
+                    async with self._turn or _NO_LOCK:
+                        await self.conn.add_listener(self.channel, self._on_notify)
+                self.listens += 1
+            except Exception as exc:  # polling goes on; try again later
+                logger.debug("results LISTEN failed (%s); polling", exc)
+                self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                await self._drop()
+
+    async def query(self, store: Store, job_id: int) -> asyncpg.Record | None:
+        async with self._turn or _NO_LOCK:
+            return await store.result_state(self.db, job_id)
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+    async def _drop(self) -> None:
+        conn, borrowed, self.conn, self.borrowed = self.conn, self.borrowed, None, False
+        if conn is None:
+            return
+        try:
+            if not conn.is_closed():
+                async with self._turn or _NO_LOCK:
+                    await conn.remove_listener(self.channel, self._on_notify)
+        except Exception as exc:
+            logger.debug("results UNLISTEN failed: %s", exc)
+        finally:
+            if borrowed:
+                assert isinstance(self.db, asyncpg.Pool)
+                await self.db.release(conn)
+
+
+class _NoLock:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+_hubs: dict[tuple[int, str], _Hub] = {}
+
+
+def listening_connections() -> int:
+    """How many LISTEN connections this process's waiters hold now (one per pool in use)."""
+    return sum(1 for hub in _hubs.values() if hub.listening)
+
+
+async def result(
+    db: Target,
+    job_id: int,
+    *,
+    timeout: float | None = DEFAULT_RESULT_TIMEOUT,  # noqa: ASYNC109 (the API contract)
+    schema: str = DEFAULT_SCHEMA,
+) -> Any:
+    """Wait for a job to end and return its task's return value (decoded JSON).
+
+    Raises :class:`JobFailed` (dead), :class:`JobCancelled`, :class:`ResultMissing` (no
+    result stored: expired, a task without ``result_ttl``, or no such job), and
+    :class:`ResultTimeout` (a ``TimeoutError``) when the job is still pending or running
+    after ``timeout`` seconds (None: wait for ever); the job itself is left alone.
+    """
+    if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+        raise ConfigError("timeout", f"must be None or a number of seconds >= 0, got {timeout!r}")
+    db = await executor(db)  # an asyncpg connection or pool (or SQLAlchemy's, unwrapped)
+    store = Store.for_schema(schema)
+    deadline = math.inf if timeout is None else anyio.current_time() + timeout
+    key = (id(db), store.results_channel)
+    hub = _hubs.get(key)
+    if hub is None:
+        hub = _hubs[key] = _Hub(db, store.results_channel)
+    hub.count += 1
+    event = anyio.Event()
+    hub.add(job_id, event)
+    try:
+        delay = _FIRST_POLL
+        while True:
+            await hub.ensure_listening()  # before reading: a later ring is never missed
+            row = await hub.query(store, job_id)
+            status = _judge(job_id, row)
+            if status is None:
+                assert row is not None
+                return decode_result(row["result"])
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                raise ResultTimeout(job_id, timeout or 0.0, status)
+            with anyio.move_on_after(min(delay, remaining)):
+                await event.wait()
+            if event.is_set():
+                hub.discard(job_id, event)
+                event = anyio.Event()
+                hub.add(job_id, event)
+            else:
+                delay = min(2 * delay, _MAX_POLL if hub.listening else _MAX_POLL_DEAF)
+    finally:
+        hub.discard(job_id, event)
+        hub.count -= 1
+        if hub.count == 0:
+            del _hubs[key]  # a waiter that comes now builds a new hub
+            with anyio.CancelScope(shield=True):
+                await hub.close()
+
+
+def _judge(job_id: int, row: asyncpg.Record | None) -> str | None:
+    """Return None when the row holds the result, the status to wait on, or raise."""
+    if row is None:
+        raise ResultMissing(
+            job_id,
+            "no result is stored (its task has no result_ttl, the result expired and was"
+            " pruned, or no job has this id)",
+        )
+    status: str = row["status"]
+    if status == "succeeded":
+        if row["expired"]:
+            raise ResultMissing(job_id, "its result expired")
+        return None
+    if status == "dead":
+        raise JobFailed(job_id, row["last_error"])
+    if status == "cancelled":
+        raise JobCancelled(job_id)
+    return status

@@ -70,6 +70,12 @@ VALUES ($1, $2, $3::text::jsonb, $4,
 RETURNING id
 """
 
+# The common case (every option at the table's default): three parameters, the rest from the
+# column defaults in schema.sql. Store.insert picks it; a test keeps the two in step.
+INSERT_DEFAULT_JOB = """
+INSERT INTO {s}.jobs (queue, task, args) VALUES ($1, $2, $3::text::jsonb) RETURNING id
+"""
+
 # ON CONFLICT waits for a concurrent insert of the same key to commit; if the existing row was
 # committed after this statement's snapshot, no id comes back and the caller asks again.
 INSERT_UNIQUE_JOB = """
@@ -1110,4 +1116,19 @@ WAITING_JOBS = """
 SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts
 FROM {s}.jobs WHERE status = 'pending' AND task = $1
 ORDER BY run_at, id
+"""
+
+# --- The conditional doorbell (invariant 15) -------------------------------------------------
+# A worker about to sleep holds a shared session advisory lock per served queue on its LISTEN
+# connection, keyed (the jobs table's oid, hashtext(queue)); the jobs_doorbell trigger in
+# schema.sql rings a queue only when its exclusive try of that lock fails. The session holds
+# the lock, so a worker that dies (its connection closes) stops the ringing with it.
+ARM_DOORBELL = """
+SELECT pg_advisory_lock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))
+FROM unnest($1::text[]) AS q
+"""
+
+DISARM_DOORBELL = """
+SELECT pg_advisory_unlock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))
+FROM unnest($1::text[]) AS q
 """

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+from waits import eventually, until_sql
 
 import aioq
 from aioq.claims import CancelReason, Claims
@@ -46,12 +47,6 @@ def make_completer(conn: asyncpg.Connection, worker_id: str, claims: Claims) -> 
         batch_size=10,
         max_pending=10,
     )
-
-
-async def wait_for(conn: asyncpg.Connection, sql: str, *args: object) -> None:
-    """Poll until ``sql`` returns true (bounded by the caller's fail_after)."""
-    while not await conn.fetchval(sql, *args):
-        await anyio.sleep(0.02)
 
 
 async def test_stale_worker_is_fenced_after_rescue(
@@ -187,7 +182,7 @@ async def test_heartbeat_keeps_a_job_running_three_times_its_lease(
         make_worker(reaper_interval=0.05),
     ):
         with anyio.fail_after(30):
-            await wait_for(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", job_id)
+            await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", job_id)
     assert runs == [1]
 
 
@@ -259,8 +254,7 @@ async def test_listener_reconnects_after_its_backend_is_killed(
                 " WHERE application_name LIKE 'aioq listener%' AND datname = current_database()"
             )
             assert killed == 1
-            while listener.connections < 2:
-                await anyio.sleep(0.02)
+            await eventually(lambda: listener.connections >= 2, "the listener to reconnect")
             await listener.connected.wait()
             await ping.defer(conn)
             await ran.wait()

@@ -8,32 +8,23 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import asyncpg
 import pytest
 from procs import LISTENERS, aioq_cli, assert_one_line_error
+from waits import eventually
 
 import aioq
 from aioq.limits import QueueGate
 from aioq.store import Store
 
-T = TypeVar("T")
 HANG_GUARD = 60.0
 MakeWorker = Callable[..., aioq.Worker]
-
-
-async def eventually(check: Callable[[], Awaitable[T]]) -> T:
-    with anyio.fail_after(HANG_GUARD):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await anyio.sleep(0.02)
 
 
 async def settings(conn: asyncpg.Connection) -> list[dict[str, Any]]:

@@ -203,3 +203,95 @@ async def test_flush_gives_up_loudly_when_the_database_stays_unreachable(
     assert len(completer.pending) == 2  # kept, not silently dropped
     statuses = await conn.fetch("SELECT status FROM aioq.jobs")
     assert [r[0] for r in statuses] == ["running", "running"]  # the reaper rescues them later
+
+
+# Moved from test_lease.py: the completer's handling of refused data and lost connections.
+
+
+async def test_an_outcome_the_server_refuses_does_not_block_the_others(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{}, {}])
+    good, bad = await store.claim(conn, ["default"], 10, "me")
+    completer = completer_for(conn, [good, bad])
+    await completer.put(Outcome(good, OutcomeKind.COMPLETE))
+    # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
+    await completer.put(Outcome(bad, OutcomeKind.FAIL, delay=1e300, error="x"))
+    with caplog.at_level(logging.ERROR, logger="aioq"):
+        assert await completer.run_once() == 2
+    assert "cannot be stored" in caplog.text
+    assert completer.pending == []
+    rows = await conn.fetch("SELECT id, status FROM aioq.jobs")
+    assert [tuple(r) for r in rows] == [(bad.id, "running")]  # left for the reaper to rescue
+
+
+async def test_a_connection_lost_mid_batch_retries_only_what_was_not_written(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{}, {}])
+    done, failed = await store.claim(conn, ["default"], 10, "me")
+    doomed = await asyncpg.connect(dsn)
+
+    class DiesAfterFirstStatement:
+        """A real connection that drops before its second statement."""
+
+        statements = 0
+
+        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+            self.statements += 1
+            if self.statements == 2:
+                doomed.terminate()
+            return await doomed.fetch(sql, *args)
+
+    completer = completer_for(conn, [done, failed])
+    completer.db = DiesAfterFirstStatement()  # type: ignore[assignment]
+    await completer.put(Outcome(done, OutcomeKind.COMPLETE))
+    await completer.put(Outcome(failed, OutcomeKind.FAIL, delay=0, error="boom"))
+    with pytest.raises(asyncpg.InterfaceError, match="closed"):
+        await completer.run_once()
+    assert [o.claim.id for o in completer.pending] == [failed.id]  # the completion is done
+
+    completer.db = conn
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        assert await completer.run_once() == 1
+    assert "lease lost" not in caplog.text
+    rows = await conn.fetch("SELECT id, status, last_error FROM aioq.jobs")
+    assert [tuple(r) for r in rows] == [(failed.id, "pending", "boom")]
+
+
+async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer(conn)
+    [claim] = await store.claim(conn, ["default"], 10, "me")
+
+    class ReplyLost:
+        """The statement commits on a real connection; its reply never arrives."""
+
+        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+            await conn.fetch(sql, *args)
+            raise ConnectionResetError("connection lost before the reply")
+
+    completer = completer_for(conn, [claim])
+    completer.db = ReplyLost()  # type: ignore[assignment]
+    await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    with pytest.raises(ConnectionResetError):
+        await completer.run_once()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0  # it was written
+
+    completer.db = conn
+    with caplog.at_level(logging.INFO, logger="aioq"):
+        assert await completer.run_once() == 1
+    assert "lease lost" not in caplog.text
+    assert "found already gone on retry" in caplog.text
+    assert completer.pending == []
+    assert len(completer.claims) == 0

@@ -407,10 +407,6 @@ def _spawn(workdir: Path, dsn: str, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=log)
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 async def _listening(conn: asyncpg.Connection, n: int) -> bool:
     return len(await conn.fetch(LISTENERS)) == n
 
@@ -426,7 +422,7 @@ async def test_three_worker_processes_enqueue_each_tick_once_through_a_sigkill(
     (tmp_path / "ticker.py").write_text(TICKER)
     fleet = _spawn(tmp_path, dsn, "--processes", "3", "--queue", "other")
     try:
-        await eventually(lambda: _true(len(children(fleet.pid)) == 3))
+        await eventually(lambda: len(children(fleet.pid)) == 3, "three children")
         first = await eventually(lambda: conn.fetchval("SELECT min(scheduled_at) FROM aioq.jobs"))
         await eventually(
             lambda: conn.fetchval(

@@ -12,6 +12,7 @@ import asyncpg
 from aioq._service import Service
 from aioq.backoff import Backoff
 from aioq.queries import LIMITS_CHANGED
+from aioq.store import Store
 
 __all__ = ("Listener",)
 
@@ -36,11 +37,14 @@ class Listener(Service):
         channel: str,
         queues: Collection[str],
         ring: Callable[[], None],
+        store: Store,
         keepalive: float = 5.0,
         control: Mapping[str, Callable[[str], None]] | None = None,
     ) -> None:
         super().__init__()
         self.connect = connect
+        self.store = store
+        self.queues_list = sorted(set(queues))
         self.channel = channel
         self.queues = frozenset(queues)
         self.ring = ring
@@ -51,38 +55,95 @@ class Listener(Service):
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
         self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
+        self.arms = 0  # how many times the doorbell was armed (a statement each)
+        self._conn: asyncpg.Connection | None = None
+        self._talk = anyio.Lock()  # one statement at a time on the connection
+        self._armed = False  # the producer waits for a ring
+        self._held = False  # the session holds the doorbell's locks (see arm())
+        self._wake = anyio.Event()  # the connection was lost, or the doorbell must be disarmed
+        self._lost = False
 
     name = "listener"
     backoff = Backoff(base=0.1, max=10.0, jitter=0.1)
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload in self.queues:
+            if self._armed:
+                # One ring per sleep: inserts stop ringing once the locks are released.
+                self._armed = False
+                self._wake.set()
             self.ring()
         elif payload == LIMITS_CHANGED and self.on_limits is not None:
             self.on_limits()
+
+    async def arm(self) -> bool:
+        """Make inserts into our queues ring, before the producer sleeps (invariant 15).
+
+        Returns True when it armed the doorbell just now: an insert that ran before could
+        have skipped the ring, so the caller must look for ready jobs once more before it
+        sleeps. False when it was armed already (every insert since rang) or cannot be
+        (no connection: polling covers it).
+        """
+        conn = self._conn
+        if conn is None or self._armed:
+            return False
+        try:
+            # Under the lock: a disarm in flight finishes first, and we then see it.
+            async with self._talk:
+                if self._conn is not conn:
+                    return False  # lost meanwhile
+                if self._held:
+                    # Never released since the last arm: every insert since has rung.
+                    self._armed = True
+                    return False
+                await self.store.arm_doorbell(conn, self.queues_list, self.keepalive)
+                if self._conn is not conn:
+                    return False  # lost meanwhile, and the locks with it
+                self._armed = self._held = True
+                self.arms += 1
+        except Exception as exc:
+            # The connection is going: run_once notices and reconnects; polling covers it.
+            logger.debug("arming the doorbell failed: %s: %s", type(exc).__name__, exc)
+            return False
+        return True
+
+    def _on_lost(self, conn: object) -> None:
+        self._lost = True
+        self._wake.set()
 
     async def run_once(self) -> None:
         """Connect, LISTEN, and raise once the connection is lost or stops answering."""
         conn: asyncpg.Connection = await self.connect()
         try:
-            lost = anyio.Event()
-            conn.add_termination_listener(lambda _conn: lost.set())
+            self._lost = False
+            conn.add_termination_listener(self._on_lost)
             await conn.add_listener(self.channel, self._on_notify)
             for channel, handler in self.control.items():
                 await conn.add_listener(channel, _payload_to(handler))
             self.connections += 1
             self.failures.reset()  # the backoff starts afresh after a good connection
             self.connected.set()
+            self._conn = conn
             self.ring()  # anything deferred while we were away is found now
             logger.debug("listening on %s", self.channel)
-            while not lost.is_set():
-                with anyio.move_on_after(self.keepalive):
-                    await lost.wait()
-                if not lost.is_set():
-                    # A cut network shows no termination: ask the server.
-                    await conn.execute("SELECT 1", timeout=self.keepalive)
+            while not self._lost:
+                with anyio.move_on_after(self.keepalive) as idle:
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                if self._lost:
+                    break
+                async with self._talk:
+                    if self._held and not self._armed:
+                        # Woken by a ring: further inserts need not ring until we sleep again.
+                        await self.store.disarm_doorbell(conn, self.queues_list, self.keepalive)
+                        self._held = False
+                    elif idle.cancelled_caught:
+                        # A cut network shows no termination: ask the server.
+                        await conn.execute("SELECT 1", timeout=self.keepalive)
             raise _Lost
         finally:
+            self._conn = None
+            self._armed = self._held = False  # the locks went with the session
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 try:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -163,6 +163,7 @@ class Producer(Service):
         stopping: anyio.Event,
         handoff: Handoff | None = None,
         listening: Callable[[], bool] = lambda: False,
+        arm: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         super().__init__()
         self.store = store
@@ -175,6 +176,8 @@ class Producer(Service):
         self.handoff = handoff if handoff is not None else Handoff()
         self.poll_interval = poll_interval
         self.listening = listening
+        self.arm = arm  # before sleeping: ask inserts to ring (the listener's arm())
+        self._found_all = False  # the last claim took every ready job
         self._poll_delay = poll_interval
         self.batch_size = batch_size
         self.stopping = stopping
@@ -250,6 +253,7 @@ class Producer(Service):
             return True
         if asked:
             self._next_poll_delay(claimed)
+            self._found_all = True  # nothing more is ready: wait() arms the doorbell
         return False
 
     def interval(self) -> float:
@@ -269,6 +273,12 @@ class Producer(Service):
         if not self.slots.free:
             await self.slots.wait_free()
             return
+        if self._found_all and self.arm is not None and await self.arm():
+            # Armed just now (invariant 15): a job inserted before could have skipped the
+            # ring, so look once more before sleeping (no lost wake-up).
+            self._found_all = False
+            return
+        self._found_all = False
         await self.doorbell.wait(seconds)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -70,6 +70,12 @@ VALUES ($1, $2, $3::text::jsonb, $4,
 RETURNING id
 """
 
+# The common case (every option at the table's default): three parameters, the rest from the
+# column defaults in schema.sql. Store.insert picks it; a test keeps the two in step.
+INSERT_DEFAULT_JOB = """
+INSERT INTO {s}.jobs (queue, task, args) VALUES ($1, $2, $3::text::jsonb) RETURNING id
+"""
+
 # ON CONFLICT waits for a concurrent insert of the same key to commit; if the existing row was
 # committed after this statement's snapshot, no id comes back and the caller asks again.
 INSERT_UNIQUE_JOB = """
@@ -422,14 +428,14 @@ WITH deleted AS (
 SELECT count(*)::integer FROM deleted
 """
 
-# Dead jobs have no finished_at: their age is counted from run_at, which burial (BURY, REAP)
-# sets to the moment the job died.
-PRUNE_DEAD = """
+# Kept terminal jobs of status $3 ('dead' or 'cancelled') have no finished_at: their age is
+# counted from run_at, which burial (BURY, REAP) and cancellation set to when they ended.
+PRUNE_ENDED = """
 WITH deleted AS (
     DELETE FROM {s}.jobs
     WHERE id IN (
         SELECT id FROM {s}.jobs
-        WHERE status = 'dead' AND run_at < now() - make_interval(secs => $1::float8)
+        WHERE status = $3 AND run_at < now() - make_interval(secs => $1::float8)
         ORDER BY run_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -825,8 +831,7 @@ SELECT 'succeeded', NULL, result::text, expires_at <= now() FROM {s}.results WHE
 LIMIT 1
 """
 
-# Retention: results past their TTL, and cancelled jobs past dead_retention (their run_at is
-# when they were cancelled), in bounded SKIP LOCKED batches like PRUNE_DEAD.
+# Retention: results past their TTL, in bounded SKIP LOCKED batches like PRUNE_ENDED.
 PRUNE_RESULTS = """
 WITH deleted AS (
     DELETE FROM {s}.results
@@ -835,21 +840,6 @@ WITH deleted AS (
         WHERE expires_at < now()
         ORDER BY expires_at
         LIMIT $1
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING 1
-)
-SELECT count(*)::integer FROM deleted
-"""
-
-PRUNE_CANCELLED = """
-WITH deleted AS (
-    DELETE FROM {s}.jobs
-    WHERE id IN (
-        SELECT id FROM {s}.jobs
-        WHERE status = 'cancelled' AND run_at < now() - make_interval(secs => $1::float8)
-        ORDER BY run_at
-        LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
     RETURNING 1
@@ -885,4 +875,19 @@ WAITING_JOBS = """
 SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts
 FROM {s}.jobs WHERE status = 'pending' AND task = $1
 ORDER BY run_at, id
+"""
+
+# --- The conditional doorbell (invariant 15) -------------------------------------------------
+# A worker about to sleep holds a shared session advisory lock per served queue on its LISTEN
+# connection, keyed (the jobs table's oid, hashtext(queue)); the jobs_doorbell trigger in
+# schema.sql rings a queue only when its exclusive try of that lock fails. The session holds
+# the lock, so a worker that dies (its connection closes) stops the ringing with it.
+ARM_DOORBELL = """
+SELECT pg_advisory_lock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))
+FROM unnest($1::text[]) AS q
+"""
+
+DISARM_DOORBELL = """
+SELECT pg_advisory_unlock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))
+FROM unnest($1::text[]) AS q
 """

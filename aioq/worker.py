@@ -40,6 +40,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONCURRENCY = 10
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
+# Claimed ahead of free consumers (at most the concurrency): c10 drained in waves of one claim
+# round trip; 10 ahead doubled its rate (9 400 -> 17 400-19 600 jobs/s) and c50 gained 15 %.
+# Claim-ahead is opt-in: a claimed-ahead job waits behind this worker's running ones while
+# another worker may be idle (Celery's prefetch trap); River and Oban claim on demand too.
+DEFAULT_PREFETCH = 0
 DEFAULT_REAPER_INTERVAL = 5.0
 DEFAULT_REAPER_BATCH = 1000
 DEFAULT_SHUTDOWN_GRACE = 30.0
@@ -82,6 +87,10 @@ class WorkerConfig:
     reaper_batch: int = DEFAULT_REAPER_BATCH
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     claim_batch: int = DEFAULT_CLAIM_BATCH
+    # Jobs claimed ahead of free consumers, so the next claim's round trip overlaps the running
+    # jobs (short jobs: more throughput). They wait in the worker under its heartbeat and are
+    # released on a stop. 0 claims only for free consumers.
+    prefetch: int = DEFAULT_PREFETCH
     completion_batch: int = DEFAULT_COMPLETION_BATCH
     keep_completed: bool = False
     # Retention (None keeps rows forever): archived jobs by finished_at, dead jobs by run_at.
@@ -126,6 +135,12 @@ class WorkerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
+        if (
+            not isinstance(self.prefetch, int)
+            or isinstance(self.prefetch, bool)
+            or self.prefetch < 0
+        ):
+            raise ConfigError("prefetch", f"must be an integer >= 0, got {self.prefetch!r}")
         if self.vacuum_threshold is not None and (
             not isinstance(self.vacuum_threshold, int) or self.vacuum_threshold < 1
         ):
@@ -312,6 +327,9 @@ class Worker:
     def _listening(self) -> bool:
         return self.listener is not None and self.listener.connected.is_set()
 
+    async def _arm_doorbell(self) -> bool:
+        return self.listener is not None and await self.listener.arm()
+
     async def _connect_listener(self) -> asyncpg.Connection:
         return await asyncpg.connect(
             self.config.listen_dsn or self.dsn,
@@ -415,7 +433,7 @@ class Worker:
     def _jobs(self, pool: asyncpg.Pool, completer: Completer) -> tuple[Producer, Consumer, Slots]:
         """The producer and the consumers' shared runner, around the slots they count."""
         cfg = self.config
-        slots = Slots(cfg.concurrency)
+        slots = Slots(cfg.concurrency + cfg.prefetch)  # consumers stay cfg.concurrency
         producer = Producer(
             store=self.store,
             db=pool,
@@ -428,6 +446,7 @@ class Worker:
             batch_size=cfg.claim_batch,
             stopping=self.stopping,
             listening=self._listening,
+            arm=self._arm_doorbell,
         )
         producer.metrics = self.metrics
         self._producer = producer
@@ -470,6 +489,7 @@ class Worker:
                 channel=store.channel,
                 queues=self.queues,
                 ring=self.doorbell.ring,
+                store=store,
                 control={store.control_channel: cancel_watch.on_notify},
             )
             if self.gate is not None:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import systems
+import workloads
 from cpu import PgCpu, tree_cpu
 
 PRELOAD_BATCH = 1000
@@ -256,8 +257,12 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=2000.0)
     parser.add_argument("--c50-rate", type=float, default=None, help="for the report (soak)")
+    parser.add_argument("--payload-kb", type=int, default=1)
+    parser.add_argument("--queues", type=int, default=1)
     args = parser.parse_args()
-    if args.scenario in ("history", "soak"):
+    if args.scenario in workloads.SCENARIOS:
+        result = await workloads.SCENARIOS[args.scenario](systems.load(args.system), args)
+    elif args.scenario in ("history", "soak"):
         import longrun
 
         result = await getattr(longrun, args.scenario)(args)

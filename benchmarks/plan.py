@@ -158,6 +158,96 @@ def plan(
             cell.system = "aioq"  # the ceiling runs on a fresh copy of aioq's database
             cell.params = {"system": "ceiling", **cell.params}
         return cells
+    return plan_workload(scenario, names, quick=quick, prior=prior)
+
+
+DEFER_CONC = (1, 16, 64)
+IO_CONCURRENCY = (100, 500, 1000)
+IO_SYSTEMS = ("aioq", "pgqueuer", "procrastinate", "saq")  # the time budget: one per kind
+PAYLOAD_KB = (1, 64)
+QUEUES = (1, 50)
+PROCESSES = (1, 2, 4)
+# Scenarios whose repeats are capped (the 20-minute budget of the full run).
+REPEATS = {"backlog": 1, "mixed": 1, "payload": 2, "io_bound": 2}
+
+
+def plan_workload(
+    scenario: str, names: list[str], *, quick: bool, prior: dict[str, list[dict[str, Any]]]
+) -> list[Cell]:
+    """The cells of the issue-16 scenarios (workloads.py)."""
+    base = ["--scenario", scenario]
+    pg = [s for s in names if s in systems.POSTGRES]
+    if scenario == "defer_conc":
+        seconds = 1.0 if quick else 1.5
+        return [
+            Cell(
+                scenario,
+                s,
+                ["--system", s, *base, "--concurrency", str(c), "--seconds", str(seconds)],
+                120,
+                {"concurrency": c},
+            )
+            for c in DEFER_CONC
+            for s in [*pg, systems.REFERENCE]
+        ]
+    if scenario == "io_bound":
+        work = 1.0 if quick else 1.5  # seconds of jobs at the ideal rate
+        limit = 6 if quick else 8
+        cells = []
+        for c in IO_CONCURRENCY:
+            n = int(c / 0.05 * work)
+            for s in names:
+                if s not in IO_SYSTEMS:
+                    continue
+                argv = ["--system", s, *base, "--n", str(n), "--concurrency", str(c)]
+                argv += ["--limit", str(limit)]
+                cells.append(Cell(scenario, s, argv, limit + 120, {"concurrency": c}, db=_db(s)))
+        return cells
+    if scenario == "payload":
+        cells = []
+        for kb in PAYLOAD_KB:
+            n = (2_000 if quick else 5_000) if kb <= 4 else (200 if quick else 400)
+            for s in pg:
+                argv = ["--system", s, *base, "--n", str(n), "--payload-kb", str(kb)]
+                argv += ["--limit", "10" if quick else "15"]
+                cells.append(Cell(scenario, s, argv, 150, {"payload_kb": kb}))
+        return cells
+    if scenario == "backlog":
+        n = 100_000 if quick else 1_000_000
+        argv = ["--system", "aioq", *base, "--n", str(n), "--limit", "90"]
+        return [Cell(scenario, "aioq", argv, 400, {"n": n})]
+    if scenario == "queues":
+        n = 5_000 if quick else 10_000
+        return [
+            Cell(
+                scenario,
+                "aioq",
+                ["--system", "aioq", *base, "--n", str(n), "--queues", str(q), "--limit", "30"],
+                120,
+                {"queues": q},
+            )
+            for q in QUEUES
+        ]
+    if scenario == "processes":
+        n = 10_000 if quick else 20_000
+        return [
+            Cell(
+                scenario,
+                "aioq",
+                [
+                    *["--system", "aioq", *base, "--n", str(n), "--processes", str(p)],
+                    *["--concurrency", "50", "--limit", "30"],
+                ],
+                120,
+                {"processes": p},
+            )
+            for p in PROCESSES
+        ]
+    if scenario == "mixed":
+        seconds = 15 if quick else 60
+        n = 20_000 if quick else 100_000
+        argv = ["--system", "aioq", *base, "--n", str(n), "--seconds", str(seconds)]
+        return [Cell(scenario, "aioq", argv, seconds + 120)]
     raise ValueError(scenario)
 
 

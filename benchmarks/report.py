@@ -24,6 +24,9 @@ PARAMS = (
     "tool",
     "clients",
     "batch",
+    "payload_kb",
+    "queues",
+    "target_rate",
 )
 
 Result = dict[str, Any]
@@ -36,6 +39,12 @@ def brief(r: Result) -> str:
     if "samples_ms" in r:
         s = r["samples_ms"]
         return f"p50 {pct(s, 0.5):.2f} ms  p99 {pct(s, 0.99):.2f} ms  ({len(s)} samples)"
+    if "start_ms_p50" in r:
+        return f"claim p50 {r['small_ms_p50']:.3f} / {r['start_ms_p50']:.3f} / {r['end_ms_p50']:.3f} ms"
+    if "rows_series" in r:
+        return f"{r['enqueue_rate']:,.0f}/s in, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+    if "of_ideal" in r:
+        return f"{r['rate']:,.0f} jobs/s ({r['of_ideal']:.0%} of ideal), pickup p99 {r['pickup_ms_p99']:.1f} ms"
     if "claim_ms_p50" in r:
         return f"claim p50 {r['claim_ms_p50']:.3f} ms, drain {r['rate']:,.0f}/s"
     if "series" in r:
@@ -324,6 +333,250 @@ def ceiling_section(rows: list[Result]) -> list[str]:
     return table(["tool", "clients", "claim batch", "jobs/s median (min–max)"], body)
 
 
+def _by(rows: list[Result], param: str) -> dict[Any, dict[str, list[Result]]]:
+    """Cells by a parameter value, then by system."""
+    out: dict[Any, dict[str, list[Result]]] = defaultdict(dict)
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        out[k.get(param)][k["system"]] = rs
+    return out
+
+
+def defer_conc_section(rows: list[Result]) -> list[str]:
+    body = []
+    by = _by(rows, "concurrency")
+    for c, cells in sorted(by.items()):
+        bare = stat(cells.get("bare", []))
+        aioq = stat(cells.get("aioq", []))
+        for system, rs in cells.items():
+            s = stat(rs)
+            vs = f"{s[0] / bare[0]:.0%}" if s and bare else "—"
+            ours = f"{aioq[0] / s[0]:.2f}x" if s and aioq and system not in ("aioq", "bare") else ""
+            body.append([str(c), system, fmt(s) + errors(rs), vs, ours])
+    return [
+        *table(
+            ["connections", "system", "jobs/s median (min–max)", "vs bare INSERT", "aioq / it"],
+            body,
+        ),
+        "Each connection defers one job per transaction (autocommit) for the run's seconds; "
+        "no worker runs, so aioq's doorbell has nobody to ring. procrastinate and chancy defer "
+        "through their own pools (procrastinate's grows to 60 connections). The bare INSERT "
+        "goes into a copy of aioq's jobs table without the trigger (`bare.jobs`).",
+        "",
+    ]
+
+
+def io_bound_section(rows: list[Result]) -> list[str]:
+    body = []
+    for c, cells in sorted(_by(rows, "concurrency").items()):
+        aioq = stat(cells.get("aioq", []))
+        for system, rs in cells.items():
+            s = stat(rs)
+            ideal = rs[0].get("ideal") if rs else None
+            capped = " (capped)" if any(r.get("capped") for r in rs) else ""
+            body.append(
+                [
+                    str(c),
+                    system,
+                    fmt(s) + capped + errors(rs),
+                    f"{s[0] / ideal:.0%}" if s and ideal else "—",
+                    f"{aioq[0] / s[0]:.2f}x" if s and aioq and system != "aioq" else "",
+                    fmt(stat(rs, "worker_cpu_per_1000"), 3, " s"),
+                    fmt(stat(rs, "pickup_ms_p50"), 1),
+                    fmt(stat(rs, "pickup_ms_p99"), 1),
+                ]
+            )
+    head = [
+        "concurrency",
+        "system",
+        "jobs/s",
+        "of ideal",
+        "aioq / it",
+        "worker CPU / 1 000 jobs",
+        "pickup p50 ms",
+        "pickup p99 ms",
+    ]
+    return [
+        *table(head, body),
+        "Each task awaits `asyncio.sleep(0.05)`; ideal = concurrency / 0.05 s. Pickup: from a "
+        "task's end (a slot frees) to the start of the next task, ends and starts matched in "
+        "order, over the first 95 % of the drain (saturated).",
+        "",
+    ]
+
+
+def payload_section(rows: list[Result]) -> list[str]:
+    body = []
+    for kb, cells in sorted(_by(rows, "payload_kb").items()):
+        for system, rs in cells.items():
+            body.append(
+                [
+                    f"{kb} KB",
+                    system,
+                    fmt(stat(rs, "defer_rate")) + errors(rs),
+                    fmt(stat(rs, "defer_mb_s"), 1),
+                    fmt(stat(rs, "defer_cpu_ms_per_job"), 3),
+                    fmt(stat(rs)),
+                    fmt(stat(rs, "worker_cpu_ms_per_job"), 3),
+                ]
+            )
+    head = [
+        "argument",
+        "system",
+        "bulk defer jobs/s",
+        "MB/s",
+        "client CPU ms / job",
+        "drain c50 jobs/s",
+        "worker CPU ms / job",
+    ]
+    return [
+        *table(head, body),
+        "The argument is a nested JSON object (order lines) of about the given size; the bulk API "
+        "defers batches of 1 000 (1 KB) or 50 (64 KB).",
+        "",
+    ]
+
+
+def backlog_section(rows: list[Result]) -> list[str]:
+    out = []
+    for r in rows:
+        if "error" in r:
+            out += [f"backlog failed: {r['error']}", ""]
+            continue
+        out += table(
+            ["claim round trip", "p50 ms", "p99 ms", "p50 vs 1 000-job backlog"],
+            [
+                [
+                    label,
+                    f"{r[f'{k}_ms_p50']:.3f}",
+                    f"{r[f'{k}_ms_p99']:.3f}",
+                    f"{r[f'{k}_ms_p50'] / r['small_ms_p50']:.2f}x",
+                ]
+                for label, k in (
+                    ("1 000 jobs pending", "small"),
+                    (f"{r['jobs']:,} pending, at the start", "start"),
+                    (f"{r['jobs']:,} pending, ready half drained to 1 000", "end"),
+                )
+            ],
+        )
+        out += [
+            f"`defer_many` of the {r['jobs']:,} jobs (half ready, half an hour ahead, batches "
+            f"of 10 000): {r['defer_many_s']:.1f} s ({r['defer_rate']:,.0f} jobs/s); `aioq stats` "
+            f"on it: {r['stats_s']:.2f} s (process start included); the c50 drain of the ready "
+            f"half ran at {r['drain_rate']:,.0f} jobs/s.",
+            "",
+        ]
+    return out
+
+
+def queues_section(rows: list[Result]) -> list[str]:
+    body = []
+    for q, cells in sorted(_by(rows, "queues").items()):
+        rs = cells.get("aioq", [])
+        body.append(
+            [
+                str(q),
+                fmt(stat(rs, "claim_ms_p50"), 3),
+                fmt(stat(rs, "claim_ms_p99"), 3),
+                fmt(stat(rs)) + errors(rs),
+                fmt(stat(rs, "worker_cpu_per_1000"), 3, " s"),
+            ]
+        )
+    return table(
+        ["queues served", "claim p50 ms", "claim p99 ms", "drain c50 jobs/s", "worker CPU / 1 000"],
+        body,
+    )
+
+
+def processes_section(rows: list[Result]) -> list[str]:
+    body = []
+    for p, cells in sorted(_by(rows, "processes").items()):
+        rs = cells.get("aioq", [])
+        share = stat(rs, "pg_cpu_share")
+        body.append(
+            [
+                str(p),
+                fmt(stat(rs)) + errors(rs),
+                fmt(stat(rs, "worker_cpu_per_1000"), 3, " s"),
+                fmt(stat(rs, "pg_cpu_per_1000"), 3, " s"),
+                f"{share[0]:.0%}" if share else "—",
+                fmt(stat(rs, "pg_cores_busy"), 2),
+                fmt(stat(rs, "lock_waits_avg"), 2),
+                fmt(stat(rs, "lwlock_waits_avg"), 2),
+                fmt(stat(rs, "wal_bytes_per_job")),
+            ]
+        )
+    head = [
+        "processes ×c50",
+        "jobs/s",
+        "worker CPU / 1 000",
+        "PostgreSQL CPU / 1 000",
+        "PostgreSQL share of CPU",
+        "PostgreSQL cores busy",
+        "sessions waiting on locks (avg)",
+        "on LWLocks (avg)",
+        "WAL bytes / job",
+    ]
+    return table(head, body) + scale_model(rows)
+
+
+def scale_model(rows: list[Result]) -> list[str]:
+    """The scale model for N hosts, computed from the processes runs."""
+    ok = [r for r in rows if "error" not in r and r.get("pg_cpu_per_1000")]
+    if not ok:
+        return []
+    pg = statistics.median(r["pg_cpu_per_1000"] for r in ok)
+    worker = statistics.median(r["worker_cpu_per_1000"] for r in ok)
+    wal = statistics.median(r["wal_bytes_per_job"] for r in ok)
+    return [
+        "### Scale model",
+        "",
+        f"- PostgreSQL spends **{pg * 1000:.0f} µs of CPU per job** in the client backends "
+        "(median over these runs; the WAL writer, checkpointer and autovacuum come on top): "
+        f"**about {1000 / pg:,.0f} jobs/s per PostgreSQL core** for no-op jobs. A worker "
+        f"process spends {worker * 1000:.0f} µs per job, about {1000 / worker:,.0f} jobs/s per "
+        "worker core.",
+        f"- WAL: **{wal:,.0f} bytes per job** (insert, claim and delete with their index "
+        f"entries and full-page images): {wal * 10_000 / 2**20:,.0f} MB/s of WAL at 10 000 "
+        "jobs/s.",
+        "- With N hosts of W worker processes each, throughput grows with N×W until "
+        "PostgreSQL's cores are busy: the ceiling is about its cores × the per-core figure, "
+        "less what autovacuum and the WAL writer take. On this 2-core machine the workers and "
+        "PostgreSQL share the cores, so adding processes here moves CPU from one to the other "
+        "(the share column) rather than adding throughput.",
+        "- What saturates first: PostgreSQL CPU (the claim and complete statements), then WAL "
+        "(fsync rate, replication bandwidth). Heavyweight lock waits stay near zero (SKIP "
+        "LOCKED: workers never wait on each other's rows); LWLock waits rising with N are the "
+        "sign that the table's buffers and WAL insertion are contended.",
+        "- What to do then: fewer statements per job (bigger `claim_batch` and "
+        "`completion_batch`); more cores for PostgreSQL; a database of its own for the queue; "
+        "beyond one primary, queues split over several databases, or a broker. The exit "
+        "signals are in the README's Scale section.",
+        "",
+    ]
+
+
+def mixed_section(rows: list[Result]) -> list[str]:
+    out = []
+    for r in rows:
+        if "error" in r:
+            out += [f"mixed failed: {r['error']}", ""]
+            continue
+        out += [
+            f"A {r['backlog']:,}-job backlog drains (c50) while jobs are deferred at "
+            f"{r['target_rate']:,.0f}/s (half the {r['drain_rate']:,.0f}/s at which the worker drained "
+            "the backlog alone in the cell's first 3 s), achieved "
+            f"{r['enqueue_rate']:,.0f}/s. Commit-to-start of the steady jobs: p50 "
+            f"{r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms (they queue behind the backlog until "
+            f"it is gone). Rows in aioq.jobs, one sample a second from the start of the steady "
+            "deferring: "
+            + ", ".join(f"{x:,}" for x in r["rows_series"])
+            + f"; max {r['max_rows']:,} (backlog {r['backlog']:,}).",
+            "",
+        ]
+    return out
+
+
 def write(data: dict[str, Any], out: str) -> None:
     import charts
 
@@ -347,6 +600,14 @@ def write(data: dict[str, Any], out: str) -> None:
         "- PostgreSQL: " + ", ".join(f"{k} {v}" for k, v in meta["server"].items()),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         *(f"- {n}" for n in meta["notes"]),  # where the server and Redis came from
+        *(
+            [
+                "- Scenarios merged from runs (`--merge`): "
+                + "; ".join(f"{s} {t}" for s, t in meta["scenario_runs"].items())
+            ]
+            if meta.get("scenario_runs")
+            else []
+        ),
         *(f"- Skipped **{k}**: {v}" for k, v in meta["skipped"].items()),
         "",
         "## Targets",
@@ -370,13 +631,24 @@ def write(data: dict[str, Any], out: str) -> None:
             "defer_many: bulk API, 1 000 jobs per call",
             lambda r: enqueue_section("defer_many", r, apis.get("bulk", {})),
         ),
+        (
+            "defer_conc",
+            "defer_conc: deferring from 1, 16 and 64 connections at once",
+            defer_conc_section,
+        ),
         ("drain", "drain: preloaded no-op jobs, the library's own worker", drain_section),
+        ("io_bound", "io_bound: tasks that wait 50 ms, one worker process", io_bound_section),
+        ("payload", "payload: 1 KB and 64 KB arguments", payload_section),
         (
             "latency",
             "latency: commit to task start, idle worker, one job every 20 ms",
             latency_section,
         ),
         ("history", "history: aioq with dead rows in the hot table", history_section),
+        ("backlog", "backlog: a million pending jobs (aioq)", backlog_section),
+        ("queues", "queues: one worker serving 50 queues against one (aioq)", queues_section),
+        ("processes", "processes: `aioq worker --processes N` on one host", processes_section),
+        ("mixed", "mixed: steady deferring while a backlog drains (aioq)", mixed_section),
         ("soak", "soak: steady enqueue near capacity (aioq)", soak_section),
         ("ceiling", "ceiling: aioq's claim/complete SQL with no worker", ceiling_section),
     ]
@@ -396,7 +668,28 @@ METHOD = [
     "its own process under a timeout; asyncio's default event loop for every system.",
     "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction per job; "
     "50 warm-up calls first. The reference is a bare asyncpg `INSERT ... RETURNING id` of the same "
-    "row into aioq's jobs table.",
+    "row into `bare.jobs`, a copy of aioq's jobs table (columns, defaults, indexes, storage "
+    "settings) without the doorbell trigger.",
+    "- defer_conc: k connections (1, 16, 64) each deferring one job per transaction in a loop "
+    "for 1.5 s (2 s in the 13:49 run), after 5 warm-up calls each; jobs/s = all jobs / "
+    "elapsed. No worker runs.",
+    "- io_bound: a backlog of concurrency / 0.05 × 1.5 s jobs, preloaded through the bulk API; "
+    "each task awaits `asyncio.sleep(0.05)`; the clock runs from the worker's start to the last "
+    "task's end. Peers: the PostgreSQL ones that run a worker in this process at these "
+    "concurrencies, and saq for Redis (chancy and arq left out for the time budget).",
+    "- payload: N jobs with an extra `blob` argument (nested JSON of the given size) deferred "
+    "through the bulk API (timed: defer jobs/s, MB/s and client CPU), then drained at c50.",
+    "- backlog: aioq only. 300 single-job claims (each completed) with 1 000 jobs pending; then "
+    "1e6 jobs deferred (batches of 10 000, half with `delay=3600`), `aioq stats` run on it, 300 "
+    "claims, a c50 worker drains the ready half down to 1 300, 300 claims again.",
+    "- queues: aioq only; the same with the jobs spread over 50 queues and one worker serving "
+    "all 50, against one queue.",
+    "- processes: aioq's CLI `--processes N --concurrency 50`, jobs committed once every "
+    "process listens; every 20 ms pg_stat_activity is sampled for sessions of the database "
+    "waiting on a heavyweight lock or an LWLock (averages shown); WAL = pg_current_wal_lsn() "
+    "difference over the drain / jobs.",
+    "- mixed: aioq only; a 100 000-job backlog drains at c50, alone for 3 s (its rate measured), "
+    "then while `defer_many` every 20 ms adds jobs at half that rate, for 60 s.",
     "- drain: jobs preloaded through the bulk API (not timed); the clock starts as the worker starts "
     "and stops when the in-process task counter reached N and the database shows no job left "
     "(pending or running). aioq `2xc50` is the CLI, `aioq worker --processes 2 --concurrency 50`: "
@@ -419,7 +712,9 @@ METHOD = [
     "- ceiling: `ceiling.py` runs aioq's own CLAIM_ONE_QUEUE and COMPLETE statements (rendered from "
     "aioq/queries.py) from k asyncpg connections with 50-job claims; pgbench runs the same claim "
     "then deletes the client's running rows (pgbench cannot pass arrays of claimed ids).",
-    "- The machine is shared (2 cores); other work may run concurrently, hence the min–max.",
+    "- The machine is shared (2 cores); other work may run concurrently, hence the min–max. "
+    "The issue-16 scenarios were measured while six other sessions ran their test suites on "
+    "the same two cores (load average 5–14): compare ratios within a run, not absolute rates.",
 ]
 
 

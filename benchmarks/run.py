@@ -33,9 +33,24 @@ sys.path.insert(0, HERE)
 
 import report  # noqa: E402
 import systems  # noqa: E402
-from plan import Cell, plan  # noqa: E402
+from plan import REPEATS, Cell, plan  # noqa: E402
 
-SCENARIOS = ("defer_one", "defer_many", "drain", "latency", "history", "soak", "ceiling")
+SCENARIOS = (
+    "defer_one",
+    "defer_many",
+    "defer_conc",
+    "drain",
+    "io_bound",
+    "payload",
+    "latency",
+    "history",
+    "backlog",
+    "queues",
+    "processes",
+    "mixed",
+    "soak",
+    "ceiling",
+)
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_PORT = 6379
 
@@ -72,19 +87,20 @@ async def can_connect(dsn: str) -> bool:
 def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     """Yield (admin DSN, where it came from): --dsn / AIOQ_BENCH_DSN, local :5432, or embedded."""
     dsn = args.dsn or os.environ.get("AIOQ_BENCH_DSN")
-    if dsn:
+    if dsn and not args.embedded:
         yield dsn, "AIOQ_BENCH_DSN / --dsn"
         return
-    if asyncio.run(can_connect(LOCAL_DSN)):
+    if not args.embedded and asyncio.run(can_connect(LOCAL_DSN)):
         yield LOCAL_DSN, "the local server at 127.0.0.1:5432"
         return
     from aioq.dev.server import EmbeddedPostgres
 
-    print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
+    if not args.embedded:
+        print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
     server = EmbeddedPostgres()
     server.start()
     try:
-        yield server.dsn, "aioq.dev.server.EmbeddedPostgres (a throwaway server)"
+        yield server.dsn, "aioq.dev.server.EmbeddedPostgres (a throwaway server, fsync on)"
     finally:
         server.stop()
 
@@ -270,6 +286,16 @@ def main() -> int:
     parser.add_argument("--systems", default=",".join(systems.ALL), help="comma-separated")
     parser.add_argument("--dsn", help="an admin DSN (default: $AIOQ_BENCH_DSN, local, embedded)")
     parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start a throwaway server (stock settings, fsync on) even if one is at :5432",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other scenarios of results.json (with --only: re-run some, report all)",
+    )
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     scenarios = [s for s in args.only.split(",") if s]
@@ -294,16 +320,18 @@ def main() -> int:
             results: dict[str, list[dict[str, Any]]] = {}
             for scenario in scenarios:
                 cells = plan(scenario, active, quick=args.quick, prior=results)
-                if scenario == "soak" and not autovacuum_on(env.admin_dsn):
+                if scenario in ("soak", "mixed") and not autovacuum_on(env.admin_dsn):
                     # A soak shows whether autovacuum keeps up: not on a server that has it off.
                     for cell in cells:
                         cell.db = "embedded"
                     env.notes.append(
-                        "The soak ran on a throwaway stock server (aioq.dev.server.EmbeddedPostgres):"
-                        " the main server has autovacuum = off"
+                        f"The {scenario} ran on a throwaway stock server"
+                        " (aioq.dev.server.EmbeddedPostgres): the main server has autovacuum = off"
                     )
                 t0 = time.perf_counter()
-                for rep in range(repeats if scenario != "soak" else 1):
+                for rep in range(
+                    1 if scenario == "soak" else min(repeats, REPEATS.get(scenario, repeats))
+                ):
                     for cell in cells:
                         result = run_cell(env, cell)
                         result.update(cell.key(), repeat=rep)
@@ -326,6 +354,19 @@ def main() -> int:
                 "notes": env.notes,
                 "apis": apis(names),
             }
+    if args.merge and os.path.exists(os.path.join(HERE, "results.json")):
+        with open(os.path.join(HERE, "results.json")) as f:
+            old = json.load(f)
+        earlier = old["meta"].get("scenario_runs", {})
+        runs = {s: earlier.get(s, old["meta"]["started"]) for s in old["results"]}
+        for scenario, rows in old["results"].items():
+            results.setdefault(scenario, rows)
+        runs.update(dict.fromkeys(scenarios, meta["started"]))
+        meta["scenario_runs"] = runs
+        before = f"(scenarios run {old['meta']['started']}) "
+        meta["notes"] = [f"(scenarios run {meta['started']}) {n}" for n in meta["notes"]] + [
+            n if n.startswith("(") else before + n for n in old["meta"]["notes"]
+        ]
     data = {"meta": meta, "results": results}
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump(data, f, indent=1)

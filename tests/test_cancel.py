@@ -270,7 +270,8 @@ async def test_a_cancel_for_a_claimed_job_not_started_yet_skips_it(
 
     a = await first.defer(conn)
     b = await second.options(priority=-1).defer(conn)
-    async with make_worker(concurrency=1, claim_batch=1, heartbeat_interval=3600):
+    # prefetch=0: b stays pending while a runs (a job claimed ahead would be "cancelling").
+    async with make_worker(concurrency=1, claim_batch=1, heartbeat_interval=3600, prefetch=0):
         with anyio.fail_after(20):
             await until_sql(conn, "SELECT status = 'running' FROM aioq.jobs WHERE id = $1", a)
             assert await aioq.cancel_jobs(conn, [b]) == {b: "cancelled"}  # still pending

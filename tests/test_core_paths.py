@@ -123,7 +123,8 @@ async def test_a_cancel_scope_and_a_raising_async_with_body_propagate_unwrapped(
 
     async def fail_inside() -> None:
         async with make_worker(concurrency=3):
-            await until_sql(conn, "SELECT count(*) = 3 FROM aioq.jobs WHERE status = 'running'")
+            # 3 running (and, with prefetch=N, N more claimed ahead)
+            await until_sql(conn, "SELECT count(*) >= 3 FROM aioq.jobs WHERE status = 'running'")
             raise KeyError("the caller's own")
 
     for _ in range(3):

@@ -19,7 +19,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 import aioq
-from aioq.store import Store
+from aioq.store import TABLE_DEFAULTS, Store
 
 pytestmark = pytest.mark.anyio
 
@@ -57,6 +57,9 @@ def ping(registry: aioq.Registry) -> aioq.Task[[], None]:
     return ping
 
 
+WATCHED = ("sentinel", "rolled-back", "three", "many", "mixed-a", "mixed-b", "later")
+
+
 class Doorbells:
     """The payloads (queue names) delivered on the ``aioq:aioq`` channel to a second connection."""
 
@@ -85,11 +88,16 @@ class Doorbells:
 
 @pytest.fixture
 async def doorbells(dsn: str) -> AsyncIterator[Doorbells]:
-    """Listen on the default schema's channel from a connection of its own."""
+    """Listen on the default schema's channel from a connection of its own, waiting as a worker.
+
+    The doorbell rings only for queues a worker waits on (invariant 15): this connection arms
+    it for the queues these tests use, as a worker about to sleep does.
+    """
     bells = Doorbells()
     listener = await asyncpg.connect(dsn)
     try:
         await listener.add_listener("aioq:aioq", bells.on_notify)
+        await Store.for_schema("aioq").arm_doorbell(listener, WATCHED, 10)
         yield bells
     finally:
         await listener.close()
@@ -630,3 +638,35 @@ def test_mypy_rejects_bad_defer_calls(mypy_results: dict[str, Any]) -> None:
     expected = expected_errors(TYPING / "bad_defer.py")
     assert len(expected) >= 10
     assert reported == expected, out
+
+
+async def test_the_lean_insert_gives_what_the_full_one_gives(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """Default options take a three-parameter INSERT; the columns' defaults must match."""
+
+    @registry.task(name="lean")
+    async def lean(n: int) -> None: ...
+
+    store = Store.for_schema("aioq")
+    columns = "priority, max_attempts, extract(epoch FROM lease)::float8, run_at <= now()"
+    lean_id = await lean.defer(conn, n=1)  # every option at its default: the lean statement
+    # Same values through the full statement (a delay of 0 is not the lean case's "no delay").
+    full_id = await store.insert(
+        conn,
+        queue="default",
+        task="lean",
+        args='{"n": 1}',
+        priority=0,
+        run_at=None,
+        delay=1e-9,
+        max_attempts=5,
+        lease=30.0,
+        unique_key=None,
+    )
+    rows = await conn.fetch(f"SELECT id, {columns} FROM aioq.jobs ORDER BY id")
+    assert [r["id"] for r in rows] == [lean_id, full_id]
+    assert tuple(rows[0])[1:4] == TABLE_DEFAULTS
+    assert tuple(rows[0])[1:] == tuple(rows[1])[1:]
+    assert lean.defaults.priority == TABLE_DEFAULTS[0]  # the task defaults take the lean path
+    assert (lean.defaults.max_attempts, lean.defaults.lease) == TABLE_DEFAULTS[1:]

@@ -338,9 +338,10 @@ async def test_a_limit_set_on_a_running_worker_holds(
         await stop.wait()
 
     running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
+    # prefetch=0: 20 running rows are then 20 running jobs (a job claimed ahead is running too).
     async with (
-        make_worker(concurrency=10, queues=["work"]),
-        make_worker(concurrency=10, queues=["work"]),
+        make_worker(concurrency=10, queues=["work"], prefetch=0),
+        make_worker(concurrency=10, queues=["work"], prefetch=0),
     ):
         await defer_noops(conn, "work", 4)
         await eventually(lambda: _is(conn, running, 4))

@@ -1,6 +1,7 @@
 """The LISTEN connection (``aioq.notifier.Listener``) on its own against a real PostgreSQL:
 which notifications ring the doorbell, reconnecting after its backend is killed, and ringing at
-once on every (re)connect so the producer polls (a whole worker's reconnect: test_lease.py)."""
+once on every (re)connect so the producer polls (a whole worker's reconnect: test_lease.py;
+when inserts ring at all, the armed doorbell across workers: test_doorbell.py)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ def listener_for(connect: Connections, bell: Bell) -> Listener:
         channel=store.channel,
         queues={"default", "mail"},
         ring=bell.callback("ring"),
+        store=store,
         control={store.control_channel: bell.callback("control")},
     )
     listener.on_limits = bell.callback("limits")
@@ -103,6 +105,7 @@ async def test_a_defer_to_a_served_queue_rings_the_doorbell_and_others_do_not(
     async with listening(listener):
         assert await bell.next() == "ring"  # on connect: the producer polls at once
         assert listener.connected.is_set()
+        assert await listener.arm()  # the producer is about to sleep: inserts ring now
         await work.options(queue="elsewhere").defer(conn)  # nobody here serves it
         await work.options(queue="mail").defer(conn)
         assert await bell.next() == "ring"
@@ -110,6 +113,7 @@ async def test_a_defer_to_a_served_queue_rings_the_doorbell_and_others_do_not(
         assert await bell.next() == "control:42"
         await conn.execute("SELECT pg_notify($1, $2)", store.channel, LIMITS_CHANGED)
         assert await bell.next() == "limits"
+        await listener.arm()  # the ring disarmed it: the producer arms it before sleeping again
         await work.defer(conn)
         assert await bell.next() == "ring"
         assert bell.pending() == []  # the other queue's defer rang nothing
@@ -138,6 +142,7 @@ async def test_after_its_backend_is_killed_it_reconnects_rings_at_once_and_liste
             assert listener.connections == 2
             [_, second] = connections.pids
             assert second != first
+            assert await listener.arm()  # a new session: the locks are taken afresh
             await work.defer(conn)
             assert await bell.next() == "ring"
     assert "LISTEN connection lost; reconnecting" in caplog.text
@@ -157,6 +162,7 @@ async def test_a_failed_connect_is_retried_with_backoff_and_rings_once_connected
             assert await bell.next() == "ring"  # only once a connection is up
             assert listener.connections == 1
             assert listener.failures.count == 0  # a good connection resets the backoff
+            assert await listener.arm()
             await work.defer(conn)
             assert await bell.next() == "ring"
     failed = [r for r in caplog.records if "LISTEN connection failed" in r.getMessage()]

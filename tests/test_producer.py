@@ -100,3 +100,64 @@ async def test_polls_without_notify_speed_up_while_they_find_jobs() -> None:
 async def test_polls_keep_the_interval_while_notify_rings() -> None:
     p = producer(poll_interval=1.6, listening=True)
     assert {p._next_poll_delay(claimed=1) for _ in range(6)} == {1.6}
+
+
+class ArmingStore:
+    """Claims from a list; arming the doorbell commits a job that never rang (the race)."""
+
+    def __init__(self) -> None:
+        self.ready: list[Claim] = []
+        self.claims = 0
+        self.armed = False
+
+    async def claim(self, db: object, queues: object, limit: int, worker_id: str) -> list[Claim]:
+        self.claims += 1
+        taken, self.ready = self.ready[:limit], self.ready[limit:]
+        return taken
+
+    async def release_worker(self, db: object, worker_id: str, keep: object) -> list[int]:
+        return []  # no orphans here
+
+
+@pytest.mark.parametrize("armed_now", [True, False])
+async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -> None:
+    store = ArmingStore()
+
+    async def arm() -> bool:
+        # A job committed by a transaction whose insert ran before the locks were taken:
+        # its trigger saw nobody waiting, so it will never ring.
+        if store.armed:
+            return False  # armed already, like the listener's arm()
+        store.armed = True
+        store.ready.append(claim(100))
+        return armed_now
+
+    handoff = Handoff()
+    p = Producer(
+        store=store,  # type: ignore[arg-type]
+        db=None,  # type: ignore[arg-type]
+        queues=["default"],
+        worker_id="w",
+        slots=Slots(5),
+        doorbell=Doorbell(),
+        claims=Claims(),
+        poll_interval=60.0,
+        batch_size=10,
+        stopping=anyio.Event(),
+        handoff=handoff,
+        listening=lambda: True,
+        arm=arm,
+    )
+    got = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(p.run)
+        with anyio.move_on_after(2):
+            got = await handoff.get()
+        p.stop()
+    if armed_now:
+        # Armed just now: the producer claimed again before sleeping and found the job.
+        assert got is not None
+        assert got.id == 100
+    else:
+        # Armed all along (every insert since rang): it sleeps until a ring or a poll.
+        assert store.claims == 1

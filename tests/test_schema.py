@@ -90,6 +90,8 @@ async def test_other_schema_rings_its_own_channel(connect_empty: Connect) -> Non
         listener = await connect_empty()
         try:
             await listener.add_listener(queries.channel_name("other_q"), on_notify)
+            # As a worker about to sleep on "mail" does: inserts ring only for awaited queues.
+            await Store.for_schema("other_q").arm_doorbell(listener, ["mail"], 10)
             registry = aioq.Registry(schema="other_q")
 
             @registry.task(queue="mail")

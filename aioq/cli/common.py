@@ -51,6 +51,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def dsn_from(args: argparse.Namespace) -> str:
     dsn: str | None = args.dsn or os.environ.get("AIOQ_DSN")
     if not dsn:

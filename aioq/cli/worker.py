@@ -14,7 +14,15 @@ from typing import Any
 import anyio
 import asyncpg
 
-from aioq.cli.common import EXIT_OK, LISTEN_DSN_ENV, dsn_from, duration, load_registry, positive_int
+from aioq.cli.common import (
+    EXIT_OK,
+    LISTEN_DSN_ENV,
+    dsn_from,
+    duration,
+    load_registry,
+    non_negative_int,
+    positive_int,
+)
 from aioq.dev.server import EmbeddedPostgres
 from aioq.migrate import check_installed
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
@@ -23,6 +31,7 @@ from aioq.worker import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
+    DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_GRACE,
     Worker,
 )
@@ -46,6 +55,13 @@ class _Flag:
 WORKER_FLAGS = (
     _Flag("--concurrency", "concurrency", positive_int, DEFAULT_CONCURRENCY),
     _Flag("--poll-interval", "poll_interval", duration, DEFAULT_POLL_INTERVAL),
+    _Flag(
+        "--prefetch",
+        "prefetch",
+        non_negative_int,
+        DEFAULT_PREFETCH,
+        "jobs claimed ahead of free consumers, for short jobs (default: %(default)d)",
+    ),
     _Flag("--shutdown-grace", "shutdown_grace", duration, DEFAULT_SHUTDOWN_GRACE),
     _Flag(
         "--command-timeout",

@@ -6,6 +6,7 @@ normal single and bulk enqueue calls, and its own worker run in this process.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -14,9 +15,24 @@ from contextlib import AbstractAsyncContextManager
 hook: Callable[[int], None] = lambda i: None  # noqa: E731
 
 
+# The I/O-bound scenario sets these: the task then sleeps (an HTTP call's wait) and reports
+# its end. The payload scenario sets ``blob``: an extra keyword argument of every job.
+work_seconds = 0.0
+done_hook: Callable[[int], None] = lambda i: None  # noqa: E731
+blob: object = None
+
+
 def on_run(i: int) -> None:
     """Called by every system's no-op task: forwards to the current hook."""
     hook(i)
+
+
+async def run_job(i: int) -> None:
+    """The body of every system's task: the hook, then (I/O-bound runs) the simulated wait."""
+    hook(i)
+    if work_seconds:
+        await asyncio.sleep(work_seconds)
+        done_hook(i)
 
 
 POSTGRES = ("aioq", "pgqueuer", "procrastinate", "chancy")
@@ -55,6 +71,8 @@ class System:
         """Jobs not yet done, as the database (or broker) shows it."""
         raise NotImplementedError
 
+    shared_pool = False  # True: one opened adapter serves many concurrent defer_one calls
+
     def worker(
         self, concurrency: int, *, poll_interval: float = 1.0, listen: bool = True
     ) -> AbstractAsyncContextManager[None]:
@@ -68,4 +86,4 @@ def load(name: str) -> System:
     return module.Adapter()  # type: ignore[no-any-return]
 
 
-__all__ = ("ALL", "POSTGRES", "REDIS", "AsyncIterator", "System", "load", "on_run")
+__all__ = ("ALL", "POSTGRES", "REDIS", "AsyncIterator", "System", "load", "on_run", "run_job")

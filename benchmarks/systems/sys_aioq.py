@@ -8,15 +8,16 @@ from collections.abc import AsyncIterator
 import aioq
 import asyncpg
 
-from systems import System, on_run
+import systems
+from systems import System, run_job
 
 registry = aioq.Registry()
 
 
 @registry.task(name="noop")
-async def noop(i: int) -> None:
+async def noop(i: int, blob: object = None) -> None:
     """The no-op job."""
-    on_run(i)
+    await run_job(i)
 
 
 class Adapter(System):
@@ -42,7 +43,8 @@ class Adapter(System):
         await noop.defer(self.conn, i=i)  # autocommit: one transaction per job
 
     async def defer_many(self, start: int, count: int) -> None:
-        await noop.defer_many(self.conn, [{"i": i} for i in range(start, start + count)])
+        extra = {} if systems.blob is None else {"blob": systems.blob}
+        await noop.defer_many(self.conn, [{"i": i, **extra} for i in range(start, start + count)])
 
     async def remaining(self) -> int:
         return await self.conn.fetchval("SELECT count(*) FROM aioq.jobs")  # type: ignore[no-any-return]

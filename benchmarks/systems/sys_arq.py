@@ -11,12 +11,12 @@ from arq import Worker, create_pool
 from arq.connections import RedisSettings
 from arq.constants import default_queue_name
 
-from systems import System, on_run
+from systems import System, run_job
 
 
 async def noop(ctx: dict[str, Any], i: int) -> None:
     """The no-op job."""
-    on_run(i)
+    await run_job(i)
 
 
 class Adapter(System):

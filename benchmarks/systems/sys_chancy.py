@@ -9,14 +9,15 @@ from collections.abc import AsyncIterator
 import psycopg
 from chancy import Chancy, Job, Queue, Worker
 
-from systems import System, on_run
+import systems
+from systems import System, run_job
 
 QUEUE = "default"
 
 
-async def noop(i: int) -> None:
+async def noop(i: int, blob: object = None) -> None:
     """The no-op job."""
-    on_run(i)
+    await run_job(i)
 
 
 def _quiet() -> logging.Logger:
@@ -27,6 +28,7 @@ def _quiet() -> logging.Logger:
 
 class Adapter(System):
     name = "chancy"
+    shared_pool = True  # defer_one from many coroutines through Chancy's own pool
     single_api = "Chancy.push(job)"
     bulk_api = "Chancy.push_many(jobs, batch_size=1000)"
 
@@ -50,7 +52,8 @@ class Adapter(System):
         await self.chancy.push(self.job.with_kwargs(i=i))
 
     async def defer_many(self, start: int, count: int) -> None:
-        jobs = [self.job.with_kwargs(i=i) for i in range(start, start + count)]
+        extra = {} if systems.blob is None else {"blob": systems.blob}
+        jobs = [self.job.with_kwargs(i=i, **extra) for i in range(start, start + count)]
         async for _ in self.chancy.push_many(jobs, batch_size=count):
             pass
 

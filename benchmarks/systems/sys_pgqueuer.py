@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
+import orjson
 from pgqueuer import AsyncpgDriver, Queries, QueueManager
 from pgqueuer.models import Job
 
-from systems import System, on_run
+import systems
+from systems import System, run_job
 
 
 class Adapter(System):
@@ -38,9 +40,13 @@ class Adapter(System):
         await self.queries.enqueue("noop", str(i).encode())
 
     async def defer_many(self, start: int, count: int) -> None:
-        await self.queries.enqueue(
-            ["noop"] * count, [str(i).encode() for i in range(start, start + count)], [0] * count
-        )
+        if systems.blob is None:
+            payloads = [str(i).encode() for i in range(start, start + count)]
+        else:
+            payloads = [
+                orjson.dumps({"i": i, "blob": systems.blob}) for i in range(start, start + count)
+            ]
+        await self.queries.enqueue(["noop"] * count, payloads, [0] * count)
 
     async def remaining(self) -> int:
         return await self.conn.fetchval("SELECT count(*) FROM pgqueuer")  # type: ignore[no-any-return]
@@ -55,7 +61,8 @@ class Adapter(System):
         # The per-entrypoint limit is pgqueuer's concurrency knob (enforced in its dequeue SQL).
         @qm.entrypoint("noop", concurrency_limit=concurrency)
         async def noop(job: Job) -> None:
-            on_run(int(job.payload or b"0"))
+            payload = job.payload or b"0"
+            await run_job(int(payload) if payload[:1] != b"{" else orjson.loads(payload)["i"])
 
         task = asyncio.create_task(
             qm.run(

@@ -9,16 +9,18 @@ from collections.abc import AsyncIterator
 import psycopg
 from procrastinate import App, PsycopgConnector
 
-from systems import System, on_run
+import systems
+from systems import System, run_job
 
 
-async def noop(i: int) -> None:
+async def noop(i: int, blob: object = None) -> None:
     """The no-op job."""
-    on_run(i)
+    await run_job(i)
 
 
 class Adapter(System):
     name = "procrastinate"
+    shared_pool = True  # defer_one from many coroutines through the app's pool (max 60)
     single_api = "Task.defer_async(...)"
     bulk_api = "Task.batch_defer_async(*kwargs)"
 
@@ -42,7 +44,8 @@ class Adapter(System):
         await self.task.defer_async(i=i)
 
     async def defer_many(self, start: int, count: int) -> None:
-        await self.task.batch_defer_async(*({"i": i} for i in range(start, start + count)))
+        extra = {} if systems.blob is None else {"blob": systems.blob}
+        await self.task.batch_defer_async(*({"i": i, **extra} for i in range(start, start + count)))
 
     async def remaining(self) -> int:
         cur = await self.conn.execute(

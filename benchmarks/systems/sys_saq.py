@@ -9,12 +9,12 @@ from typing import Any
 
 from saq import Queue, Worker
 
-from systems import System, on_run
+from systems import System, run_job
 
 
 async def noop(ctx: dict[str, Any], *, i: int) -> None:
     """The no-op job."""
-    on_run(i)
+    await run_job(i)
 
 
 class Adapter(System):

@@ -299,6 +299,8 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
             await owner.add_listener("aioq:aioq", lambda *args: rung.append(args[-1]))
             await aioq.set_queue(owner, "limited", max_running=1000)
             await aioq.set_queue(owner, "rated", rate=(1000, 60.0))
+            # Wait on "rung" as a sleeping worker does, so that its insert rings.
+            await Store.for_schema("aioq").arm_doorbell(owner, ["rung"], 10)
             for privilege, operation in needed:
                 await operation(conn)  # works with every grant
                 await owner.execute(f"REVOKE {privilege} FROM {name}")

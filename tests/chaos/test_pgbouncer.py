@@ -35,6 +35,7 @@ from harness import (
 from waits import eventually
 
 import aioq
+from aioq.store import Store
 
 pytestmark = pytest.mark.chaos
 
@@ -130,6 +131,8 @@ def test_defer_through_pgbouncer_is_transactional(dsn: str, bouncer: PgBouncer) 
     async def scenario() -> None:
         listener = await asyncpg.connect(dsn)  # direct: a pooler cannot hold a LISTEN
         await listener.add_listener("aioq:aioq", lambda *args: notified.append(args[-1]))
+        # Wait on these queues as a sleeping worker does: only then do inserts ring.
+        await Store.for_schema("aioq").arm_doorbell(listener, ["kept", "gone", "sentinel"], 10)
         conns = [await bounced(bouncer) for _ in range(clients)]
         try:
             results = await asyncio.gather(*(client(c) for c in conns))

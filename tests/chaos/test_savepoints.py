@@ -35,6 +35,7 @@ from harness import (
 from waits import eventually
 
 import aioq
+from aioq.store import Store
 
 pytestmark = pytest.mark.chaos
 
@@ -149,6 +150,8 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
         other = await asyncpg.connect(dsn)
         listener = await asyncpg.connect(dsn)
         await listener.add_listener("aioq:aioq", lambda *args: notified.append(args[-1]))
+        # Wait on the queue as a sleeping worker does: only then do inserts ring.
+        await Store.for_schema("aioq").arm_doorbell(listener, ["sp"], 10)
         try:
             for i in range(rounds):
                 notified.clear()

@@ -1,0 +1,481 @@
+"""Production-shaped scenarios (issue 16), each one measurement in a fresh process.
+
+- defer_conc: ``--concurrency`` connections each deferring one job per transaction.
+- io_bound: tasks that ``await asyncio.sleep(0.05)``, a preloaded backlog, one worker process.
+- payload: jobs with a ``--payload-kb`` nested JSON argument: bulk defer, then a c50 drain.
+- backlog, queues, processes, mixed: aioq only (see each function).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from typing import Any
+
+import asyncpg
+
+import systems
+from cpu import PgCpu, tree_cpu
+
+IO_SECONDS = 0.05
+
+
+def rusage() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def clients(name: str, dsn: str, n: int) -> list[systems.System]:
+    """``n`` opened adapters, one connection each; or one shared (its pool) n times."""
+    first = systems.load(name)
+    await first.open(dsn)
+    if first.shared_pool:
+        return [first] * n
+    rest = [systems.load(name) for _ in range(n - 1)]
+    await asyncio.gather(*(s.open(dsn) for s in rest))
+    return [first, *rest]
+
+
+async def defer_conc(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """Deferring from many connections at once, one job per transaction."""
+    opened = await clients(system.name, args.dsn, args.concurrency)
+    try:
+        for k, s in enumerate(opened):
+            for j in range(5):  # warm up: prepared statements on every connection
+                await s.defer_one(-(k * 10 + j))
+        counts = [0] * len(opened)
+        cpu0, t0 = rusage(), time.perf_counter()
+        end = t0 + args.seconds
+
+        async def loop(k: int, s: systems.System) -> None:
+            i = k * 10_000_000
+            while time.perf_counter() < end:
+                await s.defer_one(i)
+                i += 1
+                counts[k] += 1
+
+        await asyncio.gather(*(loop(k, s) for k, s in enumerate(opened)))
+        seconds = time.perf_counter() - t0
+        done = sum(counts)
+        return {
+            "rate": done / seconds,
+            "seconds": seconds,
+            "jobs": done,
+            "client_cpu_ms_per_1000": 1e6 * (rusage() - cpu0) / max(done, 1),
+        }
+    finally:
+        for s in {id(s): s for s in opened}.values():
+            await s.close()
+
+
+async def _preload(system: systems.System, n: int, batch: int = 1000) -> None:
+    for start in range(0, n, batch):
+        await system.defer_many(start, min(batch, n - start))
+
+
+async def _wait_ran(counter: list[int], n: int, deadline: float) -> bool:
+    while counter[0] < n:
+        if time.perf_counter() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+async def io_bound(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """Tasks that wait 50 ms (an HTTP call); jobs/s against concurrency / 0.05 s.
+
+    Pickup is the time from a task's end (a slot frees) to the start of the next task, the
+    ends and starts matched first-in first-out, over the saturated part of the drain.
+    """
+    await system.open(args.dsn)
+    try:
+        await _preload(system, args.n)
+        ran = [0]
+        starts: list[float] = []
+        ends: deque[float] = deque()
+        pickup: list[float] = []
+
+        def started(i: int) -> None:
+            now = time.perf_counter()
+            ran[0] += 1
+            starts.append(now)
+            if ends:
+                pickup.append((now - ends.popleft()) * 1000)
+
+        def finished(i: int) -> None:
+            ends.append(time.perf_counter())
+
+        systems.hook, systems.done_hook, systems.work_seconds = started, finished, IO_SECONDS
+        pg = await PgCpu.connect(args.dsn) if system.backend == "postgres" else None
+        cpu0, t0 = rusage(), time.perf_counter()
+        if pg is not None:
+            await pg.start()
+        async with system.worker(args.concurrency, poll_interval=args.poll):
+            finished_all = await _wait_ran(ran, args.n, t0 + args.limit)
+            await asyncio.sleep(IO_SECONDS)  # the last tasks finish
+            seconds = time.perf_counter() - t0 - IO_SECONDS
+            worker_cpu = rusage() - cpu0
+            pg_cpu = await pg.stop() if pg is not None else None
+        if pg is not None:
+            await pg.close()
+        jobs = ran[0]
+        ideal = args.concurrency / IO_SECONDS
+        # Saturated: leave out the first wave (no slot had freed yet) and the tail.
+        tail = int(len(pickup) * 0.95)
+        saturated = pickup[: max(tail, 1)]
+        return {
+            "rate": jobs / seconds,
+            "ideal": ideal,
+            "of_ideal": jobs / seconds / ideal,
+            "seconds": seconds,
+            "jobs": jobs,
+            "capped": not finished_all,
+            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
+            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
+            "pickup_ms_p50": pct(saturated, 0.5),
+            "pickup_ms_p99": pct(saturated, 0.99),
+        }
+    finally:
+        await system.close()
+
+
+def blob_of(kb: int) -> object:
+    """A nested JSON value of about ``kb`` KiB once encoded."""
+    item = {"id": 12345, "name": "item name", "tags": ["a", "bb", "ccc"], "price": 12.5}
+    per = len('{"id":12345,"name":"item name","tags":["a","bb","ccc"],"price":12.5},')
+    return {"order": {"lines": [dict(item, id=k) for k in range(max(1, kb * 1024 // per))]}}
+
+
+async def payload(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """Bulk defer of jobs with a big argument, then a c50 drain of them."""
+    systems.blob = blob_of(args.payload_kb)
+    batch = 1000 if args.payload_kb <= 4 else 50
+    await system.open(args.dsn)
+    try:
+        cpu0, t0 = rusage(), time.perf_counter()
+        await _preload(system, args.n, batch)
+        defer_s, defer_cpu = time.perf_counter() - t0, rusage() - cpu0
+        ran = [0]
+
+        def count(i: int) -> None:
+            ran[0] += 1
+
+        systems.hook = count
+        cpu0, t0 = rusage(), time.perf_counter()
+        async with system.worker(50, poll_interval=args.poll):
+            finished = await _wait_ran(ran, args.n, t0 + args.limit)
+            seconds = time.perf_counter() - t0
+            worker_cpu = rusage() - cpu0
+        return {
+            "defer_rate": args.n / defer_s,
+            "defer_mb_s": args.n * args.payload_kb / 1024 / defer_s,
+            "defer_cpu_ms_per_job": 1000 * defer_cpu / args.n,
+            "rate": ran[0] / seconds,
+            "capped": not finished,
+            "worker_cpu_ms_per_job": 1000 * worker_cpu / max(ran[0], 1),
+        }
+    finally:
+        await system.close()
+
+
+async def _claim_times(conn: asyncpg.Connection, queues: list[str], n: int) -> list[float]:
+    """Claim one ready job and complete it, ``n`` times; the claim round trips in ms."""
+    from aioq.store import Store
+
+    store = Store.for_schema("aioq")
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        claims = await store.claim(conn, queues, 1, "bench")
+        out.append((time.perf_counter() - t0) * 1000)
+        if claims:
+            c = claims[0]
+            await store.complete(conn, [c.id], [c.attempt], "bench")
+    return out
+
+
+async def backlog(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """aioq with ``--n`` pending jobs, half ready and half scheduled an hour ahead.
+
+    Claim round trips (one job, then its completion) with a 1 000-job backlog, then at the
+    start of the big one, then after a c50 worker drained the ready half down to 1 000.
+    """
+    from systems.sys_aioq import noop
+
+    conn = await asyncpg.connect(args.dsn)
+    try:
+        claims = 300
+        await noop.defer_many(conn, [{"i": i} for i in range(1000 + claims)])
+        await conn.execute("ANALYZE aioq.jobs")
+        small = await _claim_times(conn, ["default"], claims)
+        await conn.execute("DELETE FROM aioq.jobs")
+        await conn.execute("VACUUM ANALYZE aioq.jobs")
+        half = args.n // 2
+        t0 = time.perf_counter()
+        for start in range(0, half, 10_000):
+            calls = [{"i": i} for i in range(start, min(start + 10_000, half))]
+            await noop.defer_many(conn, calls)
+            await noop.options(delay=3600).defer_many(conn, calls)
+        defer_s = time.perf_counter() - t0
+        here = os.path.dirname(os.path.abspath(__file__))
+        aioq_cli = os.path.join(os.path.dirname(sys.executable), "aioq")
+        t0 = time.perf_counter()
+        subprocess.run(
+            [aioq_cli, "stats", "--dsn", args.dsn], check=True, capture_output=True, cwd=here
+        )
+        stats_s = time.perf_counter() - t0
+        start = await _claim_times(conn, ["default"], claims)
+        # Drain the ready half down to 1 000 with the worker, then time the claim again.
+        adapter = systems.load("aioq")
+        await adapter.open(args.dsn)
+        left_ready = "SELECT count(*) FROM aioq.jobs WHERE status = 'pending' AND run_at <= now()"
+        t0 = time.perf_counter()
+        async with adapter.worker(50, poll_interval=1.0):
+            while await conn.fetchval(left_ready) > 1000 + claims:
+                if time.perf_counter() - t0 > args.limit:
+                    break
+                await asyncio.sleep(0.2)
+        drain_s = time.perf_counter() - t0
+        await adapter.close()
+        end = await _claim_times(conn, ["default"], claims)
+        return {
+            "jobs": args.n,
+            "defer_many_s": defer_s,
+            "defer_rate": args.n / defer_s,
+            "stats_s": stats_s,
+            "drain_rate": (half - 1000 - claims) / drain_s,
+            **{f"small_ms_p{q}": pct(small, q / 100) for q in (50, 99)},
+            **{f"start_ms_p{q}": pct(start, q / 100) for q in (50, 99)},
+            **{f"end_ms_p{q}": pct(end, q / 100) for q in (50, 99)},
+        }
+    finally:
+        await conn.close()
+
+
+async def queues(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """aioq: claim round trips and a c50 drain with jobs spread over ``--queues`` queues."""
+    import aioq
+
+    from systems.sys_aioq import noop, registry
+
+    names = [f"q{k}" for k in range(args.queues)]
+    conn = await asyncpg.connect(args.dsn)
+    try:
+        claims = 300
+        per = (args.n + claims) // len(names) + 1
+        for name in names:
+            await noop.options(queue=name).defer_many(conn, [{"i": i} for i in range(per)])
+        await conn.execute("ANALYZE aioq.jobs")
+        claim = await _claim_times(conn, names, claims)
+        ran = [0]
+
+        def count(i: int) -> None:
+            ran[0] += 1
+
+        systems.hook = count
+        target = ran[0] + args.n
+        cpu0, t0 = rusage(), time.perf_counter()
+        worker = aioq.Worker(dsn=args.dsn, registry=registry, queues=names, concurrency=50)
+        async with worker:
+            finished = await _wait_ran(ran, target, t0 + args.limit)
+            seconds = time.perf_counter() - t0
+            worker_cpu = rusage() - cpu0
+        return {
+            "claim_ms_p50": pct(claim, 0.5),
+            "claim_ms_p99": pct(claim, 0.99),
+            "rate": ran[0] / seconds,
+            "capped": not finished,
+            "worker_cpu_per_1000": 1000 * worker_cpu / max(ran[0], 1),
+        }
+    finally:
+        await conn.close()
+
+
+WAL_AND_LOCKS = """
+SELECT pg_current_wal_lsn() AS lsn,
+       (SELECT count(*) FROM pg_stat_activity
+        WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
+       (SELECT count(*) FROM pg_stat_activity
+        WHERE datname = current_database() AND wait_event_type = 'LWLock') AS lwlock_waits
+"""
+
+
+async def processes(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """``aioq worker --processes N``: jobs/s, CPU of workers and backends, lock waits, WAL/job.
+
+    Lock waits are sampled every 20 ms from pg_stat_activity (sessions of this database
+    waiting on a heavyweight lock or an LWLock); WAL is the LSN difference over the drain.
+    """
+    from systems.sys_aioq import noop
+
+    conn = await asyncpg.connect(args.dsn)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": here, "AIOQ_DSN": args.dsn}
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "aioq"),
+        "worker",
+        "systems.sys_aioq:registry",
+        "--processes",
+        str(args.processes),
+        "--concurrency",
+        str(args.concurrency),
+        "--log-level",
+        "warning",
+    ]
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    watch = await asyncpg.connect(args.dsn)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        for start in range(0, args.n, 1000):
+            await noop.defer_many(conn, [{"i": i} for i in range(start, min(start + 1000, args.n))])
+        apps = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'aioq listener%'"
+        for _ in range(600):
+            if await watch.fetchval(apps) >= args.processes:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError("the CLI workers did not start in 30 s")
+        await asyncio.sleep(0.3)
+        pg = await PgCpu.connect(args.dsn)
+        await pg.start()
+        cpu0 = tree_cpu(proc.pid)
+        lsn0 = await watch.fetchval("SELECT pg_current_wal_lsn()")
+        t0 = time.perf_counter()
+        await tx.commit()
+        samples, lock_waits, lwlock_waits, finished = 0, 0, 0, False
+        while time.perf_counter() < t0 + args.limit:
+            row = await watch.fetchrow(
+                WAL_AND_LOCKS + ", (SELECT count(*) FROM aioq.jobs) AS remaining"
+            )
+            samples += 1
+            lock_waits += row["lock_waits"]
+            lwlock_waits += row["lwlock_waits"]
+            if not row["remaining"]:
+                finished = True
+                break
+            await asyncio.sleep(0.02)
+        seconds = time.perf_counter() - t0
+        worker_cpu = tree_cpu(proc.pid) - cpu0
+        pg_cpu = await pg.stop()
+        wal = await watch.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", lsn0)
+        left = await watch.fetchval("SELECT count(*) FROM aioq.jobs")
+        await pg.close()
+        jobs = args.n - left
+        return {
+            "rate": jobs / seconds,
+            "seconds": seconds,
+            "capped": not finished,
+            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
+            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
+            "pg_cpu_share": pg_cpu / (pg_cpu + worker_cpu) if pg_cpu else None,
+            "pg_cores_busy": pg_cpu / seconds if pg_cpu is not None else None,
+            "lock_waits_avg": lock_waits / max(samples, 1),
+            "lwlock_waits_avg": lwlock_waits / max(samples, 1),
+            "wal_bytes_per_job": float(wal) / max(jobs, 1),
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        await watch.close()
+        await conn.close()
+
+
+async def mixed(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """aioq: a ``--n`` backlog drains (c50) while jobs are deferred for ``--seconds``.
+
+    The worker first drains the backlog alone for 3 s: half that rate is the deferring rate
+    (measured in this cell, on this machine's load). Latency is commit-to-start of the
+    steadily deferred jobs (not of the backlog); the table's row count is sampled every second.
+    """
+    from systems.sys_aioq import noop
+
+    conn = await asyncpg.connect(args.dsn)
+    try:
+        await _preload_aioq(conn, noop, args.n)
+        committed: dict[int, float] = {}
+        latency: list[float] = []
+        ran = [0]
+
+        def started(i: int) -> None:
+            ran[0] += 1
+            if i >= 10_000_000 and i in committed:
+                latency.append((time.perf_counter() - committed.pop(i)) * 1000)
+
+        systems.hook = started
+        rows: list[int] = []
+        adapter = systems.load("aioq")
+        await adapter.open(args.dsn)
+        async with adapter.worker(50, poll_interval=1.0):
+            t0 = time.perf_counter()
+            await asyncio.sleep(3.0)
+            drain_rate = ran[0] / (time.perf_counter() - t0)
+            args.rate = 0.5 * drain_rate
+            t0 = time.perf_counter()
+            i, tick = 10_000_000, 0.02
+            next_t, next_sample = t0, t0
+            while time.perf_counter() < t0 + args.seconds:
+                due = int((time.perf_counter() - t0) * args.rate) - (i - 10_000_000)
+                if due > 0:
+                    calls = [{"i": k} for k in range(i, i + due)]
+                    await noop.defer_many(conn, calls)
+                    now = time.perf_counter()
+                    committed.update(dict.fromkeys(range(i, i + due), now))
+                    i += due
+                if time.perf_counter() >= next_sample:
+                    rows.append(await conn.fetchval("SELECT count(*) FROM aioq.jobs"))
+                    next_sample += 1.0
+                next_t += tick
+                await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
+            enqueued = i - 10_000_000
+        await adapter.close()
+        return {
+            "enqueue_rate": enqueued / args.seconds,
+            "target_rate": args.rate,
+            "drain_rate": drain_rate,
+            "backlog": args.n,
+            "p50_ms": pct(latency, 0.5),
+            "p99_ms": pct(latency, 0.99),
+            "started_steady": len(latency),
+            "enqueued": enqueued,
+            "max_rows": max(rows) if rows else None,
+            "rows_series": rows,
+        }
+    finally:
+        await conn.close()
+
+
+async def _preload_aioq(conn: asyncpg.Connection, noop: Any, n: int) -> None:
+    for start in range(0, n, 10_000):
+        await noop.defer_many(conn, [{"i": i} for i in range(start, min(start + 10_000, n))])
+
+
+SCENARIOS = {
+    "defer_conc": defer_conc,
+    "io_bound": io_bound,
+    "payload": payload,
+    "backlog": backlog,
+    "queues": queues,
+    "processes": processes,
+    "mixed": mixed,
+}

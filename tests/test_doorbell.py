@@ -1,0 +1,289 @@
+"""The conditional doorbell (invariant 15): inserts ring only for queues a worker sleeps on.
+
+A worker about to sleep arms the doorbell (shared advisory locks on its LISTEN connection) and
+looks for jobs once more; the first ring disarms it. Every test here polls at most once a
+minute, so a prompt pickup can only come from a ring.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from waits import eventually
+
+import aioq
+from tests.procs import children
+
+pytestmark = pytest.mark.anyio
+
+SLOW_POLL = 60.0  # seconds: longer than any wait below, so polling cannot explain a pickup
+HANG_GUARD = 30.0
+
+# Doorbell locks held by aioq LISTEN connections of this database (one per armed queue).
+ARMED = """
+SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted
+  AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
+"""
+
+
+async def armed(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval(ARMED))
+
+
+async def gone(conn: asyncpg.Connection, job_id: int) -> bool:
+    return await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE id = $1", job_id) == 0
+
+
+class Spy:
+    """Every notification on the default schema's channel, from a plain (unarmed) LISTEN."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self._send: MemoryObjectSendStream[str]
+        self._receive: MemoryObjectReceiveStream[str]
+        self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
+
+    def on_notify(self, conn: object, pid: int, channel: str, payload: str) -> None:
+        self._send.send_nowait(payload)
+
+    def close(self) -> None:
+        self._send.close()
+        self._receive.close()
+
+    async def until_sentinel(self, sender: asyncpg.Connection) -> list[str]:
+        """Return what arrived before a sentinel sent now (notifications arrive in order)."""
+        await sender.execute("SELECT pg_notify('aioq:aioq', 'sentinel')")
+        seen: list[str] = []
+        with anyio.fail_after(HANG_GUARD):
+            async for payload in self._receive:
+                if payload == "sentinel":
+                    return seen
+                seen.append(payload)
+        raise AssertionError("the notification stream closed")  # pragma: no cover
+
+
+@pytest.fixture
+async def spy(dsn: str) -> AsyncIterator[Spy]:
+    conn = await asyncpg.connect(dsn)
+    spy = Spy(conn)
+    await conn.add_listener("aioq:aioq", spy.on_notify)
+    try:
+        yield spy
+    finally:
+        await conn.close()
+        spy.close()
+
+
+async def test_a_sleeping_worker_is_woken_by_each_commit(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    ran: list[int] = []
+
+    @registry.task
+    async def ping(n: int) -> None:
+        ran.append(n)
+
+    async with make_worker(poll_interval=SLOW_POLL) as worker:
+        assert worker.listener is not None
+        for n in range(3):
+            await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
+            await ping.defer(conn, n=n)
+            with anyio.fail_after(HANG_GUARD):
+                await eventually(lambda n=n: len(ran) > n, f"job {n} to run", every=0.01)
+        # One ring per sleep: each commit rang once, and the worker re-armed after each.
+        assert await spy.until_sentinel(conn) == ["default"] * 3
+        assert worker.listener.arms >= 3
+
+
+async def _armed_once(conn: asyncpg.Connection) -> bool:
+    return await armed(conn) == 1
+
+
+async def test_a_busy_worker_is_not_rung(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    started: list[int] = []
+    release = anyio.Event()
+
+    @registry.task
+    async def hold(n: int) -> None:
+        started.append(n)
+        await release.wait()
+
+    # No claiming ahead: with both consumers busy, the worker has no free slot at all.
+    async with make_worker(poll_interval=SLOW_POLL, concurrency=2, prefetch=0):
+        await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
+        first = [await hold.defer(conn, n=n) for n in range(2)]
+        with anyio.fail_after(HANG_GUARD):
+            await eventually(lambda: len(started) >= 2, "both jobs to start", every=0.01)
+        # Every slot is busy. The worker may have re-armed between its claims: one more
+        # insert rings at most once and disarms it; after that nothing rings.
+        backlog = [await hold.defer(conn, n=2)]
+        await eventually(lambda: _disarmed(conn), "the worker to disarm the doorbell")
+        await spy.until_sentinel(conn)
+        for n in range(3, 53):
+            backlog.append(await hold.defer(conn, n=n))  # one transaction each
+        assert await spy.until_sentinel(conn) == []
+        release.set()
+        for job_id in first + backlog:
+            await eventually(lambda job_id=job_id: gone(conn, job_id), "the backlog to drain")  # type: ignore[misc]
+
+
+async def _disarmed(conn: asyncpg.Connection) -> bool:
+    return await armed(conn) == 0
+
+
+async def test_a_rolled_back_defer_rings_nothing_and_keeps_the_worker_armed(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    ran = anyio.Event()
+
+    @registry.task
+    async def ping() -> None:
+        ran.set()
+
+    async with make_worker(poll_interval=SLOW_POLL):
+        await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
+        tx = conn.transaction()
+        await tx.start()
+        await ping.defer(conn)
+        await ping.defer_many(conn, [{}, {}])
+        await tx.rollback()
+        assert await spy.until_sentinel(conn) == []
+        assert await armed(conn) == 1  # still waiting for a ring
+        await ping.defer(conn)
+        with anyio.fail_after(HANG_GUARD):
+            await ran.wait()
+        assert await spy.until_sentinel(conn) == ["default"]
+
+
+async def test_workers_are_rung_for_the_queues_they_sleep_on(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    ran: dict[str, list[str]] = {"a": [], "b": []}
+
+    @registry.task
+    async def where(queue: str) -> None:
+        job = aioq.current_job()
+        ran[queue].append(job.worker_id)
+
+    only_a = make_worker(poll_interval=SLOW_POLL, queues=["a"])
+    both = make_worker(poll_interval=SLOW_POLL, queues=["a", "b"])
+    async with only_a, both:
+        # One lock per armed queue: a, and a and b.
+        await eventually(lambda: _armed_count(conn, 3), "both workers to arm the doorbell")
+        await where.options(queue="b").defer(conn, queue="b")
+        await eventually(lambda: _ran(ran["b"], 1), "the job on b")
+        assert ran["b"] == [both.id]
+        # Neither worker ever polls here: each job on a is found through a ring.
+        for n in range(1, 6):
+            await eventually(lambda: _armed_any(conn, "a"), "a worker to sleep on a")
+            await where.options(queue="a").defer(conn, queue="a")
+            await eventually(lambda n=n: _ran(ran["a"], n), "the job on a")  # type: ignore[misc]
+        # A queue nobody serves never rings.
+        await where.options(queue="c").defer(conn, queue="c")
+        assert "c" not in await spy.until_sentinel(conn)
+
+
+async def _armed_count(conn: asyncpg.Connection, n: int) -> bool:
+    return await armed(conn) == n
+
+
+async def _armed_any(conn: asyncpg.Connection, queue: str) -> bool:
+    held = await conn.fetchval(ARMED + " AND l.objid::int = hashtext($1)", queue)
+    return bool(held)
+
+
+async def _ran(items: list[str], n: int) -> bool:
+    return len(items) >= n
+
+
+TASKS = """
+import aioq
+
+registry = aioq.Registry()
+
+
+@registry.task(name="noop")
+async def noop() -> None:
+    pass
+"""
+
+
+@pytest.fixture
+def worker_process(dsn: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    (tmp_path / "doorbelltasks.py").write_text(TASKS)
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aioq", "worker", "doorbelltasks:registry", *args],
+            env={**os.environ, "AIOQ_DSN": dsn},
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            for child in children(proc.pid):
+                os.kill(child, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+
+
+async def test_worker_processes_are_rung(
+    conn: asyncpg.Connection, worker_process: Callable[..., subprocess.Popen[str]]
+) -> None:
+    worker_process("--processes", "2", "--poll-interval", str(SLOW_POLL))
+    await eventually(lambda: _armed_count(conn, 2), "both processes to arm the doorbell")
+    noop = aioq.Registry().task(name="noop")(_noop)
+    for _ in range(4):
+        await eventually(lambda: _armed_any(conn, "default"), "a process to sleep on the queue")
+        job_id = await noop.defer(conn)
+        await eventually(lambda job_id=job_id: gone(conn, job_id), "the job to run")  # type: ignore[misc]
+
+
+async def _noop() -> None: ...
+
+
+async def test_a_killed_worker_stops_the_ringing(
+    conn: asyncpg.Connection, worker_process: Callable[..., subprocess.Popen[str]], spy: Spy
+) -> None:
+    proc = worker_process("--poll-interval", str(SLOW_POLL))
+    await eventually(lambda: _armed_once(conn), "the process to arm the doorbell")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # Its backend ends with its socket, and the lock with the session: nothing rings any more.
+    await eventually(lambda: _disarmed(conn), "the server to drop the dead worker's locks")
+    noop = aioq.Registry().task(name="noop")(_noop)
+    for _ in range(5):
+        await noop.defer(conn)
+    assert await spy.until_sentinel(conn) == []

@@ -428,14 +428,14 @@ WITH deleted AS (
 SELECT count(*)::integer FROM deleted
 """
 
-# Dead jobs have no finished_at: their age is counted from run_at, which burial (BURY, REAP)
-# sets to the moment the job died.
-PRUNE_DEAD = """
+# Kept terminal jobs of status $3 ('dead' or 'cancelled') have no finished_at: their age is
+# counted from run_at, which burial (BURY, REAP) and cancellation set to when they ended.
+PRUNE_ENDED = """
 WITH deleted AS (
     DELETE FROM {s}.jobs
     WHERE id IN (
         SELECT id FROM {s}.jobs
-        WHERE status = 'dead' AND run_at < now() - make_interval(secs => $1::float8)
+        WHERE status = $3 AND run_at < now() - make_interval(secs => $1::float8)
         ORDER BY run_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -1056,8 +1056,7 @@ SELECT 'succeeded', NULL, result::text, expires_at <= now() FROM {s}.results WHE
 LIMIT 1
 """
 
-# Retention: results past their TTL, and cancelled jobs past dead_retention (their run_at is
-# when they were cancelled), in bounded SKIP LOCKED batches like PRUNE_DEAD.
+# Retention: results past their TTL, in bounded SKIP LOCKED batches like PRUNE_ENDED.
 PRUNE_RESULTS = """
 WITH deleted AS (
     DELETE FROM {s}.results
@@ -1066,21 +1065,6 @@ WITH deleted AS (
         WHERE expires_at < now()
         ORDER BY expires_at
         LIMIT $1
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING 1
-)
-SELECT count(*)::integer FROM deleted
-"""
-
-PRUNE_CANCELLED = """
-WITH deleted AS (
-    DELETE FROM {s}.jobs
-    WHERE id IN (
-        SELECT id FROM {s}.jobs
-        WHERE status = 'cancelled' AND run_at < now() - make_interval(secs => $1::float8)
-        ORDER BY run_at
-        LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
     RETURNING 1

@@ -86,7 +86,7 @@ class Store:
         self._get = render(q.GET_JOB)
         self._list_jobs = render(q.LIST_JOBS)
         self._prune_archive = render(q.PRUNE_ARCHIVE)
-        self._prune_dead = render(q.PRUNE_DEAD)
+        self._prune_ended = render(q.PRUNE_ENDED)
         self._queue_stats = render(q.QUEUE_STATS)
         self._archive_stats = render(q.ARCHIVE_STATS)
         self._table_stats = render(q.TABLE_STATS)
@@ -101,7 +101,6 @@ class Store:
         self._set_progress = render(q.SET_PROGRESS)
         self._result_state = render(q.RESULT_STATE)
         self._prune_results = render(q.PRUNE_RESULTS)
-        self._prune_cancelled = render(q.PRUNE_CANCELLED)
         self._list_results = render(q.LIST_RESULT_JOBS)
         self._jobs_dead_tuples = render(q.JOBS_DEAD_TUPLES)
         self._vacuum_jobs = render(q.VACUUM_JOBS)
@@ -330,7 +329,7 @@ class Store:
 
     async def prune_dead(self, conn: Executor, older_than: float, limit: int) -> int:
         """Delete up to ``limit`` jobs that died over ``older_than`` seconds ago."""
-        return await conn.fetchval(self._prune_dead, older_than, limit)  # type: ignore[no-any-return]
+        return await conn.fetchval(self._prune_ended, older_than, limit, "dead")  # type: ignore[no-any-return]
 
     async def jobs_dead_tuples(self, conn: Executor) -> tuple[int, bool]:
         """Return the jobs table's dead tuples and whether this role may vacuum it."""
@@ -454,7 +453,7 @@ class Store:
 
     async def prune_cancelled(self, conn: Executor, older_than: float, limit: int) -> int:
         """Delete up to ``limit`` jobs cancelled over ``older_than`` seconds ago."""
-        return await conn.fetchval(self._prune_cancelled, older_than, limit)  # type: ignore[no-any-return]
+        return await conn.fetchval(self._prune_ended, older_than, limit, "cancelled")  # type: ignore[no-any-return]
 
     async def list_results(
         self, conn: Executor, *, task: str | None, queue: str | None, limit: int

@@ -19,6 +19,7 @@ import anyio
 import asyncpg
 import pytest
 from procs import LISTENERS, aioq_cli, children, pid_of
+from waits import eventually, until_sql
 
 import aioq
 from aioq.claims import Claims
@@ -29,12 +30,6 @@ from aioq.store import Store
 pytestmark = pytest.mark.anyio
 
 store = Store.for_schema("aioq")
-
-
-async def wait_for(conn: asyncpg.Connection, sql: str, *args: object) -> None:
-    """Poll until ``sql`` returns true (bounded by the caller's fail_after)."""
-    while not await conn.fetchval(sql, *args):
-        await anyio.sleep(0.02)
 
 
 async def status_of(conn: asyncpg.Connection, job_id: int) -> str | None:
@@ -163,12 +158,14 @@ async def test_notification_cancels_a_running_async_job(
             await started.wait()
             assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             await stopped.wait()
-            await wait_for(conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job_id)
+            await until_sql(
+                conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job_id
+            )
             with pytest.raises(aioq.JobCancelled):
                 await aioq.result(conn, job_id, timeout=5)
             # The worker keeps serving, and nothing runs the cancelled job again.
             other = await after.defer(conn)
-            await wait_for(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", other)
+            await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", other)
         assert len(worker.claims) == 0
     job = await aioq.get_job(conn, job_id)
     assert job is not None
@@ -197,7 +194,9 @@ async def test_cancel_watch_delivers_when_the_listen_connection_is_down(
             assert worker.listener is not None
             assert not worker.listener.connected.is_set()
             assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
-            await wait_for(conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job_id)
+            await until_sql(
+                conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job_id
+            )
     assert await conn.fetchval("SELECT attempts FROM aioq.jobs WHERE id = $1", job_id) == 1
 
 
@@ -246,8 +245,7 @@ async def test_sync_task_polls_cancel_requested_and_ends_cancelled(
     job_id = await crunch.defer(conn)
     async with make_worker(heartbeat_interval=3600):
         with anyio.fail_after(20):
-            while not started.is_set():
-                await anyio.sleep(0.01)
+            await eventually(started.is_set, "the thread to start")
             assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             with pytest.raises(aioq.JobCancelled):
                 await aioq.result(conn, job_id, timeout=15)
@@ -275,10 +273,10 @@ async def test_a_cancel_for_a_claimed_job_not_started_yet_skips_it(
     # prefetch=0: b stays pending while a runs (a job claimed ahead would be "cancelling").
     async with make_worker(concurrency=1, claim_batch=1, heartbeat_interval=3600, prefetch=0):
         with anyio.fail_after(20):
-            await wait_for(conn, "SELECT status = 'running' FROM aioq.jobs WHERE id = $1", a)
+            await until_sql(conn, "SELECT status = 'running' FROM aioq.jobs WHERE id = $1", a)
             assert await aioq.cancel_jobs(conn, [b]) == {b: "cancelled"}  # still pending
             gate.set()
-            await wait_for(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", a)
+            await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", a)
     assert ran == []
 
 
@@ -400,7 +398,7 @@ async def test_cancels_racing_completions_across_workers_end_in_legal_states(
                 if len(todo) < n // 2:
                     doomed.cancel()  # one worker is cut off mid-flight, claims and all
             await canceller.close()
-            await wait_for(
+            await until_sql(
                 conn,
                 "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE status IN ('pending', 'running'))",
             )
@@ -520,15 +518,18 @@ async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
     conn: asyncpg.Connection, dsn: str, fleet: subprocess.Popen[str]
 ) -> None:
     with anyio.fail_after(60):
-        while len(children(fleet.pid)) < 2 or len(await conn.fetch(LISTENERS)) < 2:
-            await anyio.sleep(0.1)
+
+        async def both_listening() -> bool:
+            return len(children(fleet.pid)) >= 2 and len(await conn.fetch(LISTENERS)) >= 2
+
+        await eventually(both_listening, "two worker processes listening", every=0.1)
         workers = {pid_of(r[0]) for r in await conn.fetch(LISTENERS)}
         assert workers == children(fleet.pid)
         jobs = [
             await conn.fetchval("INSERT INTO aioq.jobs (task) VALUES ('long') RETURNING id")
             for _ in range(4)
         ]
-        await wait_for(conn, "SELECT count(*) = 4 FROM runs WHERE phase = 'start'")
+        await until_sql(conn, "SELECT count(*) = 4 FROM runs WHERE phase = 'start'")
         owners = {pid_of(r[0]) for r in await conn.fetch("SELECT worker_id FROM runs")}
         assert owners == workers  # both processes hold some
 
@@ -536,7 +537,7 @@ async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
         for job_id in jobs[:2]:
             asked = await conn.fetchval("SELECT clock_timestamp()")
             assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
-            await wait_for(
+            await until_sql(
                 conn, "SELECT EXISTS (SELECT FROM runs WHERE job_id = $1 AND phase = 'cancelled')",
                 job_id,
             )  # fmt: skip
@@ -550,7 +551,7 @@ async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
         )
         assert cli.returncode == 0, cli
         assert json.loads(cli.stdout)["cancelling"] == jobs[2:]
-        await wait_for(
+        await until_sql(
             conn, "SELECT count(*) = 4 FROM aioq.jobs WHERE status = 'cancelled' AND attempts = 1"
         )
         print(f"cancel latency across processes (s): {sorted(latencies)}")
@@ -562,8 +563,8 @@ async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
             await conn.fetchval("INSERT INTO aioq.jobs (task) VALUES ('short') RETURNING id")
             for _ in range(20)
         ]
-        await wait_for(conn, "SELECT count(*) = 20 FROM runs WHERE phase = 'end'")
-        await wait_for(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = ANY($1))", more)
+        await until_sql(conn, "SELECT count(*) = 20 FROM runs WHERE phase = 'end'")
+        await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = ANY($1))", more)
         rows = await conn.fetch("SELECT status, attempts FROM aioq.jobs WHERE id = ANY($1)", jobs)
         assert [(r["status"], r["attempts"]) for r in rows] == [("cancelled", 1)] * 4
         assert await conn.fetchval("SELECT count(*) FROM runs WHERE phase = 'start'") == 4

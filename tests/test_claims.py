@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+from waits import until_sql
 
 import aioq
 from aioq.store import Executor, Store
@@ -41,9 +42,7 @@ class LosesReplies(Store):
 
 async def gone(conn: asyncpg.Connection) -> None:
     """Wait until no job is left in the table (exiting the worker then waits for its runs)."""
-    with anyio.fail_after(HANG_GUARD):
-        while await conn.fetchval("SELECT count(*) FROM aioq.jobs"):
-            await anyio.sleep(0.02)
+    await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs)", guard=HANG_GUARD)
 
 
 class Runs:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 from procs import LISTENERS, aioq_cli, assert_one_line_error, children, pid_of
+from waits import wait_for
 
 from aioq.dev.pgbin import free_port
 from aioq.migrate import migrations
@@ -58,14 +58,6 @@ def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
             await conn.close()
 
     return asyncio.run(run())
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def defer_sql(dsn: str, count: int, sleep: float) -> list[int]:
@@ -398,7 +390,10 @@ def test_second_signal_stops_at_once_and_releases_the_job(
     (job,) = defer_sql(dsn, 1, 60)
     wait_for(lambda: bool(fetch(dsn, "SELECT 1 FROM runs WHERE job_id = $1", job)), what="start")
     proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "stopping gracefully" in (proc.stderr.readline() if proc.stderr else ""))
+    wait_for(
+        lambda: "stopping gracefully" in (proc.stderr.readline() if proc.stderr else ""),
+        what="the graceful stop",
+    )
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=15)
     assert proc.returncode == 0, stderr

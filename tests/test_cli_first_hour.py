@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 from procs import aioq_cli, assert_one_line_error
+from waits import wait_for
 
 AIOQ = str(Path(sys.executable).parent / "aioq")  # the console script pip installed
 README = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
@@ -56,13 +56,6 @@ def job(dsn: str, job_id: int) -> asyncpg.Record | None:
     rows = fetch(dsn, "SELECT *, extract(epoch FROM lease) AS secs FROM aioq.jobs WHERE id = $1",
                  job_id)  # fmt: skip
     return rows[0] if rows else None
-
-
-def wait_for_gone(dsn: str, job_id: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while job(dsn, job_id) is not None:
-        assert time.monotonic() < deadline, f"job {job_id} still there"
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -140,7 +133,7 @@ def test_defer_with_the_registry_uses_the_tasks_options_and_the_worker_serves_it
 
     # With no --queue the worker serves 'default' and every queue its tasks name.
     proc = worker("tasks:registry")
-    wait_for_gone(dsn, first)
+    wait_for(lambda: job(dsn, first) is None, f"job {first} to be gone")
     stderr = stop(proc)
     assert "serving queues default,email with" in stderr
     assert "WARNING" not in stderr
@@ -151,14 +144,14 @@ def test_a_worker_given_queues_warns_about_each_task_it_leaves_out(
     dsn: str, app: Path, worker: Any
 ) -> None:
     proc = worker("tasks", "--queue", "default", "--queue", "other")
-    deadline = time.monotonic() + 20
-    while not fetch(
-        dsn,
-        "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'aioq l%'"
-        " AND datname = current_database()",
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(
+        lambda: fetch(
+            dsn,
+            "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'aioq l%'"
+            " AND datname = current_database()",
+        ),
+        "the worker's listener",
+    )
     stderr = stop(proc)
     warnings = [line for line in stderr.splitlines() if "WARNING" in line]
     assert len(warnings) == 1, stderr
@@ -216,7 +209,7 @@ def test_jobs_show_finds_a_succeeded_job_or_says_why_it_cannot(
 ) -> None:
     first = int(aioq_cli(dsn, "defer", "tasks", "plain", cwd=app).stdout)
     proc = worker("tasks")
-    wait_for_gone(dsn, first)
+    wait_for(lambda: job(dsn, first) is None, f"job {first} to be gone")
     stop(proc)
     missing = aioq_cli(dsn, "jobs", "show", str(first))
     assert missing.returncode == 1
@@ -229,7 +222,7 @@ def test_jobs_show_finds_a_succeeded_job_or_says_why_it_cannot(
 
     kept = int(aioq_cli(dsn, "defer", "tasks", "plain", cwd=app).stdout)
     proc = worker("tasks", "--keep-completed")
-    wait_for_gone(dsn, kept)
+    wait_for(lambda: job(dsn, kept) is None, f"job {kept} to be gone")
     stop(proc)
     shown = aioq_cli(dsn, "jobs", "show", str(kept), "--json")
     assert shown.returncode == 0, shown

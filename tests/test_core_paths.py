@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+from waits import eventually, until_sql
 
 import aioq
 from aioq.job import Claim
@@ -33,13 +34,6 @@ NO_BACKOFF = aioq.Backoff(base=0, max=0, jitter=0)
 
 async def rows(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch("SELECT * FROM aioq.jobs ORDER BY id")  # type: ignore[no-any-return]
-
-
-async def until(conn: asyncpg.Connection, sql: str) -> None:
-    """Wait until ``sql`` is true in the database (bounded by the hang guard)."""
-    with anyio.fail_after(HANG_GUARD):
-        while not await conn.fetchval(sql):
-            await anyio.sleep(0.02)
 
 
 # 10.1 -- any lease the API accepts holds on a healthy worker ---------------------------------
@@ -130,7 +124,7 @@ async def test_a_cancel_scope_and_a_raising_async_with_body_propagate_unwrapped(
     async def fail_inside() -> None:
         async with make_worker(concurrency=3):
             # 3 running (and, with prefetch=N, N more claimed ahead)
-            await until(conn, "SELECT count(*) >= 3 FROM aioq.jobs WHERE status = 'running'")
+            await until_sql(conn, "SELECT count(*) >= 3 FROM aioq.jobs WHERE status = 'running'")
             raise KeyError("the caller's own")
 
     for _ in range(3):
@@ -264,8 +258,7 @@ async def test_shutdown_waits_for_a_thread_and_records_its_outcome(
     with caplog.at_level(logging.WARNING, logger="aioq"):
         async with make_worker(shutdown_grace=0.1):
             with anyio.fail_after(HANG_GUARD):
-                while not started.is_set():
-                    await anyio.sleep(0.01)
+                await eventually(started.is_set, "the thread to start")
     assert finished == [1]  # the worker stopped only after the thread returned
     assert "cannot be interrupted" in caplog.text
     assert await rows(conn) == []  # its outcome was recorded: done, not released

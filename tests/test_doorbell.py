@@ -12,13 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import anyio
 import asyncpg
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from waits import eventually
 
 import aioq
 from tests.procs import children
@@ -34,12 +35,6 @@ SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted
   AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
 """
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    with anyio.fail_after(HANG_GUARD):
-        while not await check():
-            await anyio.sleep(0.02)
 
 
 async def armed(conn: asyncpg.Connection) -> int:
@@ -105,11 +100,10 @@ async def test_a_sleeping_worker_is_woken_by_each_commit(
     async with make_worker(poll_interval=SLOW_POLL) as worker:
         assert worker.listener is not None
         for n in range(3):
-            await until(lambda: _armed_once(conn), "the worker to arm the doorbell")
+            await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
             await ping.defer(conn, n=n)
             with anyio.fail_after(HANG_GUARD):
-                while len(ran) <= n:
-                    await anyio.sleep(0.01)
+                await eventually(lambda n=n: len(ran) > n, f"job {n} to run", every=0.01)
         # One ring per sleep: each commit rang once, and the worker re-armed after each.
         assert await spy.until_sentinel(conn) == ["default"] * 3
         assert worker.listener.arms >= 3
@@ -135,22 +129,21 @@ async def test_a_busy_worker_is_not_rung(
 
     # No claiming ahead: with both consumers busy, the worker has no free slot at all.
     async with make_worker(poll_interval=SLOW_POLL, concurrency=2, prefetch=0):
-        await until(lambda: _armed_once(conn), "the worker to arm the doorbell")
+        await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
         first = [await hold.defer(conn, n=n) for n in range(2)]
         with anyio.fail_after(HANG_GUARD):
-            while len(started) < 2:
-                await anyio.sleep(0.01)
+            await eventually(lambda: len(started) >= 2, "both jobs to start", every=0.01)
         # Every slot is busy. The worker may have re-armed between its claims: one more
         # insert rings at most once and disarms it; after that nothing rings.
         backlog = [await hold.defer(conn, n=2)]
-        await until(lambda: _disarmed(conn), "the worker to disarm the doorbell")
+        await eventually(lambda: _disarmed(conn), "the worker to disarm the doorbell")
         await spy.until_sentinel(conn)
         for n in range(3, 53):
             backlog.append(await hold.defer(conn, n=n))  # one transaction each
         assert await spy.until_sentinel(conn) == []
         release.set()
         for job_id in first + backlog:
-            await until(lambda job_id=job_id: gone(conn, job_id), "the backlog to drain")  # type: ignore[misc]
+            await eventually(lambda job_id=job_id: gone(conn, job_id), "the backlog to drain")  # type: ignore[misc]
 
 
 async def _disarmed(conn: asyncpg.Connection) -> bool:
@@ -170,7 +163,7 @@ async def test_a_rolled_back_defer_rings_nothing_and_keeps_the_worker_armed(
         ran.set()
 
     async with make_worker(poll_interval=SLOW_POLL):
-        await until(lambda: _armed_once(conn), "the worker to arm the doorbell")
+        await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
         tx = conn.transaction()
         await tx.start()
         await ping.defer(conn)
@@ -201,15 +194,15 @@ async def test_workers_are_rung_for_the_queues_they_sleep_on(
     both = make_worker(poll_interval=SLOW_POLL, queues=["a", "b"])
     async with only_a, both:
         # One lock per armed queue: a, and a and b.
-        await until(lambda: _armed_count(conn, 3), "both workers to arm the doorbell")
+        await eventually(lambda: _armed_count(conn, 3), "both workers to arm the doorbell")
         await where.options(queue="b").defer(conn, queue="b")
-        await until(lambda: _ran(ran["b"], 1), "the job on b")
+        await eventually(lambda: _ran(ran["b"], 1), "the job on b")
         assert ran["b"] == [both.id]
         # Neither worker ever polls here: each job on a is found through a ring.
         for n in range(1, 6):
-            await until(lambda: _armed_any(conn, "a"), "a worker to sleep on a")
+            await eventually(lambda: _armed_any(conn, "a"), "a worker to sleep on a")
             await where.options(queue="a").defer(conn, queue="a")
-            await until(lambda n=n: _ran(ran["a"], n), "the job on a")  # type: ignore[misc]
+            await eventually(lambda n=n: _ran(ran["a"], n), "the job on a")  # type: ignore[misc]
         # A queue nobody serves never rings.
         await where.options(queue="c").defer(conn, queue="c")
         assert "c" not in await spy.until_sentinel(conn)
@@ -270,12 +263,12 @@ async def test_worker_processes_are_rung(
     conn: asyncpg.Connection, worker_process: Callable[..., subprocess.Popen[str]]
 ) -> None:
     worker_process("--processes", "2", "--poll-interval", str(SLOW_POLL))
-    await until(lambda: _armed_count(conn, 2), "both processes to arm the doorbell")
+    await eventually(lambda: _armed_count(conn, 2), "both processes to arm the doorbell")
     noop = aioq.Registry().task(name="noop")(_noop)
     for _ in range(4):
-        await until(lambda: _armed_any(conn, "default"), "a process to sleep on the queue")
+        await eventually(lambda: _armed_any(conn, "default"), "a process to sleep on the queue")
         job_id = await noop.defer(conn)
-        await until(lambda job_id=job_id: gone(conn, job_id), "the job to run")  # type: ignore[misc]
+        await eventually(lambda job_id=job_id: gone(conn, job_id), "the job to run")  # type: ignore[misc]
 
 
 async def _noop() -> None: ...
@@ -285,11 +278,11 @@ async def test_a_killed_worker_stops_the_ringing(
     conn: asyncpg.Connection, worker_process: Callable[..., subprocess.Popen[str]], spy: Spy
 ) -> None:
     proc = worker_process("--poll-interval", str(SLOW_POLL))
-    await until(lambda: _armed_once(conn), "the process to arm the doorbell")
+    await eventually(lambda: _armed_once(conn), "the process to arm the doorbell")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # Its backend ends with its socket, and the lock with the session: nothing rings any more.
-    await until(lambda: _disarmed(conn), "the server to drop the dead worker's locks")
+    await eventually(lambda: _disarmed(conn), "the server to drop the dead worker's locks")
     noop = aioq.Registry().task(name="noop")(_noop)
     for _ in range(5):
         await noop.defer(conn)

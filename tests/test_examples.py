@@ -9,11 +9,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from waits import wait_for
 
 from examples.fastapi_app import create_app
 
@@ -26,13 +26,13 @@ def test_fastapi_lifespan_worker_processes_job_deferred_with_the_row(dsn: str) -
         created = client.post("/users", json={"name": "ada"})
         assert created.status_code == 201
         job_id = created.json()["job_id"]
-        deadline = time.monotonic() + 30  # hang guard
-        state = client.get(f"/jobs/{job_id}").json()["state"]
-        while state != "done":
-            assert time.monotonic() < deadline, f"job {job_id} stuck in {state}"
-            assert state in ("pending", "running"), state
-            time.sleep(0.05)
+
+        def done() -> bool:
             state = client.get(f"/jobs/{job_id}").json()["state"]
+            assert state in ("pending", "running", "done"), state
+            return bool(state == "done")
+
+        wait_for(done, f"job {job_id} to be done", 30, every=0.05)
         assert client.post("/users", json={}).status_code == 422  # bad input: no job, no user
         assert client.get("/jobs/999999").status_code == 404
         client.post("/users", json={"name": "bob"})

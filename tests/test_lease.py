@@ -8,6 +8,7 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+from waits import eventually, until_sql
 
 import aioq
 from aioq.claims import CancelReason, Claims
@@ -46,12 +47,6 @@ def make_completer(conn: asyncpg.Connection, worker_id: str, claims: Claims) -> 
         batch_size=10,
         max_pending=10,
     )
-
-
-async def wait_for(conn: asyncpg.Connection, sql: str, *args: object) -> None:
-    """Poll until ``sql`` returns true (bounded by the caller's fail_after)."""
-    while not await conn.fetchval(sql, *args):
-        await anyio.sleep(0.02)
 
 
 async def test_stale_worker_is_fenced_after_rescue(
@@ -187,7 +182,7 @@ async def test_heartbeat_keeps_a_job_running_three_times_its_lease(
         make_worker(reaper_interval=0.05),
     ):
         with anyio.fail_after(30):
-            await wait_for(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", job_id)
+            await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", job_id)
     assert runs == [1]
 
 
@@ -259,8 +254,7 @@ async def test_listener_reconnects_after_its_backend_is_killed(
                 " WHERE application_name LIKE 'aioq listener%' AND datname = current_database()"
             )
             assert killed == 1
-            while listener.connections < 2:
-                await anyio.sleep(0.02)
+            await eventually(lambda: listener.connections >= 2, "the listener to reconnect")
             await listener.connected.wait()
             await ping.defer(conn)
             await ran.wait()
@@ -285,96 +279,7 @@ async def test_worker_polls_while_it_cannot_listen(
         assert worker.listener.connections == 0
 
 
-async def test_an_outcome_the_server_refuses_does_not_block_the_others(
-    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
-) -> None:
-    @registry.task
-    async def work() -> None: ...
-
-    await work.defer_many(conn, [{}, {}])
-    good, bad = await store.claim(conn, ["default"], 10, "me")
-    completer = make_completer(conn, "me", held(good, bad))
-    await completer.put(Outcome(good, OutcomeKind.COMPLETE))
-    # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
-    await completer.put(Outcome(bad, OutcomeKind.FAIL, delay=1e300, error="x"))
-    with caplog.at_level(logging.ERROR, logger="aioq"):
-        assert await completer.run_once() == 2
-    assert "cannot be stored" in caplog.text
-    assert completer.pending == []
-    rows = await conn.fetch("SELECT id, status FROM aioq.jobs")
-    assert [tuple(r) for r in rows] == [(bad.id, "running")]  # left for the reaper to rescue
-
-
 def test_retry_delay_must_be_finite_and_bounded() -> None:
     for delay in (float("inf"), float("nan"), -1.0, 1e12):
         with pytest.raises(aioq.ConfigError):
             aioq.Retry(delay=delay)
-
-
-async def test_a_connection_lost_mid_batch_retries_only_what_was_not_written(
-    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
-) -> None:
-    @registry.task
-    async def work() -> None: ...
-
-    await work.defer_many(conn, [{}, {}])
-    done, failed = await store.claim(conn, ["default"], 10, "me")
-    doomed = await asyncpg.connect(dsn)
-
-    class DiesAfterFirstStatement:
-        """A real connection that drops before its second statement."""
-
-        statements = 0
-
-        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
-            self.statements += 1
-            if self.statements == 2:
-                doomed.terminate()
-            return await doomed.fetch(sql, *args)
-
-    completer = make_completer(conn, "me", held(done, failed))
-    completer.db = DiesAfterFirstStatement()  # type: ignore[assignment]
-    await completer.put(Outcome(done, OutcomeKind.COMPLETE))
-    await completer.put(Outcome(failed, OutcomeKind.FAIL, delay=0, error="boom"))
-    with pytest.raises(asyncpg.InterfaceError, match="closed"):
-        await completer.run_once()
-    assert [o.claim.id for o in completer.pending] == [failed.id]  # the completion is done
-
-    completer.db = conn
-    with caplog.at_level(logging.WARNING, logger="aioq"):
-        assert await completer.run_once() == 1
-    assert "lease lost" not in caplog.text
-    rows = await conn.fetch("SELECT id, status, last_error FROM aioq.jobs")
-    assert [tuple(r) for r in rows] == [(failed.id, "pending", "boom")]
-
-
-async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
-    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
-) -> None:
-    @registry.task
-    async def work() -> None: ...
-
-    await work.defer(conn)
-    [claim] = await store.claim(conn, ["default"], 10, "me")
-
-    class ReplyLost:
-        """The statement commits on a real connection; its reply never arrives."""
-
-        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
-            await conn.fetch(sql, *args)
-            raise ConnectionResetError("connection lost before the reply")
-
-    completer = make_completer(conn, "me", held(claim))
-    completer.db = ReplyLost()  # type: ignore[assignment]
-    await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
-    with pytest.raises(ConnectionResetError):
-        await completer.run_once()
-    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0  # it was written
-
-    completer.db = conn
-    with caplog.at_level(logging.INFO, logger="aioq"):
-        assert await completer.run_once() == 1
-    assert "lease lost" not in caplog.text
-    assert "found already gone on retry" in caplog.text
-    assert completer.pending == []
-    assert len(completer.claims) == 0

@@ -8,32 +8,23 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import asyncpg
 import pytest
 from procs import LISTENERS, aioq_cli, assert_one_line_error
+from waits import eventually
 
 import aioq
 from aioq.limits import QueueGate
 from aioq.store import Store
 
-T = TypeVar("T")
 HANG_GUARD = 60.0
 MakeWorker = Callable[..., aioq.Worker]
-
-
-async def eventually(check: Callable[[], Awaitable[T]]) -> T:
-    with anyio.fail_after(HANG_GUARD):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await anyio.sleep(0.02)
 
 
 async def settings(conn: asyncpg.Connection) -> list[dict[str, Any]]:
@@ -320,10 +311,10 @@ async def test_pause_keeps_jobs_pending_and_resume_wakes_workers_at_once(
         await eventually(lambda: _is(conn, running, 3))
         await aioq.set_queue(conn, "work", paused=True)
         assert worker.gate is not None
-        await eventually(lambda: _sure("work" in worker.gate.limited))  # type: ignore[union-attr]
+        await eventually(lambda: "work" in worker.gate.limited, "the gate to see the pause")  # type: ignore[union-attr]
         await defer_noops(conn, "work", 200)
         gate_open.set()  # the running jobs finish normally: a pause aborts nothing
-        await eventually(lambda: _sure(sorted(finished) == sorted(held)))
+        await eventually(lambda: sorted(finished) == sorted(held), "the held jobs to finish")
         await anyio.sleep(0.5)  # give a wrongful claim the time to show
         assert await conn.fetchval(running) == 0
         pending = "SELECT count(*) FROM aioq.jobs WHERE status = 'pending'"
@@ -366,10 +357,6 @@ async def test_a_limit_set_on_a_running_worker_holds(
 
 async def _is(conn: asyncpg.Connection, query: str, value: int) -> bool:
     return await conn.fetchval(query) == value  # type: ignore[no-any-return]
-
-
-async def _sure(value: bool) -> bool:
-    return value
 
 
 # --- the CLI ---

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+from waits import until_sql
 
 import aioq
 from aioq.errors import ConfigError
@@ -38,8 +39,7 @@ async def test_prefetched_jobs_keep_their_lease_and_run_once(
     }
     async with make_worker(**options), make_worker(**options):
         with anyio.fail_after(HANG_GUARD):
-            while await conn.fetchval("SELECT count(*) FROM aioq.jobs"):
-                await anyio.sleep(0.05)
+            await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs)")
     assert sorted(runs) == [(job_id, 1) for job_id in ids]
 
 
@@ -64,8 +64,7 @@ async def test_a_stopping_worker_releases_its_prefetched_jobs(
         async with anyio.create_task_group() as tg:
             tg.start_soon(worker.run)
             await started.wait()
-            while await conn.fetchval(mine, worker.id) < 3:  # one running, two ahead
-                await anyio.sleep(0.02)
+            await until_sql(conn, f"SELECT ({mine}) >= 3", worker.id)  # one running, two ahead
             if how == "stop":
                 worker.stop()
             else:

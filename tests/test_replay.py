@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from db import run_sql
 from procs import aioq_cli
+from waits import until_sql
 
 import aioq
 
@@ -97,11 +98,11 @@ async def test_retry_dead_skips_a_key_taken_by_a_defer_that_commits_during_the_r
             async with anyio.create_task_group() as tg:
                 tg.start_soon(replay)
                 # The replay's update waits on the rival's uncommitted index entry.
-                while not await other.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                ):
-                    await anyio.sleep(0.02)
+                await until_sql(
+                    other,
+                    "SELECT count(*) > 0 FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
                 await tx.commit()
     finally:
         await other.close()

@@ -14,6 +14,7 @@ import anyio
 import asyncpg
 import pytest
 from procs import aioq_cli
+from waits import eventually, until_sql
 
 import aioq
 from aioq import results
@@ -185,8 +186,7 @@ async def test_cancelled_job_raises_job_cancelled(
                     outcome.append(exc)
 
             tg.start_soon(wait)
-            while not await pool.fetchval(RESULT_LISTENERS):
-                await anyio.sleep(0.01)
+            await until_sql(pool, f"SELECT ({RESULT_LISTENERS}) > 0")
             await aioq.cancel_jobs(conn, [job_id])  # pending: rings the waiter at once
     assert [type(e) for e in outcome] == [aioq.JobCancelled]
 
@@ -212,10 +212,16 @@ async def test_200_concurrent_waiters_share_one_listen_connection(
 
             for job_id in ids:
                 tg.start_soon(wait, job_id)
-            while sum(h.count for h in results._hubs.values()) < 200 or (
-                results.listening_connections() < 1 or not await conn.fetchval(RESULT_LISTENERS)
-            ):  # every waiter is in, and the first one's LISTEN is set up
-                await anyio.sleep(0.01)
+
+            async def all_in() -> bool:
+                # every waiter is in, and the first one's LISTEN is set up
+                return (
+                    sum(h.count for h in results._hubs.values()) >= 200
+                    and results.listening_connections() >= 1
+                    and bool(await conn.fetchval(RESULT_LISTENERS))
+                )
+
+            await eventually(all_in, "200 waiters and their LISTEN", every=0.01)
             listeners_seen.add(await conn.fetchval(RESULT_LISTENERS))
             listeners_seen.add(results.listening_connections())
             assert pool.get_size() <= 5

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+from waits import until_sql
 
 import aioq
 from aioq.maintenance import Pruner, Vacuumer
@@ -119,8 +120,7 @@ async def test_run_repeats_at_once_while_batches_are_full(
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(prune.run)
-                while await count(probe, "SELECT count(*) FROM aioq.archive"):
-                    await anyio.sleep(0.02)
+                await until_sql(probe, "SELECT NOT EXISTS (SELECT FROM aioq.archive)")
                 tg.cancel_scope.cancel()
     finally:
         await probe.close()
@@ -152,12 +152,12 @@ async def test_worker_runs_the_pruner(
     assert worker.config.archive_retention == 7 * 24 * 3600
     with anyio.fail_after(10):
         async with worker:
-            while await conn.fetchval(
-                "SELECT (SELECT array_agg(id ORDER BY id) FROM aioq.archive) IS DISTINCT FROM $1"
-                " OR EXISTS (SELECT FROM aioq.jobs)",
+            await until_sql(
+                conn,
+                "SELECT (SELECT array_agg(id ORDER BY id) FROM aioq.archive) IS NOT DISTINCT FROM $1"
+                " AND NOT EXISTS (SELECT FROM aioq.jobs)",
                 fresh,
-            ):
-                await anyio.sleep(0.02)
+            )
 
 
 @pytest.mark.parametrize(

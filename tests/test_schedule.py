@@ -9,10 +9,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
 
 import anyio
 import asyncpg
@@ -20,12 +19,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from procs import LISTENERS, aioq_cli, assert_one_line_error, children
+from waits import eventually
 
 import aioq
 from aioq.schedule import MAX_CATCH_UP_TICKS, MAX_SKIPPED_COUNT, Scheduler
 from aioq.store import Store
 
-T = TypeVar("T")
 HANG_GUARD = 60.0
 PARIS = "Europe/Paris"
 
@@ -36,15 +35,6 @@ def utc(*args: int) -> datetime:
 
 def scheduler(registry: aioq.Registry, db: asyncpg.Connection | asyncpg.Pool) -> Scheduler:
     return Scheduler(store=Store(), db=db, schedules=list(registry.schedules.values()))
-
-
-async def eventually(check: Callable[[], Awaitable[T]]) -> T:
-    with anyio.fail_after(HANG_GUARD):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await anyio.sleep(0.05)
 
 
 async def ticks_of(conn: asyncpg.Connection, task: str) -> list[datetime]:
@@ -417,10 +407,6 @@ def _spawn(workdir: Path, dsn: str, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=log)
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 async def _listening(conn: asyncpg.Connection, n: int) -> bool:
     return len(await conn.fetch(LISTENERS)) == n
 
@@ -436,7 +422,7 @@ async def test_three_worker_processes_enqueue_each_tick_once_through_a_sigkill(
     (tmp_path / "ticker.py").write_text(TICKER)
     fleet = _spawn(tmp_path, dsn, "--processes", "3", "--queue", "other")
     try:
-        await eventually(lambda: _true(len(children(fleet.pid)) == 3))
+        await eventually(lambda: len(children(fleet.pid)) == 3, "three children")
         first = await eventually(lambda: conn.fetchval("SELECT min(scheduled_at) FROM aioq.jobs"))
         await eventually(
             lambda: conn.fetchval(

@@ -19,6 +19,7 @@ from typing import IO
 import anyio
 import asyncpg
 import pytest
+from waits import wait_for
 
 from aioq.dev import pgbin as _pgbin
 from aioq.dev.pgbin import pid_alive
@@ -64,10 +65,7 @@ def _assert_gone(pid: int) -> None:
     # An exiting postmaster removes its pid file just before it exits, so poll.
     # Its parent (pg_ctl) is gone, so it may linger as a zombie if nothing reaps
     # orphans: _pid_alive counts that as gone.
-    deadline = time.monotonic() + DEADLINE
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(pid), f"postmaster {pid} still runs"
+    wait_for(lambda: not pid_alive(pid), f"postmaster {pid} to exit", DEADLINE, every=0.05)
 
 
 def _assert_torn_down(pid: int, data_dir: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -13,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from waits import wait_for
 
 import aioq
 from examples.fastapi_sqlalchemy import asyncpg_url, create_app
@@ -151,13 +151,15 @@ def test_importing_aioq_and_deferring_on_asyncpg_loads_no_sqlalchemy() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def wait_for(client: TestClient, predicate: str, **expected: int) -> dict[str, int]:
-    deadline = time.monotonic() + 30  # hang guard
-    counts: dict[str, int] = client.get("/counts").json()
-    while any(counts[k] != v for k, v in expected.items()):
-        assert time.monotonic() < deadline, f"{predicate}: {counts}"
-        time.sleep(0.05)
-        counts = client.get("/counts").json()
+def counts_reach(client: TestClient, what: str, **expected: int) -> dict[str, int]:
+    """Wait until the app's ``/counts`` show ``expected``; return them."""
+    counts: dict[str, int] = {}
+
+    def reached() -> bool:
+        counts.update(client.get("/counts").json())
+        return all(counts[k] == v for k, v in expected.items())
+
+    wait_for(reached, what, 30, on_timeout=lambda: str(counts), every=0.05)
     return counts
 
 
@@ -166,7 +168,7 @@ def test_fastapi_sqlalchemy_example_commit_rollback_and_exception_in_begin(dsn: 
         ok = client.post("/signup", json={"email": "ada@example.org"})
         assert ok.status_code == 201, ok.text
         assert ok.json()["committed"] is True
-        wait_for(client, "the committed signup's welcome", users=1, welcomes=1, jobs=0)
+        counts_reach(client, "the committed signup's welcome", users=1, welcomes=1, jobs=0)
 
         # Rolled back on purpose, after the flush and the defer.
         dry = client.post("/signup", json={"email": "bob@example.org", "dry_run": True})
@@ -184,5 +186,5 @@ def test_fastapi_sqlalchemy_example_commit_rollback_and_exception_in_begin(dsn: 
         assert resent.status_code == 202, resent.text
         # A job deferred in a rolled-back transaction that had leaked would be in the queue for
         # good: its user does not exist, so the welcome fails on the foreign key and retries.
-        counts = wait_for(client, "the resent welcome", jobs=0)
+        counts = counts_reach(client, "the resent welcome", jobs=0)
         assert counts == {"users": 1, "welcomes": 1, "jobs": 0}

@@ -8,18 +8,18 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import asyncpg
 import pytest
+from waits import eventually
 
 import aioq
 
 pytestmark = pytest.mark.anyio
 
-T = TypeVar("T")
 HANG_GUARD = 30.0
 MakeWorker = Callable[..., aioq.Worker]
 QUICK = aioq.Backoff(base=0.05, factor=2, max=1, jitter=0)
@@ -31,16 +31,6 @@ async def probe(dsn: str) -> AsyncIterator[asyncpg.Connection]:
     connection = await asyncpg.connect(dsn)
     yield connection
     await connection.close()
-
-
-async def eventually(check: Callable[[], Awaitable[T]]) -> T:
-    """Poll ``check`` until it returns something truthy; fail after the hang guard."""
-    with anyio.fail_after(HANG_GUARD):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await anyio.sleep(0.02)
 
 
 async def job_row(conn: asyncpg.Connection, job_id: int) -> asyncpg.Record | None:

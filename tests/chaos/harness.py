@@ -44,6 +44,7 @@ from typing import Any, Self
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
+import waits
 from procs import LISTENERS, children, pid_of
 
 from aioq.dev.pgbin import free_port, server_user
@@ -225,25 +226,8 @@ def wait_for(
     *,
     on_timeout: Callable[[], str] = lambda: "",
 ) -> float:
-    """Poll ``predicate`` until true; return the seconds waited; fail naming ``what`` after
-    ``timeout``, with ``on_timeout()`` (e.g. a worker's log; its tail) as context."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            tail = on_timeout()[-4000:]
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{tail}")
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
-async def until(predicate: Callable[[], object], what: str) -> None:
-    """The async ``wait_for``: poll ``predicate`` in the running event loop."""
-    try:
-        async with asyncio.timeout(HANG_GUARD):
-            while not predicate():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {HANG_GUARD:g}s waiting for {what}") from None
+    """The tests' one sync wait (``tests/waits.py``) with the chaos suite's hang guard."""
+    return waits.wait_for(predicate, what, timeout, on_timeout=on_timeout)
 
 
 def fetch(dsn: str, statement: str, *args: Any) -> list[asyncpg.Record]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from harness import (
+    HANG_GUARD,
     RUNS_TABLE,
     STOP_TIMEOUT,
     WorkerProcess,
@@ -28,12 +29,12 @@ from harness import (
     run_counts,
     run_times,
     scaled,
-    until,
     value,
     wait_for,
     write_tasks,
 )
 from procs import aioq_cli, assert_one_line_error
+from waits import eventually
 
 import aioq
 from aioq.limits import QueueGate
@@ -307,7 +308,7 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
                     await operation(conn)
                 await owner.execute(f"GRANT {privilege} TO {name}")
             await work.options(queue="rung").defer(conn, n=0)
-            await until(lambda: "rung" in rung, "the doorbell")
+            await eventually(lambda: "rung" in rung, "the doorbell", HANG_GUARD)
         finally:
             await conn.close()
             await owner.close()

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 from harness import (
+    HANG_GUARD,
     RUNS_TABLE,
     PgBouncer,
     WorkerProcess,
@@ -27,11 +28,11 @@ from harness import (
     run_times,
     scaled,
     tcp_connections,
-    until,
     value,
     wait_for,
     write_tasks,
 )
+from waits import eventually
 
 import aioq
 from aioq.store import Store
@@ -143,7 +144,7 @@ def test_defer_through_pgbouncer_is_transactional(dsn: str, bouncer: PgBouncer) 
             assert {r["queue"] for r in rows} == {"kept"}
             # Every notification sent before this one has arrived once it has.
             await work.options(queue="sentinel").defer(conns[0], n=0)
-            await until(lambda: "sentinel" in notified, "the sentinel's doorbell")
+            await eventually(lambda: "sentinel" in notified, "the sentinel's doorbell", HANG_GUARD)
             assert "gone" not in notified
             assert "kept" in notified
         finally:

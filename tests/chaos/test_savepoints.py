@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from harness import (
+    HANG_GUARD,
     LONG,
     RUNS_TABLE,
     WorkerProcess,
@@ -27,11 +28,11 @@ from harness import (
     run_counts,
     run_times,
     scaled,
-    until,
     value,
     wait_for,
     write_tasks,
 )
+from waits import eventually
 
 import aioq
 from aioq.store import Store
@@ -141,7 +142,7 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
     async def quiet_until_sentinel(other: asyncpg.Connection, name: str) -> list[str]:
         """Every payload received up to a sentinel notified now from another connection."""
         await other.execute("SELECT pg_notify('aioq:aioq', $1)", name)
-        await until(lambda: name in notified, f"the {name} notification")
+        await eventually(lambda: name in notified, f"the {name} notification", HANG_GUARD)
         return notified[: notified.index(name)]
 
     async def scenario() -> None:

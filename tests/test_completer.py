@@ -1,0 +1,297 @@
+"""The completer on its own: batching, fencing inside a batch, back-pressure, the run loop and
+the flush on stop, against a real PostgreSQL (fencing across workers: test_lease.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import asyncpg
+import pytest
+
+import aioq
+from aioq.claims import Claims
+from aioq.completer import Completer, Outcome
+from aioq.job import Claim, OutcomeKind
+from aioq.lease import Reaper
+from aioq.store import Store
+
+pytestmark = pytest.mark.anyio
+
+store = Store.for_schema("aioq")
+HANG_GUARD = 30.0
+
+
+def completer_for(
+    conn: asyncpg.Connection,
+    claims: list[Claim],
+    *,
+    worker_id: str = "me",
+    batch_size: int = 100,
+    max_pending: int = 100,
+    keep_completed: bool = False,
+) -> Completer:
+    tracked = Claims()
+    tracked.add(claims)
+    return Completer(
+        store=store,
+        db=conn,
+        worker_id=worker_id,
+        claims=tracked,
+        keep_completed=keep_completed,
+        batch_size=batch_size,
+        max_pending=max_pending,
+    )
+
+
+async def claim_jobs(
+    conn: asyncpg.Connection, registry: aioq.Registry, n: int, worker_id: str = "me"
+) -> list[Claim]:
+    @registry.task(name="t.work")
+    async def work(i: int) -> None: ...
+
+    await work.defer_many(conn, [{"i": i} for i in range(n)])
+    return await store.claim(conn, ["default"], n, worker_id)
+
+
+async def statements_that_wrote(conn: asyncpg.Connection, table: str) -> int:
+    """How many transactions wrote the rows of ``table`` (autocommit: one per statement)."""
+    return await conn.fetchval(f"SELECT count(DISTINCT xmin::text) FROM aioq.{table}")  # type: ignore[no-any-return]
+
+
+async def test_a_pass_writes_each_kind_of_outcome_in_one_statement(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    claims = await claim_jobs(conn, registry, 60)
+    completer = completer_for(conn, claims, keep_completed=True)
+    for i, claim in enumerate(claims):
+        if i % 2:
+            await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+        else:
+            await completer.put(Outcome(claim, OutcomeKind.FAIL, delay=3600, error=f"e{i}"))
+    assert await completer.run_once() == 60
+    assert completer.idle
+    assert len(completer.claims) == 0
+    # 30 completions archived by one statement; 30 failures rescheduled by one statement.
+    assert await conn.fetchval("SELECT count(*) FROM aioq.archive") == 30
+    assert await statements_that_wrote(conn, "archive") == 1
+    rows = await conn.fetch("SELECT status, last_error FROM aioq.jobs ORDER BY id")
+    assert [(r["status"], r["last_error"]) for r in rows] == [
+        ("pending", f"e{i}") for i in range(0, 60, 2)
+    ]
+    assert await statements_that_wrote(conn, "jobs") == 1
+
+
+async def test_batch_size_bounds_a_pass_and_busy_asks_for_the_next_at_once(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    claims = await claim_jobs(conn, registry, 25)
+    completer = completer_for(conn, claims, batch_size=10)
+    for claim in claims:
+        await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    passes = []
+    while True:
+        written = await completer.run_once()
+        passes.append(written)
+        if not completer.busy(written):
+            break
+    assert passes == [10, 10, 5]
+    assert await completer.run_once() == 0  # nothing left: an empty pass writes nothing
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+
+
+async def test_stale_claims_in_a_batch_update_no_row_and_the_fresh_ones_are_written(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    claims = await claim_jobs(conn, registry, 6)
+    stale = claims[:3]
+    # The reaper hands three of the jobs to another worker, which claims them again.
+    await conn.execute(
+        "UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = ANY($1)",
+        [c.id for c in stale],
+    )
+    await Reaper(store=store, db=conn, interval=1, batch_size=10).run_once()
+    retaken = await store.claim(conn, ["default"], 10, "other")
+    assert sorted(c.id for c in retaken) == sorted(c.id for c in stale)
+
+    completer = completer_for(conn, claims)
+    for claim in claims:
+        await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        assert await completer.run_once() == 6
+    lost = [r.getMessage() for r in caplog.records if "lease lost before" in r.getMessage()]
+    assert sorted(int(m.split()[1]) for m in lost) == sorted(c.id for c in stale)
+    assert len(completer.claims) == 0
+    rows = await conn.fetch("SELECT id, status, locked_by FROM aioq.jobs ORDER BY id")
+    assert [tuple(r) for r in rows] == [(c.id, "running", "other") for c in stale]
+
+
+async def test_put_waits_while_max_pending_outcomes_are_unwritten(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    claims = await claim_jobs(conn, registry, 3)
+    completer = completer_for(conn, claims, batch_size=2, max_pending=2)
+    await completer.put(Outcome(claims[0], OutcomeKind.COMPLETE))
+    await completer.put(Outcome(claims[1], OutcomeKind.COMPLETE))
+    third_in = anyio.Event()
+
+    async def put_third() -> None:
+        await completer.put(Outcome(claims[2], OutcomeKind.COMPLETE))
+        third_in.set()
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(put_third)
+            await anyio.wait_all_tasks_blocked()
+            assert not third_in.is_set()
+            assert [o.claim for o in completer.pending] == claims[:2]
+            assert await completer.run_once() == 2  # room again: the third gets in
+            await third_in.wait()
+    assert [o.claim for o in completer.pending] == claims[2:]
+    assert await completer.run_once() == 1
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+
+
+async def test_the_run_loop_writes_outcomes_as_they_come_and_signals_each_pass(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    claims = await claim_jobs(conn, registry, 2)
+    completer = completer_for(conn, claims)
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            await tg.start(completer.run)
+            for claim in claims:
+                before = completer.passed.count
+                await completer.put(Outcome(claim, OutcomeKind.BURY, error="boom"))
+                await completer.passed.wait()
+                assert completer.passed.count == before + 1  # one pass per outcome here
+                row = await conn.fetchrow(
+                    "SELECT status, last_error FROM aioq.jobs WHERE id = $1", claim.id
+                )
+                assert tuple(row) == ("dead", "boom")
+            await completer.wait_idle()
+            tg.cancel_scope.cancel()
+
+
+async def test_flush_on_stop_writes_every_queued_outcome_beyond_one_batch(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    claims = await claim_jobs(conn, registry, 23)
+    completer = completer_for(conn, claims, batch_size=5)
+    for claim in claims:
+        await completer.put(Outcome(claim, OutcomeKind.RELEASE))
+    with anyio.fail_after(HANG_GUARD):
+        await completer.flush()
+    assert completer.idle
+    rows = await conn.fetch("SELECT status, attempts, locked_by FROM aioq.jobs")
+    assert len(rows) == 23
+    assert {tuple(r) for r in rows} == {("pending", 0, None)}  # released: attempt refunded
+
+
+async def test_flush_gives_up_loudly_when_the_database_stays_unreachable(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    claims = await claim_jobs(conn, registry, 2)
+    gone = await asyncpg.connect(dsn)
+    await gone.close()  # every write through it fails
+    completer = completer_for(gone, claims)
+    for claim in claims:
+        await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    with caplog.at_level(logging.ERROR, logger="aioq"), anyio.fail_after(HANG_GUARD):
+        await completer.flush()
+    assert "could not write 2 job outcomes" in caplog.text
+    assert len(completer.pending) == 2  # kept, not silently dropped
+    statuses = await conn.fetch("SELECT status FROM aioq.jobs")
+    assert [r[0] for r in statuses] == ["running", "running"]  # the reaper rescues them later
+
+
+# Moved from test_lease.py: the completer's handling of refused data and lost connections.
+
+
+async def test_an_outcome_the_server_refuses_does_not_block_the_others(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{}, {}])
+    good, bad = await store.claim(conn, ["default"], 10, "me")
+    completer = completer_for(conn, [good, bad])
+    await completer.put(Outcome(good, OutcomeKind.COMPLETE))
+    # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
+    await completer.put(Outcome(bad, OutcomeKind.FAIL, delay=1e300, error="x"))
+    with caplog.at_level(logging.ERROR, logger="aioq"):
+        assert await completer.run_once() == 2
+    assert "cannot be stored" in caplog.text
+    assert completer.pending == []
+    rows = await conn.fetch("SELECT id, status FROM aioq.jobs")
+    assert [tuple(r) for r in rows] == [(bad.id, "running")]  # left for the reaper to rescue
+
+
+async def test_a_connection_lost_mid_batch_retries_only_what_was_not_written(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer_many(conn, [{}, {}])
+    done, failed = await store.claim(conn, ["default"], 10, "me")
+    doomed = await asyncpg.connect(dsn)
+
+    class DiesAfterFirstStatement:
+        """A real connection that drops before its second statement."""
+
+        statements = 0
+
+        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+            self.statements += 1
+            if self.statements == 2:
+                doomed.terminate()
+            return await doomed.fetch(sql, *args)
+
+    completer = completer_for(conn, [done, failed])
+    completer.db = DiesAfterFirstStatement()  # type: ignore[assignment]
+    await completer.put(Outcome(done, OutcomeKind.COMPLETE))
+    await completer.put(Outcome(failed, OutcomeKind.FAIL, delay=0, error="boom"))
+    with pytest.raises(asyncpg.InterfaceError, match="closed"):
+        await completer.run_once()
+    assert [o.claim.id for o in completer.pending] == [failed.id]  # the completion is done
+
+    completer.db = conn
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        assert await completer.run_once() == 1
+    assert "lease lost" not in caplog.text
+    rows = await conn.fetch("SELECT id, status, last_error FROM aioq.jobs")
+    assert [tuple(r) for r in rows] == [(failed.id, "pending", "boom")]
+
+
+async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
+    conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    await work.defer(conn)
+    [claim] = await store.claim(conn, ["default"], 10, "me")
+
+    class ReplyLost:
+        """The statement commits on a real connection; its reply never arrives."""
+
+        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+            await conn.fetch(sql, *args)
+            raise ConnectionResetError("connection lost before the reply")
+
+    completer = completer_for(conn, [claim])
+    completer.db = ReplyLost()  # type: ignore[assignment]
+    await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    with pytest.raises(ConnectionResetError):
+        await completer.run_once()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0  # it was written
+
+    completer.db = conn
+    with caplog.at_level(logging.INFO, logger="aioq"):
+        assert await completer.run_once() == 1
+    assert "lease lost" not in caplog.text
+    assert "found already gone on retry" in caplog.text
+    assert completer.pending == []
+    assert len(completer.claims) == 0

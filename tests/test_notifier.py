@@ -1,0 +1,170 @@
+"""The LISTEN connection (``aioq.notifier.Listener``) on its own against a real PostgreSQL:
+which notifications ring the doorbell, reconnecting after its backend is killed, and ringing at
+once on every (re)connect so the producer polls (a whole worker's reconnect: test_lease.py;
+when inserts ring at all, the armed doorbell across workers: test_doorbell.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import asyncpg
+import pytest
+
+import aioq
+from aioq.notifier import Listener
+from aioq.queries import LIMITS_CHANGED
+from aioq.store import Store
+
+pytestmark = pytest.mark.anyio
+
+store = Store.for_schema("aioq")
+HANG_GUARD = 30.0
+
+
+class Bell:
+    """Records each ring of the doorbell (and each other callback) in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.read = 0
+        self._changed = anyio.Event()
+
+    def callback(self, name: str) -> Callable[..., None]:
+        def record(*args: object) -> None:
+            self.seen.append(":".join([name, *map(str, args)]))
+            self._changed.set()
+
+        return record
+
+    async def next(self) -> str:
+        """The next callback not read yet (waiting for it, within the hang guard)."""
+        with anyio.fail_after(HANG_GUARD):
+            while self.read == len(self.seen):
+                self._changed = anyio.Event()
+                await self._changed.wait()
+        self.read += 1
+        return self.seen[self.read - 1]
+
+    def pending(self) -> list[str]:
+        """Every callback not read yet."""
+        rest = self.seen[self.read :]
+        self.read = len(self.seen)
+        return rest
+
+
+class Connections:
+    """The listener's ``connect``: real connections, each one's backend pid kept; the first
+    ``fail`` attempts are refused as an unreachable server would refuse them."""
+
+    def __init__(self, dsn: str, fail: int = 0) -> None:
+        self.dsn = dsn
+        self.fail = fail
+        self.pids: list[int] = []
+
+    async def __call__(self) -> asyncpg.Connection:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionRefusedError("refused (injected)")
+        conn = await asyncpg.connect(self.dsn)
+        self.pids.append(conn.get_server_pid())
+        return conn
+
+
+@asynccontextmanager
+async def listening(listener: Listener) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(listener.run)
+        yield
+        tg.cancel_scope.cancel()
+
+
+def listener_for(connect: Connections, bell: Bell) -> Listener:
+    listener = Listener(
+        connect=connect,
+        channel=store.channel,
+        queues={"default", "mail"},
+        ring=bell.callback("ring"),
+        store=store,
+        control={store.control_channel: bell.callback("control")},
+    )
+    listener.on_limits = bell.callback("limits")
+    return listener
+
+
+async def test_a_defer_to_a_served_queue_rings_the_doorbell_and_others_do_not(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    bell = Bell()
+    listener = listener_for(Connections(dsn), bell)
+    async with listening(listener):
+        assert await bell.next() == "ring"  # on connect: the producer polls at once
+        assert listener.connected.is_set()
+        assert await listener.arm()  # the producer is about to sleep: inserts ring now
+        await work.options(queue="elsewhere").defer(conn)  # nobody here serves it
+        await work.options(queue="mail").defer(conn)
+        assert await bell.next() == "ring"
+        await conn.execute("SELECT pg_notify($1, $2)", store.control_channel, "42")
+        assert await bell.next() == "control:42"
+        await conn.execute("SELECT pg_notify($1, $2)", store.channel, LIMITS_CHANGED)
+        assert await bell.next() == "limits"
+        await listener.arm()  # the ring disarmed it: the producer arms it before sleeping again
+        await work.defer(conn)
+        assert await bell.next() == "ring"
+        assert bell.pending() == []  # the other queue's defer rang nothing
+    assert listener.connections == 1
+
+
+async def test_after_its_backend_is_killed_it_reconnects_rings_at_once_and_listens_again(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    bell = Bell()
+    connections = Connections(dsn)
+    listener = listener_for(connections, bell)
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        async with listening(listener):
+            assert await bell.next() == "ring"
+            [first] = connections.pids
+            assert await conn.fetchval("SELECT pg_terminate_backend($1)", first)
+            # Whatever was deferred while it was away is found by the poll this ring starts.
+            assert await bell.next() == "ring"
+            assert listener.connections == 2
+            [_, second] = connections.pids
+            assert second != first
+            assert await listener.arm()  # a new session: the locks are taken afresh
+            await work.defer(conn)
+            assert await bell.next() == "ring"
+    assert "LISTEN connection lost; reconnecting" in caplog.text
+    assert bell.pending() == []
+
+
+async def test_a_failed_connect_is_retried_with_backoff_and_rings_once_connected(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task
+    async def work() -> None: ...
+
+    bell = Bell()
+    listener = listener_for(Connections(dsn, fail=2), bell)
+    with caplog.at_level(logging.WARNING, logger="aioq"):
+        async with listening(listener):
+            assert await bell.next() == "ring"  # only once a connection is up
+            assert listener.connections == 1
+            assert listener.failures.count == 0  # a good connection resets the backoff
+            assert await listener.arm()
+            await work.defer(conn)
+            assert await bell.next() == "ring"
+    failed = [r for r in caplog.records if "LISTEN connection failed" in r.getMessage()]
+    assert len(failed) == 2
+    assert "ConnectionRefusedError: refused (injected)" in failed[0].getMessage()

@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from procs import aioq_cli
 from starlette.testclient import TestClient
+from waits import until_sql
 
 import aioq
 import aioq.web
@@ -42,11 +43,9 @@ async def history(conn: asyncpg.Connection) -> dict[tuple[str, str], tuple[int, 
 
 async def until_settled(conn: asyncpg.Connection) -> None:
     """Wait until no job is pending or running."""
-    with anyio.fail_after(HANG_GUARD):
-        while await conn.fetchval(
-            "SELECT count(*) FROM aioq.jobs WHERE status IN ('pending', 'running')"
-        ):
-            await anyio.sleep(0.05)
+    await until_sql(
+        conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE status IN ('pending', 'running'))"
+    )
 
 
 def test_buckets_and_percentiles() -> None:
@@ -158,9 +157,7 @@ async def test_workers_record_every_outcome_and_aioq_stats_shows_failures(
         with anyio.CancelScope() as hard:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(workers[2].run)
-                with anyio.fail_after(HANG_GUARD):
-                    while await conn.fetchval("SELECT count(*) FROM aioq.workers") < 3:
-                        await anyio.sleep(0.05)
+                await until_sql(conn, "SELECT count(*) >= 3 FROM aioq.workers")
                 seen = await conn.fetch("SELECT id, queues, concurrency FROM aioq.workers")
                 assert {r["id"] for r in seen} == {w.id for w in workers}
                 assert all(r["queues"] == ["default"] and r["concurrency"] == 3 for r in seen)

@@ -23,6 +23,7 @@ import pytest
 from procs import aioq_cli, assert_one_line_error
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
+from waits import until_sql
 
 import aioq
 import aioq.web
@@ -515,11 +516,10 @@ async def test_actions_race_busy_workers_without_touching_a_running_job(
                     tg.start_soon(workers[2].run)
                     await anyio.to_thread.run_sync(operator)
                     hard.cancel()  # the third worker goes away mid-drain
-            with anyio.fail_after(60):
-                while await conn.fetchval(
-                    "SELECT count(*) FROM aioq.jobs WHERE status IN ('pending', 'running')"
-                ):
-                    await anyio.sleep(0.05)
+            await until_sql(
+                conn,
+                "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE status IN ('pending', 'running'))",
+            )
     finally:
         await conn.close()
 
@@ -596,11 +596,8 @@ async def test_a_running_job_is_cancelled_from_its_page_and_shows_its_progress(
                     assert "cancelled+1+of+1+job+%281+stopping%29" in sent.headers["location"]
 
             await anyio.to_thread.run_sync(operator)
-            with anyio.fail_after(30):
-                while await status_async(conn, job) != "cancelled":
-                    await anyio.sleep(0.05)
-                while await status_async(conn, done) is not None:
-                    await anyio.sleep(0.05)
+            await until_sql(conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job)
+            await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", done)
 
         def check() -> None:
             with TestClient(aioq.web.app(dsn=dsn, actions=True)) as client:
@@ -614,7 +611,3 @@ async def test_a_running_job_is_cancelled_from_its_page_and_shows_its_progress(
         await anyio.to_thread.run_sync(check)
     finally:
         await conn.close()
-
-
-async def status_async(conn: asyncpg.Connection, job_id: int) -> str | None:
-    return await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", job_id)  # type: ignore[no-any-return]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,15 @@ def children(pid: int) -> set[int]:
             if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
                 found.add(int(entry.name))
     return found
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL a still-running ``aioq`` process and its children (test teardown), then reap it."""
+    if proc.poll() is None:
+        for child in children(proc.pid):
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
 
 
 def pid_of(worker_id: str) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
-from procs import LISTENERS, aioq_cli, children, pid_of
+from procs import LISTENERS, aioq_cli, children, kill_tree, pid_of
 from waits import eventually, until_sql
 
 import aioq
@@ -507,11 +507,7 @@ def fleet(dsn: str, fleet_dir: Path) -> Iterator[subprocess.Popen[str]]:
         text=True,
     )  # fmt: skip
     yield proc
-    if proc.poll() is None:
-        for child in children(proc.pid):
-            os.kill(child, signal.SIGKILL)
-        proc.kill()
-        proc.communicate()
+    kill_tree(proc)
 
 
 async def test_cancel_a_running_job_in_a_worker_process_from_another_process(

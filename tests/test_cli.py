@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from procs import LISTENERS, aioq_cli, assert_one_line_error, children, pid_of
+from procs import LISTENERS, aioq_cli, assert_one_line_error, children, kill_tree, pid_of
 from waits import wait_for
 
 from aioq.dev.pgbin import free_port
@@ -110,11 +110,7 @@ def spawn(dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            for child in children(proc.pid):
-                os.kill(child, signal.SIGKILL)
-            proc.kill()
-            proc.communicate()
+        kill_tree(proc)
 
 
 def test_missing_dsn_and_unreachable_database() -> None:

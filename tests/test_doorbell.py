@@ -19,10 +19,10 @@ import anyio
 import asyncpg
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from procs import kill_tree
 from waits import eventually
 
 import aioq
-from tests.procs import children
 
 pytestmark = pytest.mark.anyio
 
@@ -252,11 +252,7 @@ def worker_process(dsn: str, tmp_path: Path) -> Iterator[Callable[..., subproces
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            for child in children(proc.pid):
-                os.kill(child, signal.SIGKILL)
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
 
 
 async def test_worker_processes_are_rung(

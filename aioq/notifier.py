@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -14,13 +15,24 @@ from aioq.backoff import Backoff
 from aioq.queries import LIMITS_CHANGED
 from aioq.store import Store
 
-__all__ = ("Listener",)
+__all__ = ("Armed", "Listener")
 
 logger = logging.getLogger(__name__)
 
 
 class _Lost(Exception):
     """The LISTEN connection ended (or stopped answering)."""
+
+
+class Armed(enum.Enum):
+    """What the producer does after :meth:`Listener.arm`, before it sleeps (invariant 15)."""
+
+    SLEEP = "sleep"
+    """Every insert into our queues rings (or none can: polling covers it): sleep."""
+    LOOK = "look"
+    """Armed just now: an insert committed before could have skipped the ring: look once more."""
+    LOOK_AGAIN = "look again"
+    """As LOOK, and an insert that may not ring was in flight: look again after a pause."""
 
 
 class Listener(Service):
@@ -55,11 +67,12 @@ class Listener(Service):
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
         self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
-        self.arms = 0  # how many times the doorbell was armed (a statement each)
+        self.arms = 0  # how many times the doorbell was armed (a statement each, tests aside)
         self._conn: asyncpg.Connection | None = None
         self._talk = anyio.Lock()  # one statement at a time on the connection
         self._armed = False  # the producer waits for a ring
         self._held = False  # the session holds the doorbell's locks (see arm())
+        self._in_flight = False  # the last test found an insert in flight (see arm())
         self._wake = anyio.Event()  # the connection was lost, or the doorbell must be disarmed
         self._lost = False
 
@@ -76,36 +89,40 @@ class Listener(Service):
         elif payload == LIMITS_CHANGED and self.on_limits is not None:
             self.on_limits()
 
-    async def arm(self) -> bool:
+    async def arm(self) -> Armed:
         """Make inserts into our queues ring, before the producer sleeps (invariant 15).
 
-        Returns True when it armed the doorbell just now: an insert that ran before could
-        have skipped the ring, so the caller must look for ready jobs once more before it
-        sleeps. False when it was armed already (every insert since rang) or cannot be
-        (no connection: polling covers it).
+        An insert that ran before the doorbell was armed did not ring: the producer must look
+        for it once more (LOOK) before it sleeps; if such an insert was still in flight (its
+        transaction open, its row invisible to that look), again once it may have committed
+        (LOOK_AGAIN: the next arm() tests it again). SLEEP when every insert since the last
+        look rings, or none can (no connection: polling covers it).
         """
         conn = self._conn
-        if conn is None or self._armed:
-            return False
+        if conn is None or (self._armed and not self._in_flight):
+            return Armed.SLEEP
         try:
             # Under the lock: a disarm in flight finishes first, and we then see it.
             async with self._talk:
                 if self._conn is not conn:
-                    return False  # lost meanwhile
-                if self._held:
+                    return Armed.SLEEP  # lost meanwhile
+                if self._held and not self._in_flight:
                     # Never released since the last arm: every insert since has rung.
                     self._armed = True
-                    return False
-                await self.store.arm_doorbell(conn, self.queues_list, self.keepalive)
+                    return Armed.SLEEP
+                test = self.store.inserts_in_flight if self._held else self.store.arm_doorbell
+                in_flight = await test(conn, self.queues_list, self.keepalive)
                 if self._conn is not conn:
-                    return False  # lost meanwhile, and the locks with it
+                    return Armed.SLEEP  # lost meanwhile, and the locks with it
+                if not self._held:
+                    self.arms += 1
                 self._armed = self._held = True
-                self.arms += 1
+                self._in_flight = in_flight
         except Exception as exc:
             # The connection is going: run_once notices and reconnects; polling covers it.
             logger.debug("arming the doorbell failed: %s: %s", type(exc).__name__, exc)
-            return False
-        return True
+            return Armed.SLEEP
+        return Armed.LOOK_AGAIN if in_flight else Armed.LOOK
 
     def _on_lost(self, conn: object) -> None:
         self._lost = True
@@ -136,14 +153,14 @@ class Listener(Service):
                     if self._held and not self._armed:
                         # Woken by a ring: further inserts need not ring until we sleep again.
                         await self.store.disarm_doorbell(conn, self.queues_list, self.keepalive)
-                        self._held = False
+                        self._held = self._in_flight = False
                     elif idle.cancelled_caught:
                         # A cut network shows no termination: ask the server.
                         await conn.execute("SELECT 1", timeout=self.keepalive)
             raise _Lost
         finally:
             self._conn = None
-            self._armed = self._held = False  # the locks went with the session
+            self._armed = self._held = self._in_flight = False  # the locks went with the session
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 try:

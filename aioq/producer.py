@@ -16,6 +16,7 @@ from aioq import hooks
 from aioq._service import Service
 from aioq.claims import Claims
 from aioq.job import Claim
+from aioq.notifier import Armed
 from aioq.store import Executor, Store
 
 if TYPE_CHECKING:
@@ -27,6 +28,9 @@ __all__ = ("Doorbell", "Handoff", "Producer", "Slots")
 logger = logging.getLogger(__name__)
 
 _FASTEST_POLL = 16  # polling without NOTIFY speeds up to poll_interval / 16 while jobs come
+# While an insert that did not ring is in flight, the producer looks again after this pause,
+# doubled each time: most such inserts were autocommit statements a WAL flush from committing.
+_FIRST_RECHECK = 0.001
 
 
 class Doorbell:
@@ -163,7 +167,7 @@ class Producer(Service):
         stopping: anyio.Event,
         handoff: Handoff | None = None,
         listening: Callable[[], bool] = lambda: False,
-        arm: Callable[[], Awaitable[bool]] | None = None,
+        arm: Callable[[], Awaitable[Armed]] | None = None,
     ) -> None:
         super().__init__()
         self.store = store
@@ -178,6 +182,7 @@ class Producer(Service):
         self.listening = listening
         self.arm = arm  # before sleeping: ask inserts to ring (the listener's arm())
         self._found_all = False  # the last claim took every ready job
+        self._recheck = 0.0  # the pause before looking again for an insert in flight (wait())
         self._poll_delay = poll_interval
         self.batch_size = batch_size
         self.stopping = stopping
@@ -268,17 +273,26 @@ class Producer(Service):
     async def wait(self, seconds: float) -> None:
         """Wait for a free slot; then, if the last claim found nothing more, for a ring or a poll.
 
-        The worker rings the doorbell to stop, a NOTIFY rings it for new jobs.
+        The worker rings the doorbell to stop, a NOTIFY rings it for new jobs. Before sleeping
+        it arms the doorbell (invariant 15), and looks once more for what an insert that ran
+        before could have left unrung; while such an insert is in flight, it looks again after
+        pauses that double from a millisecond, and sleeps only once none is.
         """
         if not self.slots.free:
             await self.slots.wait_free()
             return
-        if self._found_all and self.arm is not None and await self.arm():
-            # Armed just now (invariant 15): a job inserted before could have skipped the
-            # ring, so look once more before sleeping (no lost wake-up).
-            self._found_all = False
-            return
-        self._found_all = False
+        found_all, self._found_all = self._found_all, False
+        if found_all and self.arm is not None:
+            if self._recheck and await self.doorbell.wait(self._recheck):
+                self._recheck = 0.0
+                return  # rung: claim
+            armed = await self.arm()
+            if armed is Armed.LOOK_AGAIN:
+                self._recheck = min(2 * self._recheck or _FIRST_RECHECK, seconds)
+                return
+            self._recheck = 0.0
+            if armed is Armed.LOOK:
+                return
         await self.doorbell.wait(seconds)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -136,6 +136,7 @@ class Store:
         self._archive_in_use = render(q.ARCHIVE_IN_USE)
         self._arm_doorbell = render(q.ARM_DOORBELL)
         self._disarm_doorbell = render(q.DISARM_DOORBELL)
+        self._inserts_in_flight = render(q.INSERTS_IN_FLIGHT)
 
     @staticmethod
     @functools.cache
@@ -361,9 +362,19 @@ class Store:
 
     async def arm_doorbell(
         self, conn: asyncpg.Connection, queues: Sequence[str], within: float
-    ) -> None:
-        """Make inserts into these queues ring: a worker on this session is about to sleep."""
-        await conn.execute(self._arm_doorbell, list(queues), timeout=within)
+    ) -> bool:
+        """Make inserts into these queues ring: a worker on this session is about to sleep.
+
+        Return True if inserts that may not have rung were in flight (see
+        :meth:`inserts_in_flight`).
+        """
+        return bool(await conn.fetchval(self._arm_doorbell, list(queues), timeout=within))
+
+    async def inserts_in_flight(
+        self, conn: asyncpg.Connection, queues: Sequence[str], within: float
+    ) -> bool:
+        """Return True if a transaction that inserted into these queues is still open."""
+        return bool(await conn.fetchval(self._inserts_in_flight, list(queues), timeout=within))
 
     async def disarm_doorbell(
         self, conn: asyncpg.Connection, queues: Sequence[str], within: float

@@ -26,7 +26,7 @@ from aioq.maintenance import Pruner, Vacuumer
 from aioq.metrics import Metrics, QueueSampler
 from aioq.migrate import check_installed
 from aioq.monitor import LoopLag
-from aioq.notifier import Listener
+from aioq.notifier import Armed, Listener
 from aioq.producer import Doorbell, Producer, Slots
 from aioq.queries import DEFAULT_SCHEMA, quote_schema
 from aioq.schedule import Scheduler
@@ -340,8 +340,8 @@ class Worker:
     def _listening(self) -> bool:
         return self.listener is not None and self.listener.connected.is_set()
 
-    async def _arm_doorbell(self) -> bool:
-        return self.listener is not None and await self.listener.arm()
+    async def _arm_doorbell(self) -> Armed:
+        return Armed.SLEEP if self.listener is None else await self.listener.arm()
 
     async def _connect_listener(self) -> asyncpg.Connection:
         return await asyncpg.connect(

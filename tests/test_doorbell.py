@@ -23,6 +23,7 @@ from procs import kill_tree
 from waits import eventually
 
 import aioq
+from aioq.producer import Producer
 
 pytestmark = pytest.mark.anyio
 
@@ -283,3 +284,56 @@ async def test_a_killed_worker_stops_the_ringing(
     for _ in range(5):
         await noop.defer(conn)
     assert await spy.until_sentinel(conn) == []
+
+
+def producer_of(worker: aioq.Worker) -> Producer:
+    [producer] = [s for s in worker.services if isinstance(s, Producer)]
+    return producer
+
+
+async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    """The lost wake-up: a transaction inserts while the worker is awake (nobody waits, so its
+    trigger does not ring), the worker then arms and looks once more (the row is not committed,
+    it sees nothing), and only then does the transaction commit."""
+    release = anyio.Event()
+    started: list[str] = []
+
+    @registry.task
+    async def job(name: str) -> None:
+        started.append(name)
+        if name == "first":
+            await release.wait()
+
+    other = await asyncpg.connect(dsn)
+    # One slot and no claiming ahead: while the first job runs, the worker does not arm.
+    async with make_worker(poll_interval=SLOW_POLL, concurrency=1, prefetch=0) as worker:
+        producer = producer_of(worker)
+        await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
+        await job.defer(conn, name="first")  # rings, and the ring disarms the doorbell
+        with anyio.fail_after(HANG_GUARD):
+            await eventually(lambda: started == ["first"], "the first job to start", every=0.01)
+        await eventually(lambda: _disarmed(conn), "the worker to disarm the doorbell")
+        tx = other.transaction()
+        await tx.start()
+        second = await job.defer(other, name="second")  # nobody is armed: no ring
+        passes = producer.passed.count
+        release.set()
+        # The slot frees: a pass finds nothing (the row is not committed), the worker arms,
+        # and a pass looks once more and finds nothing either.
+        await eventually(lambda: producer.passed.count >= passes + 2, "two more passes")
+        assert await armed(conn) == 1
+        await tx.commit()
+        # The poll is a minute away (SLOW_POLL): only the doorbell can explain a start now.
+        await eventually(
+            lambda: gone(conn, second), "the second job to run (before the poll)", HANG_GUARD
+        )
+        assert started == ["first", "second"]
+        # The first defer rang; the second could not (nobody was armed when it inserted).
+        assert await spy.until_sentinel(conn) == ["default"]
+    await other.close()

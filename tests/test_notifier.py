@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.notifier import Listener
+from aioq.notifier import Armed, Listener
 from aioq.queries import LIMITS_CHANGED
 from aioq.store import Store
 
@@ -105,7 +105,8 @@ async def test_a_defer_to_a_served_queue_rings_the_doorbell_and_others_do_not(
     async with listening(listener):
         assert await bell.next() == "ring"  # on connect: the producer polls at once
         assert listener.connected.is_set()
-        assert await listener.arm()  # the producer is about to sleep: inserts ring now
+        # The producer is about to sleep: inserts ring now.
+        assert await listener.arm() is Armed.LOOK
         await work.options(queue="elsewhere").defer(conn)  # nobody here serves it
         await work.options(queue="mail").defer(conn)
         assert await bell.next() == "ring"
@@ -113,7 +114,8 @@ async def test_a_defer_to_a_served_queue_rings_the_doorbell_and_others_do_not(
         assert await bell.next() == "control:42"
         await conn.execute("SELECT pg_notify($1, $2)", store.channel, LIMITS_CHANGED)
         assert await bell.next() == "limits"
-        await listener.arm()  # the ring disarmed it: the producer arms it before sleeping again
+        # The ring disarmed it: the producer arms it before sleeping again.
+        assert await listener.arm() is Armed.LOOK
         await work.defer(conn)
         assert await bell.next() == "ring"
         assert bell.pending() == []  # the other queue's defer rang nothing
@@ -142,7 +144,7 @@ async def test_after_its_backend_is_killed_it_reconnects_rings_at_once_and_liste
             assert listener.connections == 2
             [_, second] = connections.pids
             assert second != first
-            assert await listener.arm()  # a new session: the locks are taken afresh
+            assert await listener.arm() is Armed.LOOK  # a new session: the locks are taken afresh
             await work.defer(conn)
             assert await bell.next() == "ring"
     assert "LISTEN connection lost; reconnecting" in caplog.text
@@ -162,9 +164,51 @@ async def test_a_failed_connect_is_retried_with_backoff_and_rings_once_connected
             assert await bell.next() == "ring"  # only once a connection is up
             assert listener.connections == 1
             assert listener.failures.count == 0  # a good connection resets the backoff
-            assert await listener.arm()
+            assert await listener.arm() is Armed.LOOK
             await work.defer(conn)
             assert await bell.next() == "ring"
     failed = [r for r in caplog.records if "LISTEN connection failed" in r.getMessage()]
     assert len(failed) == 2
     assert "ConnectionRefusedError: refused (injected)" in failed[0].getMessage()
+
+
+async def test_an_insert_in_flight_while_it_arms_is_looked_for_until_it_ends(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """Invariant 15 without a lost wake-up: an insert that ran before the doorbell was armed
+    did not ring; while its transaction is open, arm() asks the producer to look again."""
+
+    @registry.task
+    async def work() -> None: ...
+
+    bell = Bell()
+    listener = listener_for(Connections(dsn), bell)
+    inserters = [await asyncpg.connect(dsn) for _ in range(2)]
+    try:
+        async with listening(listener):
+            assert await bell.next() == "ring"
+            open_txs = []
+            for inserter, queue in zip(inserters, ["default", "mail"], strict=True):
+                tx = inserter.transaction()
+                await tx.start()
+                await work.options(queue=queue).defer(inserter)  # nobody armed: no ring
+                open_txs.append(tx)
+            await work.options(queue="elsewhere").defer(conn)  # not served: never in flight
+            assert await listener.arm() is Armed.LOOK_AGAIN
+            assert listener.arms == 1
+            assert await listener.arm() is Armed.LOOK_AGAIN  # tested again, not re-armed
+            await open_txs[0].commit()
+            assert await listener.arm() is Armed.LOOK_AGAIN  # "mail" is still in flight
+            # A hard end of the inserter's session ends its transaction, and the lock with it
+            # (the second argument: wait, up to the hang guard, until the backend is gone).
+            pid = inserters[1].get_server_pid()
+            assert await conn.fetchval("SELECT pg_terminate_backend($1, $2)", pid, 30_000)
+            assert await listener.arm() is Armed.LOOK
+            assert await listener.arm() is Armed.SLEEP  # every insert since rings
+            assert listener.arms == 1
+            await work.options(queue="mail").defer(conn)
+            assert await bell.next() == "ring"
+            assert bell.pending() == []  # the inserts in flight rang nothing at their end
+    finally:
+        for inserter in inserters:
+            inserter.terminate()

@@ -9,6 +9,7 @@ import pytest
 
 from aioq.claims import Claims
 from aioq.job import Claim
+from aioq.notifier import Armed
 from aioq.producer import Doorbell, Handoff, Producer, Slots
 
 pytestmark = pytest.mark.anyio
@@ -136,14 +137,14 @@ class ArmingStore:
 async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -> None:
     store = ArmingStore()
 
-    async def arm() -> bool:
+    async def arm() -> Armed:
         # A job committed by a transaction whose insert ran before the locks were taken:
         # its trigger saw nobody waiting, so it will never ring.
         if store.armed:
-            return False  # armed already, like the listener's arm()
+            return Armed.SLEEP  # armed already, like the listener's arm()
         store.armed = True
         store.ready.append(claim(100))
-        return armed_now
+        return Armed.LOOK if armed_now else Armed.SLEEP
 
     handoff = Handoff()
     p = Producer(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -286,11 +287,6 @@ async def test_a_killed_worker_stops_the_ringing(
     assert await spy.until_sentinel(conn) == []
 
 
-def producer_of(worker: aioq.Worker) -> Producer:
-    [producer] = [s for s in worker.services if isinstance(s, Producer)]
-    return producer
-
-
 async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
     dsn: str,
     conn: asyncpg.Connection,
@@ -313,7 +309,7 @@ async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
     other = await asyncpg.connect(dsn)
     # One slot and no claiming ahead: while the first job runs, the worker does not arm.
     async with make_worker(poll_interval=SLOW_POLL, concurrency=1, prefetch=0) as worker:
-        producer = producer_of(worker)
+        producer = worker.service(Producer)
         await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
         await job.defer(conn, name="first")  # rings, and the ring disarms the doorbell
         with anyio.fail_after(HANG_GUARD):
@@ -336,4 +332,93 @@ async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
         assert started == ["first", "second"]
         # The first defer rang; the second could not (nobody was armed when it inserted).
         assert await spy.until_sentinel(conn) == ["default"]
+    await other.close()
+
+
+async def test_inserts_racing_the_arms_of_several_workers_are_never_left_for_the_poll(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    """Several workers with short leases arm and look again while inserts commit a moment
+    after their trigger ran: every job starts long before a poll could find it."""
+    ran: list[int] = []
+
+    @registry.task(lease=1.0)
+    async def job(n: int) -> None:
+        ran.append(n)
+
+    async def defer_in_transactions(inserter: asyncpg.Connection, first: int) -> None:
+        for n in range(first, first + 25):
+            async with inserter.transaction():
+                await job.defer(inserter, n=n)
+                # Commit a moment after the trigger ran: the race with a worker's arm.
+                await anyio.sleep(random.uniform(0, 0.004))
+            await anyio.sleep(random.uniform(0, 0.004))
+
+    inserters = [await asyncpg.connect(dsn) for _ in range(4)]
+    workers = [
+        make_worker(poll_interval=SLOW_POLL, concurrency=2, heartbeat_interval=0.3)
+        for _ in range(3)
+    ]
+    try:
+        async with workers[0], workers[1], workers[2]:
+            await eventually(lambda: _armed_count(conn, 3), "the workers to arm the doorbell")
+            async with anyio.create_task_group() as tg:
+                for k, inserter in enumerate(inserters):
+                    tg.start_soon(defer_in_transactions, inserter, 100 * k)
+            # No poll comes within the guard: a job left unrung would fail this.
+            await eventually(lambda: len(ran) >= 100, "every job to run", HANG_GUARD)
+            await eventually(lambda: _armed_count(conn, 3), "the idle workers to re-arm")
+        assert sorted(ran) == [n for k in range(4) for n in range(100 * k, 100 * k + 25)]
+        assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+        # Stopped workers leave no lock behind: nothing rings any more.
+        assert await armed(conn) == 0
+        await spy.until_sentinel(conn)
+        await job.defer(conn, n=-1)
+        assert await spy.until_sentinel(conn) == []
+    finally:
+        for inserter in inserters:
+            await inserter.close()
+
+
+async def test_a_worker_cancelled_while_looking_again_leaves_no_lock_and_loses_no_job(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    ran: list[str] = []
+
+    @registry.task(lease=1.0)
+    async def job(name: str) -> None:
+        ran.append(name)
+
+    other = await asyncpg.connect(dsn)
+    tx = other.transaction()
+    await tx.start()
+    in_flight = await job.defer(other, name="in flight")  # nobody armed: no ring
+    doomed = make_worker(poll_interval=SLOW_POLL)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(doomed.run)
+        await eventually(lambda: doomed.listener is not None and doomed.listener.arms == 1)
+        # The insert is in flight: the worker keeps looking again instead of sleeping.
+        passes = doomed.service(Producer).passed.count
+        await eventually(lambda: doomed.service(Producer).passed.count > passes + 2)
+        tg.cancel_scope.cancel()  # a hard cancel, mid-pause
+    # Its LISTEN session closed, and its locks went with it.
+    await eventually(lambda: _disarmed(conn), "the cancelled worker's locks to go")
+    await spy.until_sentinel(conn)
+    await job.defer(conn, name="unheard")
+    assert await spy.until_sentinel(conn) == []  # nobody rings for a worker that is gone
+    async with make_worker(poll_interval=SLOW_POLL):
+        await tx.commit()
+        await eventually(
+            lambda: gone(conn, in_flight), "the job to run (before the poll)", HANG_GUARD
+        )
+        await eventually(lambda: len(ran) == 2, "both jobs to run", HANG_GUARD)
+    assert sorted(ran) == ["in flight", "unheard"]
     await other.close()

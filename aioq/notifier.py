@@ -81,11 +81,12 @@ class Listener(Service):
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         if payload in self.queues:
+            # The producer first: its claim goes out before the disarm (the pickup latency).
+            self.ring()
             if self._armed:
                 # One ring per sleep: inserts stop ringing once the locks are released.
                 self._armed = False
                 self._wake.set()
-            self.ring()
         elif payload == LIMITS_CHANGED and self.on_limits is not None:
             self.on_limits()
 

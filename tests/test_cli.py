@@ -403,6 +403,44 @@ def test_worker_usage_errors(dsn: str, tmp_path: Path) -> None:
     assert_one_line_error(aioq_cli(dsn, "worker", "m:x", cwd=tmp_path), "is not an aioq.Registry")
 
 
+AIOQ = str(Path(sys.executable).parent / "aioq")  # the console script pip installed
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--poll-interval", "inf", "is not a duration"),
+        ("--poll-interval", "nan", "is not a duration"),
+        ("--poll-interval", "-1", "is not a duration"),
+        ("--poll-interval", "0", "between 0.001 and"),
+        ("--poll-interval", "40000d", "between 0.001 and"),  # past MAX_DURATION (a century)
+        ("--shutdown-grace", "40000d", "between 0 and"),
+        ("--command-timeout", "0", "between 0.001 and"),
+    ],
+)
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_worker_refuses_bad_durations_before_starting(
+    dsn: str, task_dir: Path, flag: str, value: str, says: str, processes: str
+) -> None:
+    # As typed: before the fix a supervisor's children failed on 0 and were restarted
+    # forever, and 40000d started a worker that would never poll.
+    proc = subprocess.Popen(
+        [AIOQ, "worker", "clitasks", "--processes", processes, flag, value],
+        env={**os.environ, "AIOQ_DSN": dsn},
+        cwd=task_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=30)  # a hang guard
+    finally:
+        kill_tree(proc)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert_one_line_error(result, f"argument {flag}: ", says)
+    assert stdout == ""
+
+
 def _scrape(port: int) -> str | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:

@@ -453,6 +453,7 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS scheduled,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now()) AS expired,
        coalesce(extract(epoch FROM now() - min(run_at)
                 FILTER (WHERE status = 'pending' AND run_at <= now())), 0)::float8

@@ -241,7 +241,7 @@ changed AS (
         attempts = j.attempts - CASE WHEN m.refund THEN 1 ELSE 0 END,
         max_attempts = j.max_attempts + CASE WHEN m.snooze THEN 1 ELSE 0 END,
         snoozes = j.snoozes + CASE WHEN m.snooze THEN 1 ELSE 0 END,
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine AS m
     WHERE j.id = m.id
     RETURNING j.id, j.queue, m.delay = 0 AND j.status = 'pending' AS ready
@@ -262,7 +262,7 @@ WITH mine AS (
 )
 UPDATE {s}.jobs AS j
 SET status = 'dead', last_error = m.error, run_at = now(),  -- when it died: the pruner's clock
-    locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+    last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
 FROM mine AS m
 WHERE j.id = m.id
 RETURNING j.id
@@ -284,7 +284,7 @@ changed AS (
     -- jobcontrol: a job whose cancel was requested ends cancelled, never pending
     SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
         run_at = now(), attempts = greatest(j.attempts - 1, 0),
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine
     WHERE j.id = mine.id
     RETURNING j.id, j.queue
@@ -317,7 +317,7 @@ changed AS (
         run_at = now(),
         last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
                             j.attempts),
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM expired
     WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.status, j.status = 'pending' AS ready
@@ -371,7 +371,7 @@ ORDER BY m.id
 _JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
        max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
        lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
-       progress_note, NULL::text AS result"""
+       progress_note, NULL::text AS result, last_worker"""
 
 # A job that succeeded and stored a result has left the jobs table for results (jobcontrol).
 GET_JOB = f"""
@@ -380,7 +380,7 @@ FROM {{s}}.jobs WHERE id = $1
 UNION ALL
 SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
        NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
-       result::text, finished_at
+       result::text, worker, finished_at
 FROM {{s}}.results WHERE id = $1
 LIMIT 1
 """
@@ -890,7 +890,7 @@ _ARCHIVED_JOB = """
 SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
        attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
        started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
-       NULL::text AS unique_key, created_at, finished_at
+       NULL::text AS unique_key, created_at, finished_at, worker AS last_worker
 FROM {s}.archive
 """
 
@@ -982,7 +982,7 @@ changed AS (
     UPDATE {s}.jobs AS j
     SET status = 'cancelled', run_at = now(),  -- when it ended: the pruner's clock
         cancel_requested_at = coalesce(j.cancel_requested_at, now()),
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine AS m
     WHERE j.id = m.id
     RETURNING j.id, m.awaited
@@ -1080,7 +1080,7 @@ SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, sta
        attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
        started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
        NULL::text AS unique_key, created_at, finished_at, progress, progress_note,
-       result::text AS result
+       result::text AS result, worker AS last_worker
 FROM {s}.results
 WHERE ($1::text IS NULL OR task = $1)
   AND ($2::text IS NULL OR queue = $2)

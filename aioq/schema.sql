@@ -265,3 +265,11 @@ CREATE INDEX jobs_dead_id_idx ON {{schema}}.jobs (id) WHERE status = 'dead';
 -- The same for cancelled jobs (kept like dead ones until pruned), and what lets the overview
 -- count them per queue without reading the table.
 CREATE INDEX jobs_cancelled_id_idx ON {{schema}}.jobs (id) WHERE status = 'cancelled';
+
+-- aioq:migration 9
+
+-- The worker that held a job's latest ended claim (retried, dead, cancelled, released or
+-- rescued): every statement that ends a claim without deleting the row clears locked_by, so
+-- a dead job would otherwise not say where it ran last. Written in the same UPDATE, from the
+-- old locked_by; NULL until a claim ends. No default: adding it rewrites nothing.
+ALTER TABLE {{schema}}.jobs ADD COLUMN last_worker text;

@@ -611,3 +611,40 @@ async def test_a_running_job_is_cancelled_from_its_page_and_shows_its_progress(
         await anyio.to_thread.run_sync(check)
     finally:
         await conn.close()
+
+
+@pytest.mark.anyio
+async def test_a_dead_job_shows_the_worker_it_last_ran_on(
+    dsn: str, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task(name="doomed", max_attempts=1)
+    async def doomed() -> None:
+        raise RuntimeError("no luck")
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        failed = await doomed.defer(conn)
+        # A worker that vanished holding the last attempt: the reaper buries it.
+        lost = await conn.fetchval(
+            "INSERT INTO aioq.jobs (task, status, attempts, max_attempts, locked_by,"
+            " lease_expires_at) VALUES ('doomed', 'running', 1, 1, 'host-b:99:gone',"
+            " now() - interval '1 second') RETURNING id"
+        )
+        worker = make_worker(reaper_interval=0.1)
+        async with worker:
+            await until_sql(conn, "SELECT count(*) = 2 FROM aioq.jobs WHERE status = 'dead'")
+        for job, ran_on in ((failed, worker.id), (lost, "host-b:99:gone")):
+            found = await aioq.get_job(conn, job)
+            assert found is not None
+            assert (found.locked_by, found.last_worker) == (None, ran_on)
+
+        def check() -> None:
+            with TestClient(aioq.web.app(dsn=dsn)) as client:
+                for job, ran_on in ((failed, worker.id), (lost, "host-b:99:gone")):
+                    page = client.get(f"/jobs/{job}").text
+                    assert '<span class="badge dead">dead</span>' in page
+                    assert f'<dt>Last worker</dt><dd class="mono">{ran_on}</dd>' in page
+
+        await anyio.to_thread.run_sync(check)
+    finally:
+        await conn.close()

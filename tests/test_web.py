@@ -648,3 +648,22 @@ async def test_a_dead_job_shows_the_worker_it_last_ran_on(
         await anyio.to_thread.run_sync(check)
     finally:
         await conn.close()
+
+
+def test_the_jobs_page_says_what_its_buttons_act_on(dsn: str, client: TestClient) -> None:
+    dead = add_jobs(dsn, "mail", 7)
+    bury(dsn, dead, "boom")
+    page = client.get("/jobs", params={"status": "dead", "queue": "mail"}).text
+    assert len(job_ids(page)) == 5  # one page of the seven
+    assert "act on the jobs ticked on this page only" in page
+    assert "<code>aioq jobs retry --dead --queue mail</code>" in page
+    # The command is copied into a shell: a filter value is quoted for it.
+    odd = client.get("/jobs", params={"status": "dead", "task": "a b;rm"}).text
+    assert "<code>aioq jobs retry --dead --task &#39;a b;rm&#39;</code>" in odd
+    # The CLI cannot filter by error text, and retries only dead jobs: no command then.
+    for params in ({"status": "dead", "q": "boom"}, {"status": "pending"}, {}):
+        assert "aioq jobs retry" not in client.get("/jobs", params=params).text
+    # What the command says is what the CLI does: every dead job of the queue, past the page.
+    retried = aioq_cli(dsn, "jobs", "retry", "--dead", "--queue", "mail")
+    assert retried.returncode == 0, retried
+    assert {status_of(dsn, i) for i in dead} == {"pending"}

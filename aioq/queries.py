@@ -496,42 +496,76 @@ VACUUM_JOBS = "VACUUM (SKIP_LOCKED) {s}.jobs"
 
 # --- per-minute history and the workers' rows (aioq.stats_history) ---
 
-# One statement a minute per worker: upsert its row in workers, add its counts to the current
-# minute. $6..$10 are parallel arrays, one element per (queue, task); $11/$12 the wait and run
-# histograms of all of them flattened, $13 buckets each.
-RECORD_STATS = """
-WITH me AS (
-    INSERT INTO {s}.workers AS w (id, host, pid, queues, concurrency)
-    VALUES ($1, $2, $3, $4::text[], $5)
-    ON CONFLICT (id) DO UPDATE
-    SET last_seen = now(), queues = excluded.queues, concurrency = excluded.concurrency
-)
-INSERT INTO {s}.stats_history AS h
-    (minute, worker, queue, task, completed, retried, dead, wait_hist, run_hist)
-SELECT date_trunc('minute', now()), $1, c.queue, c.task, c.completed, c.retried, c.dead,
-       ($11::integer[])[(c.n - 1) * $13 + 1:c.n * $13],
-       ($12::integer[])[(c.n - 1) * $13 + 1:c.n * $13]
-FROM unnest($6::text[], $7::text[], $8::integer[], $9::integer[], $10::integer[])
-     WITH ORDINALITY AS c(queue, task, completed, retried, dead, n)
-ON CONFLICT (minute, worker, queue, task) DO UPDATE
+# The period of a stats_rollup row (schema.sql, migration 9): the history summed over workers
+# per half hour, what the throughput page's day view reads (its step). Bins start on the same
+# origin as HISTORY_SERIES's date_bin, so a step that is a multiple of this one bins them whole.
+ROLLUP_STEP = 1800.0
+_BIN_ORIGIN = "timestamptz '2000-01-01'"
+
+# Add the new counts and histograms (excluded) to a history row (h), bucket by bucket.
+_ADD_COUNTS = """
 SET completed = h.completed + excluded.completed,
     retried = h.retried + excluded.retried,
     dead = h.dead + excluded.dead,
     wait_hist = (SELECT array_agg(a + b ORDER BY i)
                  FROM unnest(h.wait_hist, excluded.wait_hist) WITH ORDINALITY AS x(a, b, i)),
     run_hist = (SELECT array_agg(a + b ORDER BY i)
-                FROM unnest(h.run_hist, excluded.run_hist) WITH ORDINALITY AS x(a, b, i))
+                FROM unnest(h.run_hist, excluded.run_hist) WITH ORDINALITY AS x(a, b, i))"""
+
+# One statement a minute per worker: upsert its row in workers, add its counts to the current
+# minute and to the current half hour of the rollup. $6..$10 are parallel arrays, one element
+# per (queue, task); $11/$12 the wait and run histograms of all of them flattened, $13 buckets
+# each. Every worker adds to the same rollup rows: each locks them in (queue, task) order, so
+# two workers' writes may wait for each other but never deadlock.
+RECORD_STATS = f"""
+WITH me AS (
+    INSERT INTO {{s}}.workers AS w (id, host, pid, queues, concurrency)
+    VALUES ($1, $2, $3, $4::text[], $5)
+    ON CONFLICT (id) DO UPDATE
+    SET last_seen = now(), queues = excluded.queues, concurrency = excluded.concurrency
+),
+counts AS (
+    SELECT c.queue, c.task, c.completed, c.retried, c.dead,
+           ($11::integer[])[(c.n - 1) * $13 + 1:c.n * $13] AS wait_hist,
+           ($12::integer[])[(c.n - 1) * $13 + 1:c.n * $13] AS run_hist
+    FROM unnest($6::text[], $7::text[], $8::integer[], $9::integer[], $10::integer[])
+         WITH ORDINALITY AS c(queue, task, completed, retried, dead, n)
+),
+rolled AS (
+    INSERT INTO {{s}}.stats_rollup AS h
+        (minute, queue, task, completed, retried, dead, wait_hist, run_hist)
+    SELECT date_bin(make_interval(secs => {ROLLUP_STEP:g}), now(), {_BIN_ORIGIN}),
+           queue, task, completed, retried, dead, wait_hist, run_hist
+    FROM counts
+    ORDER BY queue, task
+    ON CONFLICT (minute, queue, task) DO UPDATE{_ADD_COUNTS}
+)
+INSERT INTO {{s}}.stats_history AS h
+    (minute, worker, queue, task, completed, retried, dead, wait_hist, run_hist)
+SELECT date_trunc('minute', now()), $1, queue, task, completed, retried, dead, wait_hist,
+       run_hist
+FROM counts
+ON CONFLICT (minute, worker, queue, task) DO UPDATE{_ADD_COUNTS}
 """
 
-# History older than $1 seconds, at most $2 rows a statement; and workers not seen for as long
-# (a worker killed without a clean stop leaves its row behind).
-PRUNE_STATS = """
+# History older than $1 seconds, at most $2 rows a statement (and as many of the rollup's half
+# hours that ended before then); and workers not seen for as long (a worker killed without a
+# clean stop leaves its row behind).
+PRUNE_STATS = f"""
 WITH gone AS (
-    DELETE FROM {s}.workers WHERE last_seen < now() - make_interval(secs => $1::float8)
+    DELETE FROM {{s}}.workers WHERE last_seen < now() - make_interval(secs => $1::float8)
+),
+rolled AS (
+    DELETE FROM {{s}}.stats_rollup
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM {{s}}.stats_rollup
+        WHERE minute < now() - make_interval(secs => $1::float8 + {ROLLUP_STEP:g})
+        LIMIT $2
+    ))
 )
-DELETE FROM {s}.stats_history
+DELETE FROM {{s}}.stats_history
 WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM {s}.stats_history
+    SELECT ctid FROM {{s}}.stats_history
     WHERE minute < now() - make_interval(secs => $1::float8)
     LIMIT $2
 ))
@@ -692,30 +726,45 @@ def _bucket_sums(column: str) -> str:
     return f"ARRAY[{sums}]::bigint[]"
 
 
-# Per queue and task over the last $1 seconds: outcome counts, and the wait and run histograms
-# summed bucket by bucket (plain aggregates: no unnest of every row's arrays).
-HISTORY_TOTALS = f"""
+# The rows of a history table in the last $1 seconds: the minutes that began in them, or the
+# rollup's half hours that overlap them.
+_MINUTES_IN_WINDOW = "minute >= now() - make_interval(secs => $1::float8)"
+_HALF_HOURS_IN_WINDOW = f"minute > now() - make_interval(secs => $1::float8 + {ROLLUP_STEP:g})"
+
+
+def _history_totals(table: str, in_window: str) -> str:
+    """Per queue and task over the last $1 seconds: outcome counts, and the wait and run
+    histograms summed bucket by bucket (plain aggregates: no unnest of every row's arrays)."""
+    return f"""
 SELECT queue, task, sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
        sum(dead)::bigint AS dead, {_bucket_sums("wait_hist")} AS wait,
        {_bucket_sums("run_hist")} AS run
-FROM {{s}}.stats_history
-WHERE minute >= now() - make_interval(secs => $1::float8)
+FROM {{s}}.{table}
+WHERE {in_window}
 GROUP BY queue, task
 ORDER BY queue, task
 """
 
-# Outcome counts over the last $1 seconds in steps of $2 seconds: per queue, or with a queue
-# $3 per task of that queue.
-HISTORY_SERIES = """
-SELECT date_bin(make_interval(secs => $2::float8), minute, timestamptz '2000-01-01') AS t,
+
+def _history_series(table: str, in_window: str) -> str:
+    """Outcome counts over the last $1 seconds in steps of $2 seconds: per queue, or with a
+    queue $3 per task of that queue."""
+    return f"""
+SELECT date_bin(make_interval(secs => $2::float8), minute, {_BIN_ORIGIN}) AS t,
        CASE WHEN $3::text IS NULL THEN queue ELSE task END AS name,
        sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
        sum(dead)::bigint AS dead
-FROM {s}.stats_history
-WHERE minute >= now() - make_interval(secs => $1::float8) AND ($3::text IS NULL OR queue = $3)
+FROM {{s}}.{table}
+WHERE {in_window} AND ($3::text IS NULL OR queue = $3)
 GROUP BY 1, 2
 ORDER BY 1, 2
 """
+
+
+HISTORY_TOTALS = _history_totals("stats_history", _MINUTES_IN_WINDOW)
+HISTORY_SERIES = _history_series("stats_history", _MINUTES_IN_WINDOW)
+ROLLUP_TOTALS = _history_totals("stats_rollup", _HALF_HOURS_IN_WINDOW)
+ROLLUP_SERIES = _history_series("stats_rollup", _HALF_HOURS_IN_WINDOW)
 
 
 # --- periodic jobs (aioq/schedule.py) ---

@@ -118,6 +118,8 @@ class Store:
         self._set_statement_timeout = q.SET_STATEMENT_TIMEOUT
         self._history_totals = render(q.HISTORY_TOTALS)
         self._history_series = render(q.HISTORY_SERIES)
+        self._rollup_totals = render(q.ROLLUP_TOTALS)
+        self._rollup_series = render(q.ROLLUP_SERIES)
         self._ready_queues = render(q.READY_QUEUES)
         self._waiting = render(q.WAITING_JOBS)
         # periodic jobs
@@ -527,6 +529,16 @@ class Store:
     ) -> Sequence[asyncpg.Record]:
         """Return outcome counts per queue (per task of ``queue``) in steps over ``seconds``."""
         return await conn.fetch(self._history_series, seconds, step, queue)
+
+    async def rollup_totals(self, conn: Executor, seconds: float) -> Sequence[asyncpg.Record]:
+        """:meth:`history_totals` from the half-hour rollup: the half hours ``seconds`` overlap."""
+        return await conn.fetch(self._rollup_totals, seconds)
+
+    async def rollup_series(
+        self, conn: Executor, seconds: float, step: float, queue: str | None = None
+    ) -> Sequence[asyncpg.Record]:
+        """:meth:`history_series` from the half-hour rollup (``step``: a multiple of its)."""
+        return await conn.fetch(self._rollup_series, seconds, step, queue)
 
     # --- the dashboard: bounded reads (aioq.web) ---
 

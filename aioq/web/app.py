@@ -34,7 +34,7 @@ from starlette.staticfiles import StaticFiles
 
 from aioq import admin
 from aioq.errors import ConfigError
-from aioq.queries import DEFAULT_SCHEMA, quote_schema
+from aioq.queries import DEFAULT_SCHEMA, ROLLUP_STEP, quote_schema
 from aioq.store import Connection, Store
 from aioq.web import data
 from aioq.web.filters import environment
@@ -47,7 +47,8 @@ HERE = Path(__file__).parent
 CSRF_COOKIE = "aioq_csrf"
 CSRF_FIELD = "csrf"
 MAX_SELECTION = 1000  # ids one POST may act on
-RANGES = {"hour": (3600.0, 60.0), "day": (86400.0, 1800.0)}  # seconds shown, step
+# Seconds shown, step; a day in half hours reads the rollup (aioq.web.data.load_history).
+RANGES = {"hour": (3600.0, 60.0), "day": (86400.0, ROLLUP_STEP)}
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
 

@@ -9,6 +9,7 @@ cycle through an annotation-only import must be one of the known ones below.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -92,6 +93,22 @@ def test_the_core_never_imports_a_subpackage() -> None:
         if _is_core(module) and module != "aioq.__main__"  # the console entry point
         for target in targets
         if not _is_core(target)
+    }
+    assert not offenders, sorted(offenders)
+
+
+def test_the_core_does_not_name_a_subpackage_module_either() -> None:
+    # An import by name (importlib, a table of module paths) is an import the graph can't see.
+    # Adapters reach the core through entry points (aioq.store.ADAPTERS), which name them.
+    module_path = re.compile(rf"aioq\.(?:{'|'.join(SUBPACKAGES)})(?:\.\w+)*(?::\w+)?")
+    offenders = {
+        f"{_module_name(path)}: {node.value!r}"
+        for path in PACKAGE.rglob("*.py")
+        if _is_core(_module_name(path))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and module_path.fullmatch(node.value)
     }
     assert not offenders, sorted(offenders)
 

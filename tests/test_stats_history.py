@@ -113,11 +113,18 @@ async def test_writer_adds_up_a_minute_gives_back_on_failure_and_prunes(
         "INSERT INTO aioq.stats_history VALUES (now() - interval '2 hours', 'old', 'q', 't',"
         " 5, 0, 0, '{}', '{}');"
         "INSERT INTO aioq.workers (id, host, pid, queues, concurrency, last_seen)"
-        " VALUES ('gone', 'h', 1, '{q}', 1, now() - interval '2 hours')"
+        " VALUES ('gone', 'h', 1, '{q}', 1, now() - interval '2 hours');"
+        # Half hours that ended before the retention (one hour) go; one that overlaps it stays.
+        "INSERT INTO aioq.stats_rollup VALUES (now() - interval '100 minutes', 'q', 'old',"
+        " 5, 0, 0, '{}', '{}'), (now() - interval '80 minutes', 'q', 'kept', 5, 0, 0, '{}', '{}')"
     )
     await writer(conn).run_once()
     assert await history(conn) == {("q", "t"): (2, 0, 1, 3)}
     assert await conn.fetchval("SELECT array_agg(id) FROM aioq.workers") == ["w1"]
+    assert await conn.fetchval("SELECT array_agg(task ORDER BY task) FROM aioq.stats_rollup") == [
+        "kept",
+        "t",
+    ]
 
 
 async def test_a_cancel_never_interrupts_the_write(conn: asyncpg.Connection) -> None:

@@ -7,6 +7,10 @@ RESULTS.md, results.json and the charts through report.py.
 
     benchmarks/.venv/bin/python benchmarks/run.py [--quick] [--repeats 3]
         [--only defer_one,drain] [--systems aioq,pgqueuer] [--dsn postgresql://...]
+
+The server is a throwaway one with PostgreSQL's stock settings (fsync, synchronous_commit and
+autovacuum on: what production runs), started for the run, unless --dsn / $AIOQ_BENCH_DSN
+names another; RESULTS.md states the settings of the server used.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -51,7 +57,6 @@ SCENARIOS = (
     "soak",
     "ceiling",
 )
-LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_PORT = 6379
 
 
@@ -74,29 +79,19 @@ def with_db(dsn: str, db: str) -> str:
     return f"{base}/{db}" + (f"?{tail}" if tail else "")
 
 
-async def can_connect(dsn: str) -> bool:
-    try:
-        conn = await asyncpg.connect(dsn, timeout=3)
-    except (TimeoutError, OSError, asyncpg.PostgresError):
-        return False
-    await conn.close()
-    return True
-
-
 @contextlib.contextmanager
 def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    """Yield (admin DSN, where it came from): --dsn / AIOQ_BENCH_DSN, local :5432, or embedded."""
+    """Yield (admin DSN, where it came from): --dsn / AIOQ_BENCH_DSN, else a throwaway server.
+
+    Not a development server found at :5432: those often run with fsync or autovacuum off,
+    which flatters every system and hides what vacuum costs.
+    """
     dsn = args.dsn or os.environ.get("AIOQ_BENCH_DSN")
-    if dsn and not args.embedded:
+    if dsn:
         yield dsn, "AIOQ_BENCH_DSN / --dsn"
-        return
-    if not args.embedded and asyncio.run(can_connect(LOCAL_DSN)):
-        yield LOCAL_DSN, "the local server at 127.0.0.1:5432"
         return
     from aioq.dev.server import EmbeddedPostgres
 
-    if not args.embedded:
-        print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
     server = EmbeddedPostgres()
     server.start()
     try:
@@ -219,6 +214,24 @@ def run_cell(env: Env, cell: Cell) -> dict[str, Any]:
     return {"error": f"exit {out.returncode}: {tail[:300]}"}
 
 
+STARTUP_S = 3.0  # a cell's process start, imports and preload, roughly
+COPY_S = 0.5  # the fresh database copy before each cell, roughly
+
+
+def expected(cell: Cell, last: dict[str, list[dict[str, Any]]]) -> float:
+    """Seconds a cell should take: its median in the last results.json, at most its time limits."""
+    key = cell.key()
+    walls = [
+        r["wall_s"]
+        for r in last.get(cell.scenario, [])
+        if "wall_s" in r and all(r.get(k) == v for k, v in key.items())
+    ]
+    limits = [float(v) for f, v in itertools.pairwise(cell.argv) if f in ("--limit", "--seconds")]
+    phases = 2 if cell.scenario == "payload" else 1  # a limit for the defer and for the drain
+    bound = phases * sum(limits) + STARTUP_S if limits else float("inf")
+    return COPY_S + min(statistics.median(walls) if walls else min(bound, 10.0), bound)
+
+
 def apis(names: list[str]) -> dict[str, dict[str, str]]:
     loaded = [systems.load(n) for n in [*names, systems.REFERENCE]]
     return {
@@ -266,10 +279,11 @@ async def server_info(env: Env) -> dict[str, str]:
     try:
         info = {"postgres": await conn.fetchval("SHOW server_version")}
         for name in (
-            "shared_buffers",
-            "synchronous_commit",
             "fsync",
+            "synchronous_commit",
+            "full_page_writes",
             "autovacuum",
+            "shared_buffers",
             "max_connections",
         ):
             info[name] = await conn.fetchval(f"SHOW {name}")
@@ -284,13 +298,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, comma-separated")
     parser.add_argument("--systems", default=",".join(systems.ALL), help="comma-separated")
-    parser.add_argument("--dsn", help="an admin DSN (default: $AIOQ_BENCH_DSN, local, embedded)")
-    parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
     parser.add_argument(
-        "--embedded",
-        action="store_true",
-        help="start a throwaway server (stock settings, fsync on) even if one is at :5432",
+        "--dsn",
+        help="an admin DSN (default: $AIOQ_BENCH_DSN, else a throwaway server with stock settings)",
     )
+    parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
     parser.add_argument(
         "--merge",
         action="store_true",
@@ -318,7 +330,22 @@ def main() -> int:
                     print(f"skipping {name}: {why}", flush=True)
             active = [n for n in names if n not in env.skipped]
             results: dict[str, list[dict[str, Any]]] = {}
-            for scenario in scenarios:
+            last = {}
+            if os.path.exists(os.path.join(HERE, "results.json")):
+                with open(os.path.join(HERE, "results.json")) as f:
+                    last = json.load(f)["results"]
+            rounds = {s: min(repeats, REPEATS.get(s, repeats)) for s in scenarios}
+            estimate = {
+                s: rounds[s]
+                * sum(expected(c, last) for c in plan(s, active, quick=args.quick, prior={}))
+                for s in scenarios
+            }
+            print(
+                f"estimate: about {sum(estimate.values()) / 60:.0f} min (each cell's time in the"
+                " last results.json, at most its limits)",
+                flush=True,
+            )
+            for done, scenario in enumerate(scenarios, 1):
                 cells = plan(scenario, active, quick=args.quick, prior=results)
                 if scenario in ("soak", "mixed") and not autovacuum_on(env.admin_dsn):
                     # A soak shows whether autovacuum keeps up: not on a server that has it off.
@@ -329,9 +356,7 @@ def main() -> int:
                         " (aioq.dev.server.EmbeddedPostgres): the main server has autovacuum = off"
                     )
                 t0 = time.perf_counter()
-                for rep in range(
-                    1 if scenario == "soak" else min(repeats, REPEATS.get(scenario, repeats))
-                ):
+                for rep in range(rounds[scenario]):
                     for cell in cells:
                         result = run_cell(env, cell)
                         result.update(cell.key(), repeat=rep)
@@ -340,7 +365,13 @@ def main() -> int:
                             f"  {scenario} {cell.title()} #{rep + 1}: {report.brief(result)}",
                             flush=True,
                         )
-                print(f"{scenario}: {time.perf_counter() - t0:.0f} s", flush=True)
+                left = sum(estimate[s] for s in scenarios[done:])
+                print(
+                    f"{scenario}: {time.perf_counter() - t0:.0f} s (estimated"
+                    f" {estimate[scenario]:.0f} s); {(time.time() - began) / 60:.1f} min so far,"
+                    f" about {left / 60:.0f} min to go",
+                    flush=True,
+                )
             meta = {
                 "command": command,
                 "repeats": repeats,

@@ -10,10 +10,9 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-from targets import targets
+from targets import scale, targets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CHARTS = os.path.join(HERE, "charts")
 PARAMS = (
     "system",
     "concurrency",
@@ -30,6 +29,7 @@ PARAMS = (
 )
 
 Result = dict[str, Any]
+STATUS = {True: "met", False: "**missed**", None: "not measured"}
 
 
 def brief(r: Result) -> str:
@@ -521,39 +521,76 @@ def processes_section(rows: list[Result]) -> list[str]:
 
 
 def scale_model(rows: list[Result]) -> list[str]:
-    """The scale model for N hosts, computed from the processes runs."""
-    ok = [r for r in rows if "error" not in r and r.get("pg_cpu_per_1000")]
-    if not ok:
+    """The scale model for N hosts: every figure and conclusion from this run's processes cells."""
+    s = scale(rows)
+    if s is None:
         return []
-    pg = statistics.median(r["pg_cpu_per_1000"] for r in ok)
-    worker = statistics.median(r["worker_cpu_per_1000"] for r in ok)
-    wal = statistics.median(r["wal_bytes_per_job"] for r in ok)
-    return [
+    pg_us, worker_us = s["pg_s_per_job"] * 1e6, s["worker_s_per_job"] * 1e6
+    one = s["rates"][min(s["rates"])]
+    lw = s["lwlocks"]
+    lw_rising = lw[s["top"]] > 2 * lw[min(lw)] + 0.1
+    out = [
         "### Scale model",
         "",
-        f"- PostgreSQL spends **{pg * 1000:.0f} µs of CPU per job** in the client backends "
-        "(median over these runs; the WAL writer, checkpointer and autovacuum come on top): "
-        f"**about {1000 / pg:,.0f} jobs/s per PostgreSQL core** for no-op jobs. A worker "
-        f"process spends {worker * 1000:.0f} µs per job, about {1000 / worker:,.0f} jobs/s per "
-        "worker core.",
-        f"- WAL: **{wal:,.0f} bytes per job** (insert, claim and delete with their index "
-        f"entries and full-page images): {wal * 10_000 / 2**20:,.0f} MB/s of WAL at 10 000 "
-        "jobs/s.",
-        "- With N hosts of W worker processes each, throughput grows with N×W until "
-        "PostgreSQL's cores are busy: the ceiling is about its cores × the per-core figure, "
-        "less what autovacuum and the WAL writer take. On this 2-core machine the workers and "
-        "PostgreSQL share the cores, so adding processes here moves CPU from one to the other "
-        "(the share column) rather than adding throughput.",
-        "- What saturates first: PostgreSQL CPU (the claim and complete statements), then WAL "
-        "(fsync rate, replication bandwidth). Heavyweight lock waits stay near zero (SKIP "
-        "LOCKED: workers never wait on each other's rows); LWLock waits rising with N are the "
-        "sign that the table's buffers and WAL insertion are contended.",
-        "- What to do then: fewer statements per job (bigger `claim_batch` and "
-        "`completion_batch`); more cores for PostgreSQL; a database of its own for the queue; "
-        "beyond one primary, queues split over several databases, or a broker. The exit "
-        "signals are in the README's Scale section.",
+        "- Throughput with "
+        + ", ".join(f"{p}" for p in s["rates"])
+        + " processes × c50: "
+        + " → ".join(f"{r:,.0f}" for r in s["rates"].values())
+        + f" jobs/s ({s['speedup']:.2f}x at {s['top']}).",
+        f"- PostgreSQL spends **{pg_us:.0f} µs of CPU per job** in the client backends (median of "
+        "these runs; WAL writer, checkpointer and autovacuum come on top): **about "
+        f"{s['per_pg_core']:,.0f} jobs/s per PostgreSQL core**. A worker spends {worker_us:.0f} µs "
+        f"per job ({s['per_worker_core']:,.0f} jobs/s per worker core): one PostgreSQL core keeps "
+        f"up with about {s['per_pg_core'] / one:.1f} worker processes at this run's one-process "
+        f"rate ({one:,.0f} jobs/s).",
+        f"- WAL: **{s['wal']:,.0f} bytes per job**: {s['wal'] * s['per_pg_core'] / 2**20:,.1f} "
+        "MB/s of WAL per PostgreSQL core's worth of jobs, to write, fsync and replicate.",
+    ]
+    if s["host_bound"]:
+        others = s["host_at_top"] - s["ours_at_top"]
+        out.append(
+            f"- What saturated first here: this host's CPU. At {s['top']} processes "
+            f"{s['host_at_top']:.1f} of its {s['cores']} cores were busy ({s['ours_at_top']:.1f} "
+            f"for the workers and their backends, PostgreSQL taking {s['pg_share_at_top']:.0%} of "
+            "that"
+            + (f"; {others:.1f} for other work on the machine" if others > 0.2 else "")
+            + "): workers and database share the cores, so more processes on this host move "
+            "CPU between them rather than add throughput."
+        )
+    else:
+        out.append(
+            f"- At {s['top']} processes {s['host_at_top']:.1f} of {s['cores'] or '?'} cores were "
+            "busy: the CPU was not saturated, so round trips and waits set the rate here."
+        )
+    out.append(
+        "- With N hosts of W worker processes each (workers on their own cores), throughput "
+        "grows with N×W until PostgreSQL's cores are busy: **PostgreSQL CPU saturates first**, "
+        f"at about its cores × {s['per_pg_core']:,.0f} jobs/s."
+    )
+    locks = (
+        "near zero (SKIP LOCKED: workers do not wait on each other's rows)"
+        if s["locks_at_top"] < 0.1
+        else "not zero: workers wait on each other's locks"
+    )
+    out.append(
+        f"- Sessions waiting on heavyweight locks at {s['top']} processes: "
+        f"{s['locks_at_top']:.2f} on average, {locks}; on LWLocks: "
+        + " → ".join(f"{v:.2f}" for v in lw.values())
+        + (
+            " — rising with processes: buffer and WAL-insertion contention, which will cap a "
+            "bigger PostgreSQL before its CPU does."
+            if lw_rising
+            else " (flat: no sign of buffer or WAL-insertion contention yet)."
+        )
+    )
+    out += [
+        "- What to do then: fewer statements per job (a bigger `claim_batch` and "
+        "`completion_batch`); more cores for PostgreSQL and a database of its own for the queue; "
+        "a WAL disk that keeps up with the MB/s above; beyond one primary, queues split over "
+        "several databases, or a broker. The exit signals are in the README's Scale section.",
         "",
     ]
+    return out
 
 
 def mixed_section(rows: list[Result]) -> list[str]:
@@ -581,12 +618,13 @@ def write(data: dict[str, Any], out: str) -> None:
     import charts
 
     meta, res = data["meta"], data["results"]
-    os.makedirs(CHARTS, exist_ok=True)
-    images = charts.draw(res, CHARTS)
+    outdir = os.path.join(os.path.dirname(os.path.abspath(out)), "charts")
+    os.makedirs(outdir, exist_ok=True)
+    images = charts.draw(res, outdir)
     drawn = {f for v in images.values() for f in v.split(", ")}
-    for stale in set(os.listdir(CHARTS)) - drawn:  # charts of scenarios this run did not draw
+    for stale in set(os.listdir(outdir)) - drawn:  # charts of scenarios this run did not draw
         if stale.endswith(".png"):
-            os.remove(os.path.join(CHARTS, stale))
+            os.remove(os.path.join(outdir, stale))
     apis = meta.get("apis", {})
     lines = [
         "# aioq benchmarks",
@@ -615,10 +653,7 @@ def write(data: dict[str, Any], out: str) -> None:
     ]
     lines += table(
         ["target", "measured", "result"],
-        [
-            [t, m, "met" if ok else "**missed**"] if ok is not None else [t, m, "not measured"]
-            for t, m, ok in targets(res)
-        ],
+        [[t, m, STATUS.get(ok, str(ok))] for t, m, ok in targets(res)],
     )
     sections = [
         (

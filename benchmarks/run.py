@@ -3,7 +3,7 @@
 Provisions one database per system (a template with the schema, copied fresh for every
 measurement), runs each measurement as its own process under a timeout (measure.py,
 longrun.py, ceiling.py), systems interleaved (A B C A B C ...), R repeats, and writes
-RESULTS.md, results.json and the charts through report.py.
+RESULTS.md, results.json and the charts through report.py (next to ``--out``: benchmarks/).
 
     benchmarks/.venv/bin/python benchmarks/run.py [--quick] [--repeats 3]
         [--only defer_one,drain] [--systems aioq,pgqueuer] [--dsn postgresql://...]
@@ -302,7 +302,11 @@ def main() -> int:
         "--dsn",
         help="an admin DSN (default: $AIOQ_BENCH_DSN, else a throwaway server with stock settings)",
     )
-    parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    parser.add_argument(
+        "--out",
+        default=os.path.join(HERE, "RESULTS.md"),
+        help="RESULTS.md to write; results.json and charts/ go next to it",
+    )
     parser.add_argument(
         "--merge",
         action="store_true",
@@ -385,8 +389,9 @@ def main() -> int:
                 "notes": env.notes,
                 "apis": apis(names),
             }
-    if args.merge and os.path.exists(os.path.join(HERE, "results.json")):
-        with open(os.path.join(HERE, "results.json")) as f:
+    saved = os.path.join(os.path.dirname(os.path.abspath(args.out)), "results.json")
+    if args.merge and os.path.exists(saved):
+        with open(saved) as f:
             old = json.load(f)
         earlier = old["meta"].get("scenario_runs", {})
         runs = {s: earlier.get(s, old["meta"]["started"]) for s in old["results"]}
@@ -399,7 +404,7 @@ def main() -> int:
             n if n.startswith("(") else before + n for n in old["meta"]["notes"]
         ]
     data = {"meta": meta, "results": results}
-    with open(os.path.join(HERE, "results.json"), "w") as f:
+    with open(saved, "w") as f:
         json.dump(data, f, indent=1)
     report.write(data, args.out)
     print(f"wrote {args.out} in {meta['minutes']:.1f} min", flush=True)

@@ -23,7 +23,7 @@ import asyncpg
 
 import systems
 from common import Runs, aioq_defer, pct, preload, rusage
-from cpu import PgCpu, tree_cpu
+from cpu import PgCpu, host_busy, tree_cpu
 
 IO_SECONDS = 0.05
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -324,7 +324,7 @@ async def processes(system: systems.System, args: argparse.Namespace) -> dict[st
         await asyncio.sleep(0.3)
         pg = await PgCpu.connect(args.dsn)
         await pg.start()
-        cpu0 = tree_cpu(proc.pid)
+        cpu0, host0 = tree_cpu(proc.pid), host_busy()
         lsn0 = await watch.fetchval("SELECT pg_current_wal_lsn()")
         t0 = time.perf_counter()
         await tx.commit()  # the NOTIFY wakes every process
@@ -339,7 +339,7 @@ async def processes(system: systems.System, args: argparse.Namespace) -> dict[st
                 break
             await asyncio.sleep(0.01)
         seconds = time.perf_counter() - t0
-        worker_cpu = tree_cpu(proc.pid) - cpu0
+        worker_cpu, host = tree_cpu(proc.pid) - cpu0, host_busy() - host0
         pg_cpu = await pg.stop()
         wal = await watch.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", lsn0)
         left = await watch.fetchval("SELECT count(*) FROM aioq.jobs")
@@ -356,6 +356,7 @@ async def processes(system: systems.System, args: argparse.Namespace) -> dict[st
             "pg_cpu_share": pg_cpu / (pg_cpu + worker_cpu) if pg_cpu else None,
             "pg_cores_busy": pg_cpu / seconds if pg_cpu is not None else None,
             "worker_cores_busy": worker_cpu / seconds,
+            "host_cores_busy": host / seconds,
             "lock_waits_avg": lock_waits / max(samples, 1),
             "lwlock_waits_avg": lwlock_waits / max(samples, 1),
             "wal_bytes_per_job": float(wal) / max(jobs, 1),

@@ -15,6 +15,17 @@ LATENCY_POLL = 0.1  # the poll interval of aioq's poll-only latency run (LISTEN 
 HISTORY_ROWS = (1_000, 1_000_000)
 # Soak rates as fractions of aioq's c50 drain rate; the enqueuer shares the worker's process.
 SOAK_FRACTIONS = (0.25, 0.5)
+# The full run's time limits and lengths (seconds), also quoted in RESULTS.md's method.
+DEFER_ONE_LIMIT = 4
+DRAIN_LIMIT = 4  # a capped peer's rate is its jobs done in this time
+SOAK_SECONDS = 30
+DEFER_CONC_SECONDS = 1.0
+IO_WORK = 1.5  # seconds of jobs at the ideal rate
+IO_LIMIT = 5
+PAYLOAD_LIMIT = 6  # each phase: the defer, the drain
+BACKLOG_JOBS = 1_000_000
+BACKLOG_LIMIT = 60  # the drain of the ready quarter
+MIXED_SECONDS = 60
 REDIS_DB = {"saq": 1, "arq": 2}
 
 
@@ -51,7 +62,7 @@ def plan(
     """The cells of one scenario, in interleaving order (one of each system per round)."""
     base = ["--scenario", scenario]
     if scenario == "defer_one":
-        n, limit = (2_000, 3) if quick else (10_000, 4)
+        n, limit = (2_000, 3) if quick else (10_000, DEFER_ONE_LIMIT)
         return [
             Cell(
                 scenario,
@@ -76,7 +87,7 @@ def plan(
             if systems.load(s).bulk_api  # saq and arq have no bulk enqueue call
         ]
     if scenario == "drain":
-        limit = 4  # a capped peer's rate is its jobs done in 4 s
+        limit = DRAIN_LIMIT
         cells = []
         for c in DRAIN_CONCURRENCY:
             n = (1_000 if quick else 3_000) if c == 1 else (3_000 if quick else 10_000)
@@ -118,7 +129,7 @@ def plan(
             for r in rows
         ]
     if scenario == "soak":
-        seconds = 15 if quick else 30
+        seconds = 15 if quick else SOAK_SECONDS
         cells = []
         for fraction in SOAK_FRACTIONS:
             rate = fraction * c50_rate(prior)
@@ -182,7 +193,7 @@ def plan_workload(
     base = ["--scenario", scenario]
     pg = [s for s in names if s in systems.POSTGRES]
     if scenario == "defer_conc":
-        seconds = 1.0
+        seconds = DEFER_CONC_SECONDS
         return [
             Cell(
                 scenario,
@@ -195,8 +206,8 @@ def plan_workload(
             for s in [*pg, systems.REFERENCE]
         ]
     if scenario == "io_bound":
-        work = 1.0 if quick else 1.5  # seconds of jobs at the ideal rate
-        limit = 4 if quick else 5
+        work = 1.0 if quick else IO_WORK
+        limit = 4 if quick else IO_LIMIT
         cells = []
         for c in IO_CONCURRENCY:
             n = int(c / 0.05 * work)
@@ -213,12 +224,12 @@ def plan_workload(
             n = (2_000 if quick else 5_000) if kb <= 4 else (200 if quick else 400)
             for s in pg:
                 argv = ["--system", s, *base, "--n", str(n), "--payload-kb", str(kb)]
-                argv += ["--limit", "4" if quick else "6"]  # each phase: defer, drain
+                argv += ["--limit", str(4 if quick else PAYLOAD_LIMIT)]
                 cells.append(Cell(scenario, s, argv, 150, {"payload_kb": kb}))
         return cells
     if scenario == "backlog":
-        n = 100_000 if quick else 1_000_000
-        argv = ["--system", "aioq", *base, "--n", str(n), "--limit", "60"]
+        n = 100_000 if quick else BACKLOG_JOBS
+        argv = ["--system", "aioq", *base, "--n", str(n), "--limit", str(BACKLOG_LIMIT)]
         return [Cell(scenario, "aioq", argv, 400, {"n": n})]
     if scenario == "queues":
         n = 5_000 if quick else 10_000
@@ -248,7 +259,7 @@ def plan_workload(
             for p in PROCESSES
         ]
     if scenario == "mixed":
-        seconds = 15 if quick else 60
+        seconds = 15 if quick else MIXED_SECONDS
         n = 20_000 if quick else 100_000
         argv = ["--system", "aioq", *base, "--n", str(n), "--seconds", str(seconds)]
         return [Cell(scenario, "aioq", argv, seconds + 120)]

@@ -323,7 +323,7 @@ def main() -> int:
     if "aioq" not in names:
         names.insert(0, "aioq")
     command = " ".join(["benchmarks/run.py", *sys.argv[1:]])
-    began = time.time()
+    began, load = time.time(), os.getloadavg()[0]
     with postgres(args) as (admin_dsn, pg_source):
         env = Env(admin_dsn=admin_dsn, redis_url=None)
         env.notes.append(f"Server used: {pg_source}")
@@ -383,6 +383,7 @@ def main() -> int:
                 "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
                 "minutes": (time.time() - began) / 60,
                 "machine": report.machine(),
+                "load": f"{load:.2f}, {os.getloadavg()[0]:.2f}",
                 "versions": versions(),
                 "server": asyncio.run(server_info(env)),
                 "skipped": {k: v for k, v in env.skipped.items() if k in names},

@@ -177,9 +177,10 @@ async def _claim_times(conn: asyncpg.Connection, queues: list[str], n: int) -> l
         t0 = time.perf_counter()
         claims = await store.claim(conn, queues, 1, "bench")
         out.append((time.perf_counter() - t0) * 1000)
-        if claims:
-            c = claims[0]
-            await store.complete(conn, [c.id], [c.attempt], "bench")
+        if not claims:  # every caller leaves more ready jobs than it claims
+            raise RuntimeError("a claim found no ready job: the measurement would be of nothing")
+        c = claims[0]
+        await store.complete(conn, [c.id], [c.attempt], "bench")
     return out
 
 

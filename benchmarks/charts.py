@@ -23,9 +23,16 @@ def draw(res: dict[str, list[Result]], outdir: str) -> dict[str, str]:
     if res.get("drain"):
         out["drain"] = _drain(res["drain"], outdir)
     if res.get("defer_conc"):
-        out["defer_conc"] = _defer_conc(res["defer_conc"], outdir)
+        out["defer_conc"] = _rates(
+            res["defer_conc"], outdir, "defer_conc",
+            "deferring connections (one job per transaction)",
+            "defer_conc: deferring from many connections at once",
+        )  # fmt: skip
     if res.get("io_bound"):
-        out["io_bound"] = _io_bound(res["io_bound"], outdir)
+        out["io_bound"] = _rates(
+            res["io_bound"], outdir, "io_bound", "worker concurrency (one process)",
+            "io_bound: tasks that await 50 ms",
+        )  # fmt: skip
     if res.get("payload"):
         out["payload"] = _payload(res["payload"], outdir)
     if res.get("latency"):
@@ -87,28 +94,17 @@ def _drain(rows: list[Result], outdir: str) -> str:
     )  # fmt: skip
 
 
-def _defer_conc(rows: list[Result], outdir: str) -> str:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    _lines(ax, _by_system(rows, "concurrency"))
-    ax.set_yscale("log")
-    return _save(
-        fig, ax, outdir, "defer_conc.png", "deferring connections (one job per transaction)",
-        "jobs/s (median, min–max)", "defer_conc: deferring from many connections at once",
-    )  # fmt: skip
-
-
-def _io_bound(rows: list[Result], outdir: str) -> str:
+def _rates(rows: list[Result], outdir: str, scenario: str, xlabel: str, title: str) -> str:
+    """jobs/s against concurrency per system (log-log); io_bound adds its ideal line."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = _by_system(rows, "concurrency")
     _lines(ax, series)
-    cs = sorted({c for by_c in series.values() for c in by_c})
     ideal = {r["concurrency"]: r["ideal"] for r in rows if r.get("ideal")}
-    ax.plot(cs, [ideal.get(c, c / 0.05) for c in cs], "k--", label="ideal (concurrency / 0.05 s)")
+    if ideal:
+        cs = sorted(ideal)
+        ax.plot(cs, [ideal[c] for c in cs], "k--", label="ideal (concurrency / 0.05 s)")
     ax.set_yscale("log")
-    return _save(
-        fig, ax, outdir, "io_bound.png", "worker concurrency (one process)",
-        "jobs/s (median, min–max)", "io_bound: tasks that await 50 ms",
-    )  # fmt: skip
+    return _save(fig, ax, outdir, f"{scenario}.png", xlabel, "jobs/s (median, min–max)", title)
 
 
 def _payload(rows: list[Result], outdir: str) -> str:

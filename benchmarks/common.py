@@ -73,3 +73,17 @@ class Runs:
         except TimeoutError:
             return False
         return True
+
+
+def drained(
+    jobs: int, seconds: float, finished: bool, worker_cpu: float, pg_cpu: float | None
+) -> dict[str, Any]:
+    """The figures of a drain: jobs/s, capped, CPU seconds per 1 000 jobs (worker, backends)."""
+    return {
+        "rate": jobs / seconds,
+        "seconds": seconds,
+        "jobs": jobs,
+        "capped": not finished,
+        "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
+        "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
+    }

@@ -17,7 +17,7 @@ from typing import Any
 
 import systems
 import workloads
-from common import Runs, preload, rusage
+from common import Runs, drained, preload, rusage
 from cpu import PgCpu
 
 
@@ -92,15 +92,7 @@ async def drain(system: systems.System, args: argparse.Namespace) -> dict[str, A
         left = await system.remaining()
         if pg is not None:
             await pg.close()
-        jobs = args.n - left
-        return {
-            "rate": jobs / seconds,
-            "seconds": seconds,
-            "jobs": jobs,
-            "capped": not finished,
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
-            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
-        }
+        return drained(args.n - left, seconds, finished, worker_cpu, pg_cpu)
     finally:
         await system.close()
 

@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 
 import systems
-from common import Runs, aioq_defer, pct, preload, rusage
+from common import Runs, aioq_defer, drained, pct, preload, rusage
 from cpu import PgCpu, host_busy, tree_cpu
 
 IO_SECONDS = 0.05
@@ -113,14 +113,9 @@ async def io_bound(system: systems.System, args: argparse.Namespace) -> dict[str
         tail = int(len(pickup) * 0.95)
         saturated = pickup[: max(tail, 1)]
         return {
-            "rate": jobs / seconds,
+            **drained(jobs, seconds, finished_all, worker_cpu, pg_cpu),
             "ideal": ideal,
             "of_ideal": jobs / seconds / ideal,
-            "seconds": seconds,
-            "jobs": jobs,
-            "capped": not finished_all,
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
-            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
             "pickup_ms_p50": pct(saturated, 0.5),
             "pickup_ms_p99": pct(saturated, 0.99),
         }
@@ -347,13 +342,8 @@ async def processes(system: systems.System, args: argparse.Namespace) -> dict[st
         await pg.close()
         jobs = args.n - left
         return {
-            "rate": jobs / seconds,
-            "seconds": seconds,
-            "jobs": jobs,
-            "capped": not finished,
+            **drained(jobs, seconds, finished, worker_cpu, pg_cpu),
             "cores": os.cpu_count(),
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
-            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
             "pg_cpu_share": pg_cpu / (pg_cpu + worker_cpu) if pg_cpu else None,
             "pg_cores_busy": pg_cpu / seconds if pg_cpu is not None else None,
             "worker_cores_busy": worker_cpu / seconds,

@@ -718,7 +718,8 @@ def method(repeats: int) -> list[str]:
         "in its own process under a timeout; asyncio's default event loop for every system. "
         f"Repeats: {repeats} per cell"
         + (f", except (the 20-minute budget) {capped}" if capped else "")
-        + "; each round runs every cell once, systems interleaved.",
+        + "; each round runs every cell once, systems interleaved, each round starting at "
+        "another cell of the list.",
         "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction "
         "per job; 50 warm-up calls first; at most "
         f"{plan.DEFER_ONE_LIMIT} s. The reference is a bare asyncpg `INSERT ... RETURNING id` of "

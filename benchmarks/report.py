@@ -718,6 +718,9 @@ def method(repeats: int) -> list[str]:
         "in its own process under a timeout; asyncio's default event loop for every system. "
         f"Repeats: {repeats} per cell"
         + (f", except (the 20-minute budget) {capped}" if capped else "")
+        + "; drain cells where a peer runs into the limit in every run on record, once ("
+        + "; ".join(f"c{c} {', '.join(s)}" for c, s in plan.DRAIN_ONCE.items())
+        + ")"
         + "; each round runs every cell once, systems interleaved, each round starting at "
         "another cell of the list.",
         "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction "

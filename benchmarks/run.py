@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 
 import report  # noqa: E402
 import systems  # noqa: E402
-from plan import REPEATS, Cell, plan  # noqa: E402
+from plan import Cell, plan  # noqa: E402
 
 SCENARIOS = (
     "defer_one",
@@ -218,6 +218,11 @@ STARTUP_S = 3.0  # a cell's process start, imports and preload, roughly
 COPY_S = 0.5  # the fresh database copy before each cell, roughly
 
 
+def rounds(cell: Cell, repeats: int) -> int:
+    """How many rounds a cell runs: the run's repeats, at most the cell's own cap."""
+    return min(repeats, cell.rounds or repeats)
+
+
 def expected(cell: Cell, last: dict[str, list[dict[str, Any]]]) -> float:
     """Seconds a cell should take: its median in the last results.json, at most its time limits."""
     key = cell.key()
@@ -338,10 +343,11 @@ def main() -> int:
             if os.path.exists(os.path.join(HERE, "results.json")):
                 with open(os.path.join(HERE, "results.json")) as f:
                     last = json.load(f)["results"]
-            rounds = {s: min(repeats, REPEATS.get(s, repeats)) for s in scenarios}
             estimate = {
-                s: rounds[s]
-                * sum(expected(c, last) for c in plan(s, active, quick=args.quick, prior={}))
+                s: sum(
+                    rounds(c, repeats) * expected(c, last)
+                    for c in plan(s, active, quick=args.quick, prior={})
+                )
                 for s in scenarios
             }
             print(
@@ -360,11 +366,13 @@ def main() -> int:
                         " (aioq.dev.server.EmbeddedPostgres): the main server has autovacuum = off"
                     )
                 t0 = time.perf_counter()
-                for rep in range(rounds[scenario]):
+                most = max((rounds(c, repeats) for c in cells), default=0)
+                for rep in range(most):
                     # Each round starts further along the list: no cell always runs first
                     # (after the database copies) or last.
-                    shift = rep * len(cells) // rounds[scenario]
-                    for cell in cells[shift:] + cells[:shift]:
+                    now = [c for c in cells if rep < rounds(c, repeats)]
+                    shift = rep * len(now) // most
+                    for cell in now[shift:] + now[:shift]:
                         result = run_cell(env, cell)
                         result.update(cell.key(), repeat=rep)
                         results.setdefault(scenario, []).append(result)

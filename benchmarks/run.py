@@ -401,6 +401,7 @@ def main() -> int:
                 "notes": env.notes,
                 "apis": apis(names),
             }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     saved = os.path.join(os.path.dirname(os.path.abspath(args.out)), "results.json")
     if args.merge and os.path.exists(saved):
         with open(saved) as f:

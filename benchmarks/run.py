@@ -95,7 +95,10 @@ def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     server = EmbeddedPostgres()
     server.start()
     try:
-        yield server.dsn, "aioq.dev.server.EmbeddedPostgres (a throwaway server, fsync on)"
+        yield (
+            server.dsn,
+            "aioq.dev.server.EmbeddedPostgres (a throwaway server started for the run, PostgreSQL's stock settings)",
+        )
     finally:
         server.stop()
 

@@ -237,7 +237,9 @@ def expected(cell: Cell, last: dict[str, list[dict[str, Any]]]) -> float:
     limits = [float(v) for f, v in itertools.pairwise(cell.argv) if f in ("--limit", "--seconds")]
     phases = 2 if cell.scenario == "payload" else 1  # a limit for the defer and for the drain
     bound = phases * sum(limits) + STARTUP_S if limits else float("inf")
-    return COPY_S + min(statistics.median(walls) if walls else min(bound, 10.0), bound)
+    if not walls:  # a cell new to the plan: its limits, or 10 s
+        return COPY_S + (bound if limits else 10.0)
+    return COPY_S + min(statistics.median(walls), bound)
 
 
 def apis(names: list[str]) -> dict[str, dict[str, str]]:

@@ -44,9 +44,12 @@ async def defer_conc(system: systems.System, args: argparse.Namespace) -> dict[s
     """Deferring from many connections at once, one job per transaction."""
     opened = await clients(system.name, args.dsn, args.concurrency)
     try:
-        for k, s in enumerate(opened):
-            for j in range(5):  # warm up: prepared statements on every connection
+
+        async def warm(k: int, s: systems.System) -> None:
+            for j in range(5):  # prepared statements on every connection
                 await s.defer_one(-(k * 10 + j))
+
+        await asyncio.gather(*(warm(k, s) for k, s in enumerate(opened)))
         counts = [0] * len(opened)
         cpu0, t0 = rusage(), time.perf_counter()
         end = t0 + args.seconds

@@ -97,7 +97,8 @@ def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     try:
         yield (
             server.dsn,
-            "aioq.dev.server.EmbeddedPostgres (a throwaway server started for the run, PostgreSQL's stock settings)",
+            "aioq.dev.server.EmbeddedPostgres (a throwaway server started for the run, "
+            "PostgreSQL's stock settings)",
         )
     finally:
         server.stop()

@@ -417,7 +417,7 @@ def payload_section(rows: list[Result]) -> list[str]:
                     fmt(stat(rs, "defer_rate")) + errors(rs),
                     fmt(stat(rs, "defer_mb_s"), 1),
                     fmt(stat(rs, "defer_cpu_ms_per_job"), 3),
-                    fmt(stat(rs)),
+                    fmt(stat(rs)) + (" (capped)" if any(r.get("capped") for r in rs) else ""),
                     fmt(stat(rs, "worker_cpu_ms_per_job"), 3),
                 ]
             )
@@ -433,7 +433,8 @@ def payload_section(rows: list[Result]) -> list[str]:
     return [
         *table(head, body),
         "The argument is a nested JSON object (order lines) of about the given size; the bulk API "
-        "defers batches of 1 000 (1 KB) or 50 (64 KB).",
+        "defers batches of 1 000 (1 KB) or 50 (64 KB). Capped: the defer or the drain reached "
+        f"its {plan.PAYLOAD_LIMIT} s limit (a slow system defers and drains fewer jobs).",
         "",
     ]
 

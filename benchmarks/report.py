@@ -569,10 +569,17 @@ def scale_model(rows: list[Result]) -> list[str]:
             f"- At {s['top']} processes {s['host_at_top']:.1f} of {s['cores'] or '?'} cores were "
             "busy: the CPU was not saturated, so round trips and waits set the rate here."
         )
+    first = (
+        "**PostgreSQL saturates first**: its CPU at about its cores × "
+        f"{s['per_pg_core']:,.0f} jobs/s, or before that the LWLock contention that rose with "
+        "the processes here (below)"
+        if lw_rising
+        else "**PostgreSQL's CPU saturates first**, at about its cores × "
+        f"{s['per_pg_core']:,.0f} jobs/s"
+    )
     out.append(
         "- With N hosts of W worker processes each (workers on their own cores), throughput "
-        "grows with N×W until PostgreSQL's cores are busy: **PostgreSQL CPU saturates first**, "
-        f"at about its cores × {s['per_pg_core']:,.0f} jobs/s."
+        f"grows with N×W until PostgreSQL's cores are busy: {first}."
     )
     locks = (
         "near zero (SKIP LOCKED: workers do not wait on each other's rows)"
@@ -584,8 +591,12 @@ def scale_model(rows: list[Result]) -> list[str]:
         f"{s['locks_at_top']:.2f} on average, {locks}; on LWLocks: "
         + " → ".join(f"{v:.2f}" for v in lw.values())
         + (
-            " — rising with processes: buffer and WAL-insertion contention, which will cap a "
-            "bigger PostgreSQL before its CPU does."
+            " — rising with processes: buffer and WAL-insertion contention"
+            + (
+                " (on this saturated host partly backends descheduled while holding one)."
+                if s["host_bound"]
+                else "."
+            )
             if lw_rising
             else " (flat: no sign of buffer or WAL-insertion contention yet)."
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from itertools import compress, repeat
 from typing import Any, cast
 
@@ -34,6 +34,9 @@ _STRICT = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 _JSON_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
+_LEVELS = range(_MAX_DEPTH + 1)
+# One byte, as an int: `in` then runs memchr without taking a buffer of the needle.
+_BACKSLASH, _PLUS = ord("\\"), ord("+")
 
 
 def _problem(value: object, path: str, depth: int) -> tuple[str, str] | None:
@@ -93,7 +96,7 @@ def _name_problem(name: str) -> tuple[str, str] | None:
     return None
 
 
-def _encode_exact(value: object, level: list[object]) -> bytes | None:
+def _encode_exact(value: object, level: Collection[object]) -> bytes | None:
     """Return ``value`` as JSON if a quick proof shows it round-trips, else None (ask _problem).
 
     ``level`` holds the values at depth 0 (the arguments, or the return value itself). The proof
@@ -117,10 +120,10 @@ def _encode_exact(value: object, level: list[object]) -> bytes | None:
     except orjson.JSONEncodeError:
         return None
     # One byte first: memchr, where a longer needle walks the whole text.
-    if (b"\\" in encoded and b"\\u0000" in encoded) or (b"+" in encoded and b"e+" in encoded):
+    if (_BACKSLASH in encoded and b"\\u0000" in encoded) or (_PLUS in encoded and b"e+" in encoded):
         return None
     has_null = None  # looked for once, at the first float
-    for _depth in range(_MAX_DEPTH + 1):
+    for _depth in _LEVELS:
         kinds = set(map(type, level))
         if not kinds <= _JSON_TYPES:
             return None
@@ -143,7 +146,7 @@ def _encode_exact(value: object, level: list[object]) -> bytes | None:
 
 def encode_args(task_name: str, args: Mapping[str, object]) -> str:
     """Encode keyword arguments as a JSON object, or raise naming the task and argument."""
-    encoded = _encode_exact(args, list(args.values()))
+    encoded = _encode_exact(args, args.values())
     if encoded is not None:
         return encoded.decode()
     return _encode_args_checked(task_name, args)
@@ -184,7 +187,7 @@ def decode_args(text: str) -> dict[str, Any]:
 
 def encode_result(task_name: str, job_id: int, value: object) -> str:
     """Encode a task's return value as JSON, or raise ResultError saying what cannot be stored."""
-    encoded = _encode_exact(value, [value])
+    encoded = _encode_exact(value, (value,))
     if encoded is not None:
         return encoded.decode()
     return _encode_result_checked(task_name, job_id, value)

@@ -4,6 +4,7 @@ given back when they would wait behind long jobs."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import anyio
@@ -12,6 +13,7 @@ import pytest
 from waits import until_sql
 
 import aioq
+from aioq.cli.worker import add_worker_flags
 from aioq.errors import ConfigError
 from aioq.producer import LINGER_FLOOR, RATE_WINDOW, ClaimAhead
 
@@ -163,3 +165,15 @@ async def test_claimed_ahead_jobs_never_wait_behind_long_ones_while_another_work
                 await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs)")
     assert sorted(longs) == [False, False, True, True]  # both long jobs saw the tail done
     assert tail_workers == [b.id, b.id]
+
+
+@pytest.mark.parametrize(("given", "prefetch"), [([], "auto"), (["auto"], "auto"), (["3"], 3)])
+def test_the_cli_takes_auto_or_a_count(given: list[str], prefetch: object) -> None:
+    parser = argparse.ArgumentParser()
+    add_worker_flags(parser)
+    args = parser.parse_args(["--prefetch", *given] if given else [])
+    assert args.prefetch == prefetch
+    assert aioq.WorkerConfig(prefetch=args.prefetch).prefetch == prefetch
+    for bad in ("-1", "fast"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--prefetch", bad])

@@ -228,7 +228,7 @@ class Handoff:
 
 
 class Producer(Service):
-    """Claims up to the free slots in one statement and hands the jobs to the consumers."""
+    """Claims for the free slots and the claim-ahead in one statement; hands jobs to consumers."""
 
     name = "producer"
 
@@ -280,7 +280,7 @@ class Producer(Service):
         self.last_pass = 0  # the number of the last pass that claimed (see run_until_idle)
 
     async def run_once(self) -> tuple[int, int]:
-        """Claim up to the free slots; return (claimed, asked)."""
+        """Claim up to the free slots and the claim-ahead; return (claimed, asked)."""
         self.started += 1
         number = self.started
         self.slots.ahead = self.ahead.size(self.slots.given, time.monotonic())

@@ -317,6 +317,19 @@ JOIN (
 
 -- aioq:migration 10
 
+-- Job arguments (jsonb, often kilobytes) are TOASTed and compressed past about 2 KB; lz4
+-- compresses a 64 KB argument in a third of pglz's time and decompresses it several times
+-- faster, for the claim. A server built without lz4 (or older than PostgreSQL 14) keeps pglz.
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE {{schema}}.jobs ALTER COLUMN args SET COMPRESSION lz4';
+EXCEPTION WHEN feature_not_supported OR syntax_error THEN
+    NULL;
+END
+$$;
+
+-- aioq:migration 11
+
 -- The doorbell without a lost wake-up (design invariant 15). Migration 7 left one: a
 -- transaction that inserted while nobody slept (so it did not ring) and committed after a
 -- worker armed and looked once more (its row not yet visible) waited for the next poll. Now a

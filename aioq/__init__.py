@@ -38,8 +38,9 @@ from aioq.errors import (
 from aioq.job import Job, JobContext, JobStatus, current_job
 from aioq.limits import QueueInfo, queues, set_queue
 from aioq.migrate import install, schema_sql
+from aioq.periodic import periodic
 from aioq.results import result
-from aioq.schedule import Schedule, periodic
+from aioq.schedule import Schedule
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
 

@@ -40,6 +40,7 @@ class QueueStats:
     scheduled: int
     running: int
     dead: int
+    cancelled: int  # cancelled before they ran, or while running; kept until dead_retention
     oldest_ready_age: float
     expired_leases: int  # running past their lease, not yet reaped
     completed_last_minute: int | None  # None unless completed jobs are archived
@@ -90,6 +91,7 @@ async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
                 scheduled=row["scheduled"] if row else 0,
                 running=row["running"] if row else 0,
                 dead=row["dead"] if row else 0,
+                cancelled=row["cancelled"] if row else 0,
                 oldest_ready_age=row["oldest_ready_age"] if row else 0.0,
                 expired_leases=row["expired"] if row else 0,
                 completed_last_minute=completed.get(name, 0) if archived else None,

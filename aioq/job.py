@@ -81,6 +81,9 @@ class Job:
     progress: float | None = None  # 0..1, as the task last reported it
     progress_note: str | None = None
     result: str | None = None  # the stored return value as JSON text (succeeded jobs)
+    # The worker of its latest claim that ended without deleting it (retried, dead, cancelled,
+    # released, rescued): locked_by is cleared then. For a succeeded job, the one that ran it.
+    last_worker: str | None = None
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Job:

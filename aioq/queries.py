@@ -241,7 +241,7 @@ changed AS (
         attempts = j.attempts - CASE WHEN m.refund THEN 1 ELSE 0 END,
         max_attempts = j.max_attempts + CASE WHEN m.snooze THEN 1 ELSE 0 END,
         snoozes = j.snoozes + CASE WHEN m.snooze THEN 1 ELSE 0 END,
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine AS m
     WHERE j.id = m.id
     RETURNING j.id, j.queue, m.delay = 0 AND j.status = 'pending' AS ready
@@ -262,7 +262,7 @@ WITH mine AS (
 )
 UPDATE {s}.jobs AS j
 SET status = 'dead', last_error = m.error, run_at = now(),  -- when it died: the pruner's clock
-    locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+    last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
 FROM mine AS m
 WHERE j.id = m.id
 RETURNING j.id
@@ -284,7 +284,7 @@ changed AS (
     -- jobcontrol: a job whose cancel was requested ends cancelled, never pending
     SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
         run_at = now(), attempts = greatest(j.attempts - 1, 0),
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine
     WHERE j.id = mine.id
     RETURNING j.id, j.queue
@@ -317,7 +317,7 @@ changed AS (
         run_at = now(),
         last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
                             j.attempts),
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM expired
     WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.status, j.status = 'pending' AS ready
@@ -371,7 +371,7 @@ ORDER BY m.id
 _JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
        max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
        lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
-       progress_note, NULL::text AS result"""
+       progress_note, NULL::text AS result, last_worker"""
 
 # A job that succeeded and stored a result has left the jobs table for results (jobcontrol).
 GET_JOB = f"""
@@ -380,7 +380,7 @@ FROM {{s}}.jobs WHERE id = $1
 UNION ALL
 SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
        NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
-       result::text, finished_at
+       result::text, worker, finished_at
 FROM {{s}}.results WHERE id = $1
 LIMIT 1
 """
@@ -453,6 +453,7 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS scheduled,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now()) AS expired,
        coalesce(extract(epoch FROM now() - min(run_at)
                 FILTER (WHERE status = 'pending' AND run_at <= now())), 0)::float8
@@ -495,42 +496,76 @@ VACUUM_JOBS = "VACUUM (SKIP_LOCKED) {s}.jobs"
 
 # --- per-minute history and the workers' rows (aioq.stats_history) ---
 
-# One statement a minute per worker: upsert its row in workers, add its counts to the current
-# minute. $6..$10 are parallel arrays, one element per (queue, task); $11/$12 the wait and run
-# histograms of all of them flattened, $13 buckets each.
-RECORD_STATS = """
-WITH me AS (
-    INSERT INTO {s}.workers AS w (id, host, pid, queues, concurrency)
-    VALUES ($1, $2, $3, $4::text[], $5)
-    ON CONFLICT (id) DO UPDATE
-    SET last_seen = now(), queues = excluded.queues, concurrency = excluded.concurrency
-)
-INSERT INTO {s}.stats_history AS h
-    (minute, worker, queue, task, completed, retried, dead, wait_hist, run_hist)
-SELECT date_trunc('minute', now()), $1, c.queue, c.task, c.completed, c.retried, c.dead,
-       ($11::integer[])[(c.n - 1) * $13 + 1:c.n * $13],
-       ($12::integer[])[(c.n - 1) * $13 + 1:c.n * $13]
-FROM unnest($6::text[], $7::text[], $8::integer[], $9::integer[], $10::integer[])
-     WITH ORDINALITY AS c(queue, task, completed, retried, dead, n)
-ON CONFLICT (minute, worker, queue, task) DO UPDATE
+# The period of a stats_rollup row (schema.sql, migration 9): the history summed over workers
+# per half hour, what the throughput page's day view reads (its step). Bins start on the same
+# origin as HISTORY_SERIES's date_bin, so a step that is a multiple of this one bins them whole.
+ROLLUP_STEP = 1800.0
+_BIN_ORIGIN = "timestamptz '2000-01-01'"
+
+# Add the new counts and histograms (excluded) to a history row (h), bucket by bucket.
+_ADD_COUNTS = """
 SET completed = h.completed + excluded.completed,
     retried = h.retried + excluded.retried,
     dead = h.dead + excluded.dead,
     wait_hist = (SELECT array_agg(a + b ORDER BY i)
                  FROM unnest(h.wait_hist, excluded.wait_hist) WITH ORDINALITY AS x(a, b, i)),
     run_hist = (SELECT array_agg(a + b ORDER BY i)
-                FROM unnest(h.run_hist, excluded.run_hist) WITH ORDINALITY AS x(a, b, i))
+                FROM unnest(h.run_hist, excluded.run_hist) WITH ORDINALITY AS x(a, b, i))"""
+
+# One statement a minute per worker: upsert its row in workers, add its counts to the current
+# minute and to the current half hour of the rollup. $6..$10 are parallel arrays, one element
+# per (queue, task); $11/$12 the wait and run histograms of all of them flattened, $13 buckets
+# each. Every worker adds to the same rollup rows: each locks them in (queue, task) order, so
+# two workers' writes may wait for each other but never deadlock.
+RECORD_STATS = f"""
+WITH me AS (
+    INSERT INTO {{s}}.workers AS w (id, host, pid, queues, concurrency)
+    VALUES ($1, $2, $3, $4::text[], $5)
+    ON CONFLICT (id) DO UPDATE
+    SET last_seen = now(), queues = excluded.queues, concurrency = excluded.concurrency
+),
+counts AS (
+    SELECT c.queue, c.task, c.completed, c.retried, c.dead,
+           ($11::integer[])[(c.n - 1) * $13 + 1:c.n * $13] AS wait_hist,
+           ($12::integer[])[(c.n - 1) * $13 + 1:c.n * $13] AS run_hist
+    FROM unnest($6::text[], $7::text[], $8::integer[], $9::integer[], $10::integer[])
+         WITH ORDINALITY AS c(queue, task, completed, retried, dead, n)
+),
+rolled AS (
+    INSERT INTO {{s}}.stats_rollup AS h
+        (minute, queue, task, completed, retried, dead, wait_hist, run_hist)
+    SELECT date_bin(make_interval(secs => {ROLLUP_STEP:g}), now(), {_BIN_ORIGIN}),
+           queue, task, completed, retried, dead, wait_hist, run_hist
+    FROM counts
+    ORDER BY queue, task
+    ON CONFLICT (minute, queue, task) DO UPDATE{_ADD_COUNTS}
+)
+INSERT INTO {{s}}.stats_history AS h
+    (minute, worker, queue, task, completed, retried, dead, wait_hist, run_hist)
+SELECT date_trunc('minute', now()), $1, queue, task, completed, retried, dead, wait_hist,
+       run_hist
+FROM counts
+ON CONFLICT (minute, worker, queue, task) DO UPDATE{_ADD_COUNTS}
 """
 
-# History older than $1 seconds, at most $2 rows a statement; and workers not seen for as long
-# (a worker killed without a clean stop leaves its row behind).
-PRUNE_STATS = """
+# History older than $1 seconds, at most $2 rows a statement (and as many of the rollup's half
+# hours that ended before then); and workers not seen for as long (a worker killed without a
+# clean stop leaves its row behind).
+PRUNE_STATS = f"""
 WITH gone AS (
-    DELETE FROM {s}.workers WHERE last_seen < now() - make_interval(secs => $1::float8)
+    DELETE FROM {{s}}.workers WHERE last_seen < now() - make_interval(secs => $1::float8)
+),
+rolled AS (
+    DELETE FROM {{s}}.stats_rollup
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM {{s}}.stats_rollup
+        WHERE minute < now() - make_interval(secs => $1::float8 + {ROLLUP_STEP:g})
+        LIMIT $2
+    ))
 )
-DELETE FROM {s}.stats_history
+DELETE FROM {{s}}.stats_history
 WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM {s}.stats_history
+    SELECT ctid FROM {{s}}.stats_history
     WHERE minute < now() - make_interval(secs => $1::float8)
     LIMIT $2
 ))
@@ -691,30 +726,45 @@ def _bucket_sums(column: str) -> str:
     return f"ARRAY[{sums}]::bigint[]"
 
 
-# Per queue and task over the last $1 seconds: outcome counts, and the wait and run histograms
-# summed bucket by bucket (plain aggregates: no unnest of every row's arrays).
-HISTORY_TOTALS = f"""
+# The rows of a history table in the last $1 seconds: the minutes that began in them, or the
+# rollup's half hours that overlap them.
+_MINUTES_IN_WINDOW = "minute >= now() - make_interval(secs => $1::float8)"
+_HALF_HOURS_IN_WINDOW = f"minute > now() - make_interval(secs => $1::float8 + {ROLLUP_STEP:g})"
+
+
+def _history_totals(table: str, in_window: str) -> str:
+    """Per queue and task over the last $1 seconds: outcome counts, and the wait and run
+    histograms summed bucket by bucket (plain aggregates: no unnest of every row's arrays)."""
+    return f"""
 SELECT queue, task, sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
        sum(dead)::bigint AS dead, {_bucket_sums("wait_hist")} AS wait,
        {_bucket_sums("run_hist")} AS run
-FROM {{s}}.stats_history
-WHERE minute >= now() - make_interval(secs => $1::float8)
+FROM {{s}}.{table}
+WHERE {in_window}
 GROUP BY queue, task
 ORDER BY queue, task
 """
 
-# Outcome counts over the last $1 seconds in steps of $2 seconds: per queue, or with a queue
-# $3 per task of that queue.
-HISTORY_SERIES = """
-SELECT date_bin(make_interval(secs => $2::float8), minute, timestamptz '2000-01-01') AS t,
+
+def _history_series(table: str, in_window: str) -> str:
+    """Outcome counts over the last $1 seconds in steps of $2 seconds: per queue, or with a
+    queue $3 per task of that queue."""
+    return f"""
+SELECT date_bin(make_interval(secs => $2::float8), minute, {_BIN_ORIGIN}) AS t,
        CASE WHEN $3::text IS NULL THEN queue ELSE task END AS name,
        sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
        sum(dead)::bigint AS dead
-FROM {s}.stats_history
-WHERE minute >= now() - make_interval(secs => $1::float8) AND ($3::text IS NULL OR queue = $3)
+FROM {{s}}.{table}
+WHERE {in_window} AND ($3::text IS NULL OR queue = $3)
 GROUP BY 1, 2
 ORDER BY 1, 2
 """
+
+
+HISTORY_TOTALS = _history_totals("stats_history", _MINUTES_IN_WINDOW)
+HISTORY_SERIES = _history_series("stats_history", _MINUTES_IN_WINDOW)
+ROLLUP_TOTALS = _history_totals("stats_rollup", _HALF_HOURS_IN_WINDOW)
+ROLLUP_SERIES = _history_series("stats_rollup", _HALF_HOURS_IN_WINDOW)
 
 
 # --- periodic jobs (aioq/schedule.py) ---
@@ -889,7 +939,7 @@ _ARCHIVED_JOB = """
 SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
        attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
        started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
-       NULL::text AS unique_key, created_at, finished_at
+       NULL::text AS unique_key, created_at, finished_at, worker AS last_worker
 FROM {s}.archive
 """
 
@@ -981,7 +1031,7 @@ changed AS (
     UPDATE {s}.jobs AS j
     SET status = 'cancelled', run_at = now(),  -- when it ended: the pruner's clock
         cancel_requested_at = coalesce(j.cancel_requested_at, now()),
-        locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL
     FROM mine AS m
     WHERE j.id = m.id
     RETURNING j.id, m.awaited
@@ -1079,7 +1129,7 @@ SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, sta
        attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
        started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
        NULL::text AS unique_key, created_at, finished_at, progress, progress_note,
-       result::text AS result
+       result::text AS result, worker AS last_worker
 FROM {s}.results
 WHERE ($1::text IS NULL OR task = $1)
   AND ($2::text IS NULL OR queue = $2)

@@ -1,4 +1,4 @@
-"""Periodic jobs: ``@aioq.periodic`` and the scheduler every worker runs.
+"""Periodic jobs: the schedules ``@aioq.periodic`` builds, and the scheduler every worker runs.
 
 Every worker whose registry holds a schedule enqueues its ticks; the database decides which one
 wins. ``schedules.last_tick`` is the latest tick enqueued, and one statement both inserts a
@@ -16,25 +16,21 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, TypeVar
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
 
 from aioq._service import Service
-from aioq.codec import encode_args
-from aioq.errors import AioqError, ConfigError
+from aioq.errors import ConfigError
 from aioq.store import Executor, Store
-from aioq.task import Task
 
-__all__ = ("Schedule", "Scheduler", "periodic")
+__all__ = ("Schedule", "Scheduler")
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T", bound=Task[..., Any])
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -57,20 +53,28 @@ def _cronsim() -> Any:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Schedule:
-    """When a task's periodic jobs are due; built by :func:`periodic`."""
+    """When a task's periodic jobs are due, and the job each tick enqueues.
+
+    Built by :func:`aioq.periodic`, which checks the arguments against the task and takes
+    the task's options: a schedule holds plain values (it never imports the task module,
+    whose registry holds the schedules).
+    """
 
     name: str
-    task: Task[..., Any]
+    task: str  # the task's name
+    args: str  # the task's keyword arguments for every tick, as stored JSON
+    queue: str
+    priority: int
+    max_attempts: int
+    lease: float
     every: float | None = None
     cron: str | None = None
     tz: str = "UTC"
-    kwargs: Mapping[str, object] = field(default_factory=dict)
     catch_up: float = 0.0
-    args: str = field(init=False)  # the kwargs as stored JSON
     _zone: tzinfo = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        where = f"task {self.task.name!r}"
+        where = f"task {self.task!r}"
         if (self.every is None) == (self.cron is None):
             raise ConfigError("periodic", f"{where}: give exactly one of every= or cron=")
         if self.every is not None and not self.every >= MIN_EVERY:
@@ -98,15 +102,6 @@ class Schedule:
                 raise ConfigError(
                     "cron", f"{where}: bad cron expression {self.cron!r}: {exc}"
                 ) from None
-        try:
-            self.task.check_arguments(self.kwargs)
-        except TypeError as exc:
-            raise ConfigError("kwargs", f"{where}: {exc}") from None
-        try:
-            args = encode_args(self.task.name, dict(self.kwargs))
-        except AioqError as exc:
-            raise ConfigError("kwargs", f"{where}: {exc}") from None
-        object.__setattr__(self, "args", args)
 
     @property
     def spec(self) -> str:
@@ -194,69 +189,6 @@ def _from_us(us: int) -> datetime:
     return EPOCH + timedelta(microseconds=us)
 
 
-def _seconds(task: str, name: str, value: float | timedelta | None) -> float | None:
-    if value is None or isinstance(value, timedelta):
-        return value.total_seconds() if value is not None else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(
-            name, f"task {task!r}: must be seconds or a timedelta, got {type(value).__name__}"
-        )
-    return float(value)
-
-
-def periodic(
-    *,
-    every: float | timedelta | None = None,
-    cron: str | None = None,
-    tz: str = "UTC",
-    kwargs: Mapping[str, object] | None = None,
-    catch_up: float | timedelta = 0.0,
-    name: str | None = None,
-) -> Callable[[T], T]:
-    """Run a task on a schedule: stack ``@aioq.periodic(...)`` on top of ``@aioq.task``.
-
-    ``every`` is seconds (or a timedelta) counted from the Unix epoch in UTC; ``cron`` a
-    five-field expression in time zone ``tz`` (needs ``aioq-pg[cron]``). ``kwargs`` are the
-    task's arguments for every tick. After downtime, the ticks missed within ``catch_up``
-    seconds are enqueued once each; by default only the most recent one. ``name`` identifies
-    the schedule (default: the task's name); give one to put a task on two schedules.
-    """
-
-    def register(task: T) -> T:
-        if not isinstance(task, Task):
-            raise ConfigError(
-                "periodic",
-                f"{getattr(task, '__qualname__', task)!r} is not a task: put @aioq.periodic"
-                " above @aioq.task",
-            )
-        schedule = Schedule(
-            name=name or task.name,
-            task=task,
-            every=_seconds(task.name, "every", every),
-            cron=cron,
-            tz=tz,
-            kwargs=dict(kwargs or {}),
-            catch_up=_seconds(task.name, "catch_up", catch_up) or 0.0,
-        )
-        schedules = task.registry.schedules
-        old = schedules.get(schedule.name)
-        if old is not None and (old.task.name, old.spec, old.args, old.catch_up) != (
-            task.name,
-            schedule.spec,
-            schedule.args,
-            schedule.catch_up,
-        ):
-            raise ConfigError(
-                "name",
-                f"task {task.name!r}: a schedule named {schedule.name!r} exists already;"
-                " give each schedule of a task its own name=",
-            )
-        schedules[schedule.name] = schedule
-        return task
-
-    return register
-
-
 class Scheduler(Service):
     """Enqueues the due ticks of a registry's schedules; safe to run on every worker."""
 
@@ -297,8 +229,8 @@ class Scheduler(Service):
         created = await self.store.start_schedule(
             self.db,
             name=schedule.name,
-            task=schedule.task.name,
-            queue=schedule.task.defaults.queue,
+            task=schedule.task,
+            queue=schedule.queue,
             spec=schedule.spec,
             last_tick=latest,
             next_tick=schedule.next_after(latest),
@@ -316,19 +248,18 @@ class Scheduler(Service):
         ticks, skipped = schedule.due(last, now)
         if not ticks:
             return
-        opts = schedule.task.defaults
         ids = await self.store.tick(
             self.db,
             name=schedule.name,
-            task=schedule.task.name,
-            queue=opts.queue,
+            task=schedule.task,
+            queue=schedule.queue,
             spec=schedule.spec,
             ticks=ticks,
             next_tick=schedule.next_after(ticks[-1]),
             args=schedule.args,
-            priority=opts.priority,
-            max_attempts=opts.max_attempts,
-            lease=opts.lease,
+            priority=schedule.priority,
+            max_attempts=schedule.max_attempts,
+            lease=schedule.lease,
         )
         if not ids:
             return  # another worker enqueued these ticks first

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import functools
-import importlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -32,9 +31,25 @@ Target: TypeAlias = "Executor | AsyncConnection | AsyncSession"
 
 _ASYNCPG = (asyncpg.Connection, PoolConnectionProxy, asyncpg.Pool)
 
-# Adapters for other libraries' connection objects, by the top-level package of their class;
-# imported only when such an object arrives, so ``import aioq`` never loads the library.
-_ADAPTERS = {"sqlalchemy": "aioq.contrib.sqlalchemy"}
+ADAPTERS = "aioq.executors"
+"""The entry-point group of adapters for other libraries' connection objects.
+
+An entry point's name is the top-level package of the classes it adapts (``sqlalchemy``), its
+value an ``async def (obj) -> asyncpg.Connection`` that returns the connection to run on inside
+the object's transaction (aioq's own: ``aioq.contrib.sqlalchemy:executor``, in pyproject.toml).
+One is loaded the first time an object of its package arrives: ``import aioq`` loads neither
+the adapter nor its library, and the core does not know which adapters exist.
+"""
+
+Adapter: TypeAlias = Callable[[Any], Awaitable[Executor]]
+
+
+@functools.cache
+def _adapter(package: str) -> Adapter | None:
+    from importlib.metadata import entry_points  # only off the asyncpg path: it reads metadata
+
+    found = entry_points(group=ADAPTERS, name=package)
+    return next((point.load() for point in found), None)
 
 
 async def executor(target: Target) -> Executor:
@@ -42,17 +57,16 @@ async def executor(target: Target) -> Executor:
     if isinstance(target, _ASYNCPG):
         return target
     # By the class or a base: an application's own AsyncSession subclass lives in its module.
-    packages = (cls.__module__.partition(".")[0] for cls in type(target).__mro__)
-    adapter = next((_ADAPTERS[p] for p in packages if p in _ADAPTERS), None)
-    if adapter is None:
-        raise ConfigError(
-            "conn",
-            f"got {type(target).__module__}.{type(target).__qualname__}; expected an asyncpg"
-            " Connection or Pool, or a SQLAlchemy AsyncConnection or AsyncSession on the"
-            " asyncpg driver",
-        )
-    resolve = importlib.import_module(adapter).executor
-    return await resolve(target)  # type: ignore[no-any-return]
+    for cls in type(target).__mro__:
+        resolve = _adapter(cls.__module__.partition(".")[0])
+        if resolve is not None:
+            return await resolve(target)
+    raise ConfigError(
+        "conn",
+        f"got {type(target).__module__}.{type(target).__qualname__}; expected an asyncpg"
+        " Connection or Pool, or a SQLAlchemy AsyncConnection or AsyncSession on the"
+        " asyncpg driver",
+    )
 
 
 TABLE_DEFAULTS = (0, 5, 30.0)
@@ -118,6 +132,8 @@ class Store:
         self._set_statement_timeout = q.SET_STATEMENT_TIMEOUT
         self._history_totals = render(q.HISTORY_TOTALS)
         self._history_series = render(q.HISTORY_SERIES)
+        self._rollup_totals = render(q.ROLLUP_TOTALS)
+        self._rollup_series = render(q.ROLLUP_SERIES)
         self._ready_queues = render(q.READY_QUEUES)
         self._waiting = render(q.WAITING_JOBS)
         # periodic jobs
@@ -527,6 +543,16 @@ class Store:
     ) -> Sequence[asyncpg.Record]:
         """Return outcome counts per queue (per task of ``queue``) in steps over ``seconds``."""
         return await conn.fetch(self._history_series, seconds, step, queue)
+
+    async def rollup_totals(self, conn: Executor, seconds: float) -> Sequence[asyncpg.Record]:
+        """:meth:`history_totals` from the half-hour rollup: the half hours ``seconds`` overlap."""
+        return await conn.fetch(self._rollup_totals, seconds)
+
+    async def rollup_series(
+        self, conn: Executor, seconds: float, step: float, queue: str | None = None
+    ) -> Sequence[asyncpg.Record]:
+        """:meth:`history_series` from the half-hour rollup (``step``: a multiple of its)."""
+        return await conn.fetch(self._rollup_series, seconds, step, queue)
 
     # --- the dashboard: bounded reads (aioq.web) ---
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
@@ -19,10 +19,8 @@ from aioq.codec import encode_args
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
+from aioq.schedule import Schedule
 from aioq.store import Executor, Store, Target, executor
-
-if TYPE_CHECKING:
-    from aioq.schedule import Schedule
 
 __all__ = (
     "MAX_DURATION",

@@ -78,6 +78,8 @@ DEFAULT_LAG_THRESHOLD = 1.0
 # The completer gets at most this long after the jobs ended to write their outcomes (at least
 # the grace): what is left is written, or released, by the shielded clean-up.
 MIN_FINAL_WRITE = 5.0
+# The shortest interval or timeout a worker accepts: below a millisecond a loop would spin.
+MIN_INTERVAL = 0.001
 
 S = TypeVar("S", bound=Service)
 
@@ -161,6 +163,8 @@ class WorkerConfig:
                 "vacuum_threshold",
                 f"must be None or an integer >= 1, got {self.vacuum_threshold!r}",
             )
+        # Loop intervals and timeouts: finite (an infinite poll never wakes, NaN compares
+        # false everywhere) and within MAX_DURATION, so `now() - retention` cannot overflow.
         for name in (
             "poll_interval",
             "heartbeat_interval",
@@ -171,17 +175,14 @@ class WorkerConfig:
             "stats_retention",
             "limits_refresh",
         ):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
-        for name in ("command_timeout", "lag_threshold"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(name, f"must be None or > 0 seconds, got {value!r}")
-        for name in ("archive_retention", "dead_retention"):
-            if getattr(self, name) is not None:  # `now() - retention` must not overflow in SQL
+            check_duration(name, getattr(self, name), minimum=MIN_INTERVAL)
+        for name in ("command_timeout", "lag_threshold"):  # None: off
+            if getattr(self, name) is not None:
+                check_duration(name, getattr(self, name), minimum=MIN_INTERVAL)
+        for name in ("archive_retention", "dead_retention"):  # None: kept forever
+            if getattr(self, name) is not None:
                 check_duration(name, getattr(self, name))
-        if self.shutdown_grace < 0:
-            raise ConfigError("shutdown_grace", f"must be >= 0 seconds, got {self.shutdown_grace}")
+        check_duration("shutdown_grace", self.shutdown_grace)
         if not self.worker_id:
             raise ConfigError("worker_id", "must not be empty")
 

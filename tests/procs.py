@@ -43,15 +43,18 @@ def pid_of(worker_id: str) -> int:
     return int(worker_id.split(":")[-2])
 
 
+AIOQ = str(Path(sys.executable).parent / "aioq")  # the console script pip installed
+
+
 def aioq_cli(
     dsn: str | None, *args: str, cwd: Path | None = None, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m aioq ARGS`` with AIOQ_DSN set (or unset for None)."""
+    """Run ``aioq ARGS`` as a user types it (the console script), AIOQ_DSN set or unset (None)."""
     env = {k: v for k, v in os.environ.items() if k != "AIOQ_DSN"}
     if dsn is not None:
         env["AIOQ_DSN"] = dsn
     return subprocess.run(
-        [sys.executable, "-m", "aioq", *args],
+        [AIOQ, *args],
         capture_output=True,
         text=True,
         env=env,

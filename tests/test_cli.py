@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from procs import LISTENERS, aioq_cli, assert_one_line_error, children, kill_tree, pid_of
+from procs import AIOQ, LISTENERS, aioq_cli, assert_one_line_error, children, kill_tree, pid_of
 from waits import wait_for
 
 from aioq.dev.pgbin import free_port
@@ -254,21 +254,25 @@ def test_stats_and_check(dsn: str) -> None:
     aioq_cli(dsn, "defer", "t", "--queue", "q2", "--delay", "1h")
     fetch(dsn, "UPDATE aioq.jobs SET run_at = now() - interval '2 minutes' WHERE queue = 'q1'")
     fetch(dsn, "INSERT INTO aioq.jobs (queue, task, status) VALUES ('q2', 't', 'dead')")
+    q2_ids = [int(aioq_cli(dsn, "defer", "t", "--queue", "q2").stdout) for _ in range(2)]
+    cancelled = aioq_cli(dsn, "jobs", "cancel", *map(str, q2_ids))
+    assert cancelled.returncode == 0, cancelled
 
     table = aioq_cli(dsn, "stats").stdout.splitlines()
     assert table[0].split() == [
-        "QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST_READY_S", "EXPIRED_LEASES",
-        "COMPLETED_1M", "FAILED_1M",
+        "QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "CANCELLED", "OLDEST_READY_S",
+        "EXPIRED_LEASES", "COMPLETED_1M", "FAILED_1M",
     ]  # fmt: skip
     q1 = table[1].split()
-    assert q1[:5] == ["q1", "2", "0", "0", "0"]
-    assert 120 <= float(q1[5]) < 180
-    assert q1[6:] == ["0", "n/a", "n/a"]
-    assert table[2].split() == ["q2", "0", "1", "0", "1", "0.0", "0", "n/a", "n/a"]
+    assert q1[:6] == ["q1", "2", "0", "0", "0", "0"]
+    assert 120 <= float(q1[6]) < 180
+    assert q1[7:] == ["0", "n/a", "n/a"]
+    assert table[2].split() == ["q2", "0", "1", "0", "1", "2", "0.0", "0", "n/a", "n/a"]
 
     data = json.loads(aioq_cli(dsn, "stats", "--json").stdout)
     assert [q["queue"] for q in data["queues"]] == ["q1", "q2"]
     assert data["queues"][1]["dead"] == 1
+    assert [q["cancelled"] for q in data["queues"]] == [0, 2]
     assert data["queues"][1]["completed_last_minute"] is None
     assert data["queues"][1]["failed_last_minute"] is None
     assert data["table"]["table_bytes"] > 0
@@ -401,6 +405,41 @@ def test_worker_usage_errors(dsn: str, tmp_path: Path) -> None:
     assert_one_line_error(aioq_cli(dsn, "worker", "no_such_module", cwd=tmp_path), "cannot import")
     (tmp_path / "m.py").write_text("x = 1\n")
     assert_one_line_error(aioq_cli(dsn, "worker", "m:x", cwd=tmp_path), "is not an aioq.Registry")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--poll-interval", "inf", "is not a duration"),
+        ("--poll-interval", "nan", "is not a duration"),
+        ("--poll-interval", "-1", "is not a duration"),
+        ("--poll-interval", "0", "between 0.001 and"),
+        ("--poll-interval", "40000d", "between 0.001 and"),  # past MAX_DURATION (a century)
+        ("--shutdown-grace", "40000d", "between 0 and"),
+        ("--command-timeout", "0", "between 0.001 and"),
+    ],
+)
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_worker_refuses_bad_durations_before_starting(
+    dsn: str, task_dir: Path, flag: str, value: str, says: str, processes: str
+) -> None:
+    # As typed: before the fix a supervisor's children failed on 0 and were restarted
+    # forever, and 40000d started a worker that would never poll.
+    proc = subprocess.Popen(
+        [AIOQ, "worker", "clitasks", "--processes", processes, flag, value],
+        env={**os.environ, "AIOQ_DSN": dsn},
+        cwd=task_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=30)  # a hang guard
+    finally:
+        kill_tree(proc)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert_one_line_error(result, f"argument {flag}: ", says)
+    assert stdout == ""
 
 
 def _scrape(port: int) -> str | None:

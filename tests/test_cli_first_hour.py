@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +15,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from procs import aioq_cli, assert_one_line_error
+from procs import AIOQ, aioq_cli, assert_one_line_error
 from waits import wait_for
 
-AIOQ = str(Path(sys.executable).parent / "aioq")  # the console script pip installed
 README = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
 
 TASKS = textwrap.dedent(

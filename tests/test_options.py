@@ -145,6 +145,41 @@ def test_retention_out_of_range_is_refused(field: str, value: float) -> None:
         aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
 
 
+INTERVALS = (
+    "poll_interval",
+    "heartbeat_interval",
+    "reaper_interval",
+    "prune_interval",
+    "vacuum_interval",
+    "stats_interval",
+    "stats_retention",
+    "limits_refresh",
+    "command_timeout",
+    "lag_threshold",
+)
+
+
+@pytest.mark.parametrize("field", [*INTERVALS, "shutdown_grace"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, -1.0, 1e12, "5", True], ids=repr)
+def test_worker_durations_out_of_range_are_refused(field: str, value: object) -> None:
+    with pytest.raises(aioq.ConfigError, match=f"^{field}: ") as refused:
+        aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
+    assert refused.value.field == field
+
+
+@pytest.mark.parametrize("field", INTERVALS)
+def test_worker_intervals_must_not_be_zero(field: str) -> None:
+    with pytest.raises(aioq.ConfigError, match=f"^{field}: "):
+        aioq.WorkerConfig(**{field: 0})  # type: ignore[arg-type]
+    aioq.WorkerConfig(**{field: 0.001})  # type: ignore[arg-type]
+
+
+def test_worker_edge_durations_are_accepted() -> None:
+    aioq.WorkerConfig(
+        shutdown_grace=0, poll_interval=MAX_DURATION, command_timeout=None, lag_threshold=None
+    )
+
+
 def test_cli_purge_refuses_an_age_out_of_range(dsn: str) -> None:
     result = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "99999999999d")
     assert_one_line_error(result, "older_than", "seconds")

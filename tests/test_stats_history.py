@@ -113,11 +113,18 @@ async def test_writer_adds_up_a_minute_gives_back_on_failure_and_prunes(
         "INSERT INTO aioq.stats_history VALUES (now() - interval '2 hours', 'old', 'q', 't',"
         " 5, 0, 0, '{}', '{}');"
         "INSERT INTO aioq.workers (id, host, pid, queues, concurrency, last_seen)"
-        " VALUES ('gone', 'h', 1, '{q}', 1, now() - interval '2 hours')"
+        " VALUES ('gone', 'h', 1, '{q}', 1, now() - interval '2 hours');"
+        # Half hours that ended before the retention (one hour) go; one that overlaps it stays.
+        "INSERT INTO aioq.stats_rollup VALUES (now() - interval '100 minutes', 'q', 'old',"
+        " 5, 0, 0, '{}', '{}'), (now() - interval '80 minutes', 'q', 'kept', 5, 0, 0, '{}', '{}')"
     )
     await writer(conn).run_once()
     assert await history(conn) == {("q", "t"): (2, 0, 1, 3)}
     assert await conn.fetchval("SELECT array_agg(id) FROM aioq.workers") == ["w1"]
+    assert await conn.fetchval("SELECT array_agg(task ORDER BY task) FROM aioq.stats_rollup") == [
+        "kept",
+        "t",
+    ]
 
 
 async def test_a_cancel_never_interrupts_the_write(conn: asyncpg.Connection) -> None:
@@ -232,3 +239,116 @@ async def test_a_schema_without_history_tables_only_costs_a_warning(
     warnings = [r for r in caplog.records if "writes no stats history" in r.message]
     assert len(warnings) == 1
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+# The half-hour rollup the day view reads -----------------------------------------------------
+
+Rollup = dict[tuple[object, str, str], tuple[int, int, int, list[int], list[int]]]
+
+
+async def rollup_of_history(
+    conn: asyncpg.Connection | asyncpg.Pool, schema: str = "aioq"
+) -> Rollup:
+    """What the rollup must hold: the minute rows summed per half hour, queue and task."""
+    summed: Rollup = {}
+    for r in await conn.fetch(
+        "SELECT date_bin('30 minutes', minute, timestamptz '2000-01-01') AS half, *"
+        f" FROM {schema}.stats_history"
+    ):
+        key = (r["half"], r["queue"], r["task"])
+        c, re_, d, w, run = summed.get(key, (0, 0, 0, [0] * 17, [0] * 17))
+        summed[key] = (
+            c + r["completed"], re_ + r["retried"], d + r["dead"],
+            [a + b for a, b in zip(w, r["wait_hist"], strict=True)],
+            [a + b for a, b in zip(run, r["run_hist"], strict=True)],
+        )  # fmt: skip
+    return summed
+
+
+async def rollup(conn: asyncpg.Connection | asyncpg.Pool, schema: str = "aioq") -> Rollup:
+    rows = await conn.fetch(f"SELECT * FROM {schema}.stats_rollup")
+    columns = ("completed", "retried", "dead", "wait_hist", "run_hist")
+    return {(r["minute"], r["queue"], r["task"]): tuple(r[c] for c in columns) for r in rows}
+
+
+async def test_workers_writing_at_once_add_up_in_the_rollup(dsn: str) -> None:
+    store = Store.for_schema("aioq")
+    keys = [(f"q{i % 3}", f"t{i}") for i in range(12)]
+    async with asyncpg.create_pool(dsn, min_size=4, max_size=4) as pool:
+
+        async def worker(n: int) -> None:
+            # Each worker meets the (queue, task) rows in its own order: a write that locked
+            # them in that order would deadlock with another's.
+            order = keys if n % 2 else keys[::-1]
+            for round_ in range(15):
+                recorder = StatsRecorder()
+                for i, (queue, task) in enumerate(order):
+                    if (i + round_ + n) % 4:
+                        kind = (OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.BURY)[i % 3]
+                        recorder.observe(claim(queue, task, waited=i / 10), kind, round_ / 7)
+                writer = StatsWriter(
+                    store=store, db=pool, recorder=recorder, worker_id=f"w{n}", queues=["q"],
+                    concurrency=1,
+                )  # fmt: skip
+                await writer.run_once()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                for n in range(4):
+                    tg.start_soon(worker, n)
+        expected = await rollup_of_history(pool)
+        assert len(expected) >= 12
+        assert await rollup(pool) == expected
+        minute_rows = await pool.fetchval("SELECT count(*) FROM aioq.stats_history")
+        assert minute_rows >= 4 * len(expected) / 2  # four workers' rows summed into one
+
+
+async def test_the_day_view_reads_the_rollup_and_the_hour_view_the_minutes(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        hist = "'{1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}'"
+        await conn.execute(
+            "INSERT INTO aioq.stats_rollup VALUES"
+            f" (now() - interval '20 hours', 'mail', 'mail.send', 7000, 0, 0, {hist}, {hist});"
+            "INSERT INTO aioq.stats_history VALUES"
+            f" (now(), 'w', 'mail', 'mail.send', 3, 0, 0, {hist}, {hist})"
+        )
+    finally:
+        await conn.close()
+
+    def pages() -> tuple[str, str]:
+        with TestClient(aioq.web.app(dsn=dsn)) as client:
+            return client.get("/throughput?range=day").text, client.get("/throughput").text
+
+    day, hour = await anyio.to_thread.run_sync(pages)
+    assert "7,000" in day
+    assert "7,000" not in hour
+
+
+async def test_the_upgrade_rolls_up_the_history_recorded_before_it(dsn: str) -> None:
+    from aioq.migrate import migrations, schema_sql
+    from aioq.queries import RECORD_MIGRATION, render
+
+    schema = "upgraded"
+    found = migrations(schema)
+    before = next(i for i, m in enumerate(found) if "stats_rollup (" in m.sql)
+    conn = await asyncpg.connect(dsn)
+    try:
+        text = schema_sql(schema)
+        await conn.execute(text[: text.index("-- aioq:migration 1\n")])  # the prologue
+        for migration in found[:before]:
+            await conn.execute(migration.sql)
+            await conn.execute(render(RECORD_MIGRATION, schema), migration.version)
+        await conn.execute(
+            f"INSERT INTO {schema}.stats_history"
+            " SELECT now() - make_interval(mins => m), 'w' || w, 'q' || (m % 2), 't' || (m % 3),"
+            "        m + w, m % 5, w,"
+            "        array_fill(m % 7 + w, ARRAY[17]), array_fill(m % 4, ARRAY[17])"
+            " FROM generate_series(0, 179) AS m, generate_series(1, 3) AS w"
+        )
+        assert await aioq.install(conn, schema=schema) == [m.version for m in found[before:]]
+        expected = await rollup_of_history(conn, schema)
+        assert len(expected) >= 6 * 6  # six or seven half hours, six (queue, task) pairs
+        assert await rollup(conn, schema) == expected
+    finally:
+        await conn.close()

@@ -611,3 +611,59 @@ async def test_a_running_job_is_cancelled_from_its_page_and_shows_its_progress(
         await anyio.to_thread.run_sync(check)
     finally:
         await conn.close()
+
+
+@pytest.mark.anyio
+async def test_a_dead_job_shows_the_worker_it_last_ran_on(
+    dsn: str, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task(name="doomed", max_attempts=1)
+    async def doomed() -> None:
+        raise RuntimeError("no luck")
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        failed = await doomed.defer(conn)
+        # A worker that vanished holding the last attempt: the reaper buries it.
+        lost = await conn.fetchval(
+            "INSERT INTO aioq.jobs (task, status, attempts, max_attempts, locked_by,"
+            " lease_expires_at) VALUES ('doomed', 'running', 1, 1, 'host-b:99:gone',"
+            " now() - interval '1 second') RETURNING id"
+        )
+        worker = make_worker(reaper_interval=0.1)
+        async with worker:
+            await until_sql(conn, "SELECT count(*) = 2 FROM aioq.jobs WHERE status = 'dead'")
+        for job, ran_on in ((failed, worker.id), (lost, "host-b:99:gone")):
+            found = await aioq.get_job(conn, job)
+            assert found is not None
+            assert (found.locked_by, found.last_worker) == (None, ran_on)
+
+        def check() -> None:
+            with TestClient(aioq.web.app(dsn=dsn)) as client:
+                for job, ran_on in ((failed, worker.id), (lost, "host-b:99:gone")):
+                    page = client.get(f"/jobs/{job}").text
+                    assert '<span class="badge dead">dead</span>' in page
+                    assert f'<dt>Last worker</dt><dd class="mono">{ran_on}</dd>' in page
+
+        await anyio.to_thread.run_sync(check)
+    finally:
+        await conn.close()
+
+
+def test_the_jobs_page_says_what_its_buttons_act_on(dsn: str, client: TestClient) -> None:
+    dead = add_jobs(dsn, "mail", 7)
+    bury(dsn, dead, "boom")
+    page = client.get("/jobs", params={"status": "dead", "queue": "mail"}).text
+    assert len(job_ids(page)) == 5  # one page of the seven
+    assert "act on the jobs ticked on this page only" in page
+    assert "<code>aioq jobs retry --dead --queue mail</code>" in page
+    # The command is copied into a shell: a filter value is quoted for it.
+    odd = client.get("/jobs", params={"status": "dead", "task": "a b;rm"}).text
+    assert "<code>aioq jobs retry --dead --task &#39;a b;rm&#39;</code>" in odd
+    # The CLI cannot filter by error text, and retries only dead jobs: no command then.
+    for params in ({"status": "dead", "q": "boom"}, {"status": "pending"}, {}):
+        assert "aioq jobs retry" not in client.get("/jobs", params=params).text
+    # What the command says is what the CLI does: every dead job of the queue, past the page.
+    retried = aioq_cli(dsn, "jobs", "retry", "--dead", "--queue", "mail")
+    assert retried.returncode == 0, retried
+    assert {status_of(dsn, i) for i in dead} == {"pending"}

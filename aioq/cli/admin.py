@@ -146,6 +146,7 @@ def _print_stats(snapshot: admin.Stats, args: argparse.Namespace, failures: list
             q.scheduled,
             q.running,
             q.dead,
+            q.cancelled,
             f"{q.oldest_ready_age:.1f}",
             q.expired_leases,
             "n/a" if q.completed_last_minute is None else q.completed_last_minute,
@@ -153,7 +154,7 @@ def _print_stats(snapshot: admin.Stats, args: argparse.Namespace, failures: list
         )
         for q in snapshot.queues
     ]
-    headers = ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST_READY_S")
+    headers = ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "CANCELLED", "OLDEST_READY_S")
     print_table((*headers, "EXPIRED_LEASES", "COMPLETED_1M", "FAILED_1M"), rows)
     t = snapshot.table
     print(

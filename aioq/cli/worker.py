@@ -17,6 +17,7 @@ import asyncpg
 from aioq.cli.common import (
     EXIT_OK,
     LISTEN_DSN_ENV,
+    UsageError,
     dsn_from,
     duration,
     load_registry,
@@ -24,6 +25,7 @@ from aioq.cli.common import (
     positive_int,
 )
 from aioq.dev.server import EmbeddedPostgres
+from aioq.errors import ConfigError
 from aioq.migrate import check_installed
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import Registry
@@ -34,6 +36,7 @@ from aioq.worker import (
     DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_GRACE,
     Worker,
+    WorkerConfig,
 )
 
 log = logging.getLogger("aioq.cli")
@@ -117,8 +120,18 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options of :data:`WORKER_FLAGS` as WorkerConfig fields."""
-    return {f.field: getattr(args, f.field) for f in WORKER_FLAGS}
+    """The options of :data:`WORKER_FLAGS` as WorkerConfig fields, checked by WorkerConfig.
+
+    A value it refuses is a usage error naming the flag, raised before anything starts: under
+    a supervisor, each child would fail on it and be restarted forever.
+    """
+    options = {f.field: getattr(args, f.field) for f in WORKER_FLAGS}
+    try:
+        WorkerConfig(**options)
+    except ConfigError as exc:
+        flags = {f.field: f.flag for f in WORKER_FLAGS}
+        raise UsageError(f"argument {flags[exc.field]}: {exc.problem}") from None
+    return options
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -144,13 +157,14 @@ async def _dev(port: int | None, fsync: bool) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker, or ``--processes`` of them under a supervisor."""
+    options = _worker_options(args)
     dsn = dsn_from(args)
     registry = load_registry(args.target)  # in the supervisor too: a typo fails at once
     if args.processes > 1:
         # Children would each fail on a missing schema and be restarted forever: check first.
         anyio.run(_check_schema, dsn, args.schema or registry.schema)
         return _supervise(args, dsn)
-    return anyio.run(_work, args, dsn, registry)
+    return anyio.run(_work, args, dsn, registry, options)
 
 
 async def _check_schema(dsn: str, schema: str) -> None:
@@ -179,7 +193,9 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     return Supervisor(command, args.processes, env=env).run()
 
 
-async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
+async def _work(
+    args: argparse.Namespace, dsn: str, registry: Registry, options: dict[str, Any]
+) -> int:
     metrics = None
     if args.metrics_port is not None:
         from aioq import metrics as aioq_metrics  # only now: prometheus_client is optional
@@ -194,7 +210,7 @@ async def _work(args: argparse.Namespace, dsn: str, registry: Registry) -> int:
         queues=args.queue or None,  # None: every queue the registry's tasks name
         schema=args.schema or None,  # "" means unset, as in every command
         listen_dsn=args.listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None,
-        **_worker_options(args),
+        **options,
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         # A supervisor starts its children with these blocked (see Supervisor._start): a

@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import secrets
+import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from starlette.staticfiles import StaticFiles
 
 from aioq import admin
 from aioq.errors import ConfigError
-from aioq.queries import quote_schema
+from aioq.queries import DEFAULT_SCHEMA, ROLLUP_STEP, quote_schema
 from aioq.store import Connection, Store
 from aioq.web import data
 from aioq.web.filters import environment
@@ -46,7 +47,8 @@ HERE = Path(__file__).parent
 CSRF_COOKIE = "aioq_csrf"
 CSRF_FIELD = "csrf"
 MAX_SELECTION = 1000  # ids one POST may act on
-RANGES = {"hour": (3600.0, 60.0), "day": (86400.0, 1800.0)}  # seconds shown, step
+# Seconds shown, step; a day in half hours reads the rollup (aioq.web.data.load_history).
+RANGES = {"hour": (3600.0, 60.0), "day": (86400.0, ROLLUP_STEP)}
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
 
@@ -68,7 +70,7 @@ DONE_MESSAGE = re.compile(r"(retried|cancelled|deleted) \d+ of \d+ jobs?( \(\d+ 
 class DashboardConfig:
     """How the dashboard reads and what it allows; durations in seconds."""
 
-    schema: str = "aioq"
+    schema: str = DEFAULT_SCHEMA
     actions: bool = False
     refresh: float = 5.0  # auto-refresh of the overview; 0 turns it off
     statement_timeout: float = 3.0
@@ -135,7 +137,7 @@ def app(
     *,
     dsn: str | None = None,
     pool: asyncpg.Pool | None = None,
-    schema: str = "aioq",
+    schema: str = DEFAULT_SCHEMA,
     actions: bool = False,
     authorize: Authorize | None = None,
     **options: Any,
@@ -276,6 +278,7 @@ class _Pages:
                 newest=urlencode(kept),
                 here=_here(request),
                 actions_for=data.ACTIONS_BY_STATUS,
+                every_dead=_retry_command(filters, self.config.schema),
                 page="jobs",
             )
 
@@ -394,6 +397,20 @@ def _here(request: Request) -> str:
     """The path and query of this page, to come back to after an action."""
     query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
     return request.url.path + (f"?{query}" if query else "")
+
+
+def _retry_command(filters: dict[str, str], schema: str) -> str | None:
+    """The ``aioq jobs retry`` line that retries every dead job of a filter, beyond this page.
+
+    None unless the filter is one the command can express (dead jobs by queue and task, not by
+    error text): the page's buttons act on ticked rows only.
+    """
+    if filters["status"] != "dead" or filters["q"]:
+        return None
+    narrowed = [f"--{k} {shlex.quote(filters[k])}" for k in ("queue", "task") if filters[k]]
+    if schema != DEFAULT_SCHEMA:
+        narrowed.append(f"--schema {shlex.quote(schema)}")
+    return " ".join(["aioq jobs retry --dead", *narrowed])
 
 
 def _safe_next(target: str, request: Request) -> str:

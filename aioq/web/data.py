@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from aioq.job import JobStatus
+from aioq.queries import ROLLUP_STEP
 from aioq.stats_history import percentile
 from aioq.store import Connection, Store
 
@@ -225,7 +226,14 @@ class History:
 async def load_history(
     conn: Connection, store: Store, *, seconds: float, step: float, queue: str | None = None
 ) -> History:
-    """Read the history of the last ``seconds`` in steps of ``step`` (one queue's, if given)."""
+    """Read the history of the last ``seconds`` in steps of ``step`` (one queue's, if given).
+
+    Steps of whole half hours (the day view) read the half-hour rollup: a day of minutes is
+    hundreds of thousands of rows with many workers, the rollup about fifty per queue and task.
+    """
+    rollup = step % ROLLUP_STEP == 0
+    read_totals = store.rollup_totals if rollup else store.history_totals
+    read_series = store.rollup_series if rollup else store.history_series
     totals = [
         TaskTotals(
             queue=row["queue"],
@@ -238,11 +246,11 @@ async def load_history(
             run_p50=percentile(row["run"], 0.5),
             run_p95=percentile(row["run"], 0.95),
         )
-        for row in await store.history_totals(conn, seconds)
+        for row in await read_totals(conn, seconds)
         if queue is None or row["queue"] == queue
     ]
     points: dict[str, list[tuple[datetime, int, int, int]]] = defaultdict(list)
-    for row in await store.history_series(conn, seconds, step, queue):
+    for row in await read_series(conn, seconds, step, queue):
         points[row["name"]].append((row["t"], row["completed"], row["retried"], row["dead"]))
     series = [
         Series(name=name, points=p, peak=max(c + r + d for _, c, r, d in p))

@@ -70,8 +70,9 @@ VALUES ($1, $2, $3::text::jsonb, $4,
 RETURNING id
 """
 
-# The common case (every option at the table's default): three parameters, the rest from the
-# column defaults in schema.sql. Store.insert picks it; a test keeps the two in step.
+# The common case (every option at the table's default, store.TABLE_DEFAULTS): three parameters
+# to encode, send and bind, the rest from the column defaults in schema.sql. TaskCall.defer
+# picks it (JobOptions.at_defaults); a test keeps the two in step.
 INSERT_DEFAULT_JOB = """
 INSERT INTO {s}.jobs (queue, task, args) VALUES ($1, $2, $3::text::jsonb) RETURNING id
 """

@@ -177,12 +177,12 @@ class Store:
         """Insert one job and return its id (with a unique_key: the live job's id, or None)."""
         values = (queue, task, args, priority, run_at, delay, max_attempts, lease, traceparent)
         if unique_key is None:
-            lean = traceparent is None and run_at is None and not delay
-            if lean and (priority, max_attempts, lease) == TABLE_DEFAULTS:
-                # The lean statement: a third of the parameters to encode, send and bind.
-                return await conn.fetchval(self._insert_default, queue, task, args)  # type: ignore[no-any-return]
             return await conn.fetchval(self._insert, *values)  # type: ignore[no-any-return]
         return await conn.fetchval(self._insert_unique, *values, unique_key)  # type: ignore[no-any-return]
+
+    async def insert_default(self, conn: Executor, *, queue: str, task: str, args: str) -> int:
+        """Insert one job whose other columns take the table's defaults; return its id."""
+        return await conn.fetchval(self._insert_default, queue, task, args)  # type: ignore[no-any-return]
 
     async def insert_many(
         self,

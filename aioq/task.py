@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import math
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
@@ -20,7 +20,7 @@ from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
 from aioq.schedule import Schedule
-from aioq.store import Executor, Store, Target, executor
+from aioq.store import TABLE_DEFAULTS, Executor, Store, Target, executor
 
 __all__ = (
     "MAX_DURATION",
@@ -102,6 +102,8 @@ class JobOptions:
     delay: float = 0.0
     run_at: datetime | None = None
     unique_key: str | None = None
+    # Every column but queue, task and args at the table's default: Store.insert_default.
+    at_defaults: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.queue or len(self.queue) > 200:
@@ -127,6 +129,9 @@ class JobOptions:
             check_time("run_at", self.run_at)
             if self.delay:
                 raise ConfigError("run_at", "give either run_at or delay, not both")
+        lean = self.run_at is None and not self.delay and self.unique_key is None
+        at_defaults = lean and (self.priority, self.max_attempts, self.lease) == TABLE_DEFAULTS
+        object.__setattr__(self, "at_defaults", at_defaults)  # frozen: set once, here
 
 
 def _seconds(name: str, value: float | timedelta) -> float:
@@ -169,7 +174,7 @@ class Task(Generic[P, R]):
         self.fn = fn
         self.name = name
         self.registry = registry
-        self.defaults = options
+        self._call = TaskCall(self, options)  # defer and defer_many with the defaults
         self.timeout = timeout
         self.retry = retry
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -188,6 +193,11 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<aioq.Task {self.name!r} queue={self.defaults.queue!r}>"
+
+    @property
+    def defaults(self) -> JobOptions:
+        """The options of the jobs deferred without ``options()``."""
+        return self._call.opts
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the function directly, in this process (no job)."""
@@ -276,11 +286,11 @@ class Task(Generic[P, R]):
 
     async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
-        return await TaskCall(self, self.defaults).defer(conn, *args, **kwargs)
+        return await self._call.defer(conn, *args, **kwargs)
 
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
-        return await TaskCall(self, self.defaults).defer_many(conn, calls)
+        return await self._call.defer_many(conn, calls)
 
     # An async task's R is the coroutine: the first overload unwraps it to what it returns.
     @overload
@@ -332,6 +342,11 @@ class TaskCall(Generic[P]):
         encoded = encode_args(task.name, task.bind(args, kwargs))
         conn = await executor(conn)
         if not hooks.observers:
+            if opts.at_defaults:  # the common case: no option to send
+                store = Store.for_schema(task.registry.schema)
+                return await store.insert_default(
+                    conn, queue=opts.queue, task=task.name, args=encoded
+                )
             return await self._insert(conn, encoded, None)
         deferral = hooks.Deferral(task.name, opts.queue, 1)
         with hooks.deferring(deferral):

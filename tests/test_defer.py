@@ -640,6 +640,39 @@ def test_mypy_rejects_bad_defer_calls(mypy_results: dict[str, Any]) -> None:
     assert reported == expected, out
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"priority": 1},
+        {"max_attempts": 4},
+        {"lease": 31.0},
+        {"delay": 0.5},
+        {"run_at": datetime(2031, 1, 1, tzinfo=UTC)},
+        {"unique_key": "k"},
+    ],
+    ids=lambda changes: next(iter(changes)),
+)
+async def test_any_option_off_its_default_takes_the_full_insert(
+    conn: asyncpg.Connection, registry: aioq.Registry, changes: dict[str, Any]
+) -> None:
+    @registry.task(name="opt")
+    async def opt(n: int) -> None: ...
+
+    assert opt.defaults.at_defaults
+    call = opt.options(**changes)
+    assert not call.opts.at_defaults
+    job_id = await call.defer(conn, n=1)
+    row = await conn.fetchrow(
+        "SELECT priority, max_attempts, extract(epoch FROM lease)::float8 AS lease,"
+        " run_at > now() AS later, unique_key FROM aioq.jobs WHERE id = $1",
+        job_id,
+    )
+    expected = {"priority": 0, "max_attempts": 5, "lease": 30.0, "unique_key": None}
+    expected.update({k: v for k, v in changes.items() if k in expected})
+    assert {k: row[k] for k in expected} == expected
+    assert row["later"] == ("delay" in changes or "run_at" in changes)
+
+
 async def test_the_lean_insert_gives_what_the_full_one_gives(
     conn: asyncpg.Connection, registry: aioq.Registry
 ) -> None:

@@ -240,6 +240,21 @@ async def test_a_claim_across_queues_takes_priority_then_fifo(conn: asyncpg.Conn
 # --- constraints --------------------------------------------------------------------------
 
 
+async def test_job_arguments_are_compressed_with_lz4_where_the_server_has_it(
+    conn: asyncpg.Connection,
+) -> None:
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL default_toast_compression = lz4")
+    except asyncpg.PostgresError:
+        pytest.skip("this PostgreSQL is built without lz4: the arguments keep pglz")
+    compression = await conn.fetchval(
+        "SELECT attcompression FROM pg_attribute"
+        " WHERE attrelid = 'aioq.jobs'::regclass AND attname = 'args'"
+    )
+    assert compression == b"l"  # "char": asyncpg gives bytes
+
+
 async def test_status_check_rejects_unknown_statuses(conn: asyncpg.Connection) -> None:
     for status in ("done", "PENDING", ""):
         with pytest.raises(asyncpg.CheckViolationError) as info:

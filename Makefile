@@ -40,8 +40,9 @@ test: lint typecheck pytest
 chaos: $(VENV)/.installed-dev pgbouncer
 	AIOQ_CHAOS_PROFILE=long $(PY) -m pytest -m chaos tests/chaos --timeout 1800
 
-# Benchmarks against the peers, in their own venv (pinned peers + aioq): writes
-# benchmarks/RESULTS.md and charts (not part of `make test`). BENCH_ARGS="--quick --only drain".
+# Benchmarks against the peers, in their own venv (pinned peers + aioq), on a throwaway stock
+# PostgreSQL (fsync on): writes benchmarks/RESULTS.md, results.json and charts (planned: < 20 min)
+# (not part of `make test`). BENCH_ARGS="--quick --only drain --out /tmp/b/RESULTS.md".
 BENCH_VENV := benchmarks/.venv
 $(BENCH_VENV)/.installed: benchmarks/requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \

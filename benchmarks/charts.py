@@ -1,4 +1,5 @@
-"""PNG charts with matplotlib (Agg): drain throughput vs concurrency, latency CDF, soak."""
+"""PNG charts with matplotlib (Agg): drain, defer_conc and io_bound throughput against
+concurrency, payload bars, the latency CDF and the soak's time series."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -20,6 +22,19 @@ def draw(res: dict[str, list[Result]], outdir: str) -> dict[str, str]:
     out = {}
     if res.get("drain"):
         out["drain"] = _drain(res["drain"], outdir)
+    if res.get("defer_conc"):
+        out["defer_conc"] = _rates(
+            res["defer_conc"], outdir, "defer_conc",
+            "deferring connections (one job per transaction)",
+            "defer_conc: deferring from many connections at once",
+        )  # fmt: skip
+    if res.get("io_bound"):
+        out["io_bound"] = _rates(
+            res["io_bound"], outdir, "io_bound", "worker concurrency (one process)",
+            "io_bound: tasks that await 50 ms",
+        )  # fmt: skip
+    if res.get("payload"):
+        out["payload"] = _payload(res["payload"], outdir)
     if res.get("latency"):
         out["latency"] = _latency(res["latency"], outdir)
     soaks = [r for r in res.get("soak", []) if "series" in r]
@@ -28,30 +43,96 @@ def draw(res: dict[str, list[Result]], outdir: str) -> dict[str, str]:
     return out
 
 
-def _drain(rows: list[Result], outdir: str) -> str:
-    series: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+def _by_system(
+    rows: list[Result], param: str, field: str = "rate"
+) -> dict[str, dict[Any, list[float]]]:
+    """{system: {param value: [field of each repeat]}} over the rows that have both."""
+    series: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if "rate" in r and r.get("processes") == 1:
-            series[r["system"]][r["concurrency"]].append(r["rate"])
+        if r.get(field) is not None and param in r and "error" not in r:
+            series[r["system"]][r[param]].append(r[field])
+    return series
+
+
+def _lines(ax: Any, series: dict[str, dict[Any, list[float]]]) -> None:
+    """One line per system through the medians, the repeats' min-max as error bars (log x)."""
+    for system, by_x in series.items():
+        xs = sorted(by_x)
+        meds = [statistics.median(by_x[x]) for x in xs]
+        low = [m - min(by_x[x]) for m, x in zip(meds, xs, strict=True)]
+        high = [max(by_x[x]) - m for m, x in zip(meds, xs, strict=True)]
+        ax.errorbar(xs, meds, yerr=[low, high], marker="o", capsize=3, label=system)
+    ticks = sorted({x for by_x in series.values() for x in by_x})
+    ax.set_xscale("log")
+    ax.set_xticks(ticks, [str(x) for x in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def _save(fig: Any, ax: Any, outdir: str, name: str, xlabel: str, ylabel: str, title: str) -> str:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(outdir, name), dpi=100)
+    plt.close(fig)
+    return name
+
+
+def _drain(rows: list[Result], outdir: str) -> str:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for system, by_c in series.items():
-        cs = sorted(by_c)
-        ax.plot(cs, [statistics.median(by_c[c]) for c in cs], marker="o", label=system)
+    _lines(ax, _by_system([r for r in rows if r.get("processes") == 1], "concurrency"))
     cli = [r["rate"] for r in rows if "rate" in r and r.get("processes", 1) > 1]
     if cli:
         ax.scatter(
             [50], [statistics.median(cli)], marker="*", s=150, label="aioq CLI 2 processes x c50"
         )
-    ax.set_xscale("log")
-    ax.set_xlabel("worker concurrency")
-    ax.set_ylabel("jobs/s (median)")
-    ax.set_title("drain: no-op jobs per second")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    return _save(
+        fig, ax, outdir, "drain.png", "worker concurrency", "jobs/s (median, min–max)",
+        "drain: no-op jobs per second",
+    )  # fmt: skip
+
+
+def _rates(rows: list[Result], outdir: str, scenario: str, xlabel: str, title: str) -> str:
+    """jobs/s against concurrency per system (log-log); io_bound adds its ideal line."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = _by_system(rows, "concurrency")
+    _lines(ax, series)
+    ideal = {r["concurrency"]: r["ideal"] for r in rows if r.get("ideal")}
+    if ideal:
+        cs = sorted(ideal)
+        ax.plot(cs, [ideal[c] for c in cs], "k--", label="ideal (concurrency / 0.05 s)")
+    ax.set_yscale("log")
+    return _save(fig, ax, outdir, f"{scenario}.png", xlabel, "jobs/s (median, min–max)", title)
+
+
+def _payload(rows: list[Result], outdir: str) -> str:
+    sizes = sorted({r["payload_kb"] for r in rows if "payload_kb" in r})
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.5))
+    width = 0.8 / max(len(systems), 1)
+    for ax, (field, what) in zip(
+        axes, (("defer_rate", "bulk defer"), ("rate", "drain c50")), strict=True
+    ):
+        for k, system in enumerate(systems):
+            by_kb = _by_system([r for r in rows if r["system"] == system], "payload_kb", field)
+            meds = [
+                statistics.median(by_kb[system][kb]) if by_kb[system][kb] else 0 for kb in sizes
+            ]
+            ax.bar([i + k * width for i in range(len(sizes))], meds, width, label=system)
+        ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(sizes))])
+        ax.set_xticklabels([f"{kb} KB" for kb in sizes])
+        ax.set_yscale("log")
+        ax.set_ylabel("jobs/s (median)")
+        ax.set_title(what)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("payload: nested JSON arguments")
     fig.tight_layout()
-    fig.savefig(os.path.join(outdir, "drain.png"), dpi=100)
+    fig.savefig(os.path.join(outdir, "payload.png"), dpi=100)
     plt.close(fig)
-    return "drain.png"
+    return "payload.png"
 
 
 def _latency(rows: list[Result], outdir: str) -> str:
@@ -69,15 +150,10 @@ def _latency(rows: list[Result], outdir: str) -> str:
         if s:
             ax.plot(s, [(i + 1) / len(s) for i in range(len(s))], label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("commit to task start, ms (log)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("latency CDF, idle worker, one job every 20 ms")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(outdir, "latency_cdf.png"), dpi=100)
-    plt.close(fig)
-    return "latency_cdf.png"
+    return _save(
+        fig, ax, outdir, "latency_cdf.png", "commit to task start, ms (log)", "fraction of jobs",
+        "latency CDF, idle worker, one job every 20 ms",
+    )  # fmt: skip
 
 
 def _soak(r: Result, outdir: str) -> str:

@@ -35,6 +35,12 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def host_busy() -> float:
+    """CPU seconds the whole host has spent busy (all processes, all cores: not idle, not iowait)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
 def _cpu(pid: int) -> float | None:
     try:
         t = psutil.Process(pid).cpu_times()

@@ -16,11 +16,10 @@ import statistics
 import time
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
-from starlette.testclient import TestClient
-
 import aioq
 import aioq.web
+import asyncpg
+from starlette.testclient import TestClient
 
 PAGES = (
     "/",

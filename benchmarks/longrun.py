@@ -14,6 +14,7 @@ import asyncpg
 from aioq.store import Store
 
 import systems
+from common import Runs, aioq_defer, pct
 from systems.sys_aioq import Adapter, noop
 
 TABLE = """
@@ -30,13 +31,6 @@ FROM generate_series(1, $1) AS g
 """
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def history(args: argparse.Namespace) -> dict[str, Any]:
     """Claim round trip and drain rate with ``--rows`` dead jobs in the hot table."""
     conn = await asyncpg.connect(args.dsn)
@@ -50,10 +44,7 @@ async def history(args: argparse.Namespace) -> dict[str, Any]:
             await conn.execute("CHECKPOINT")
     store = Store.for_schema("aioq")
     claims = 500
-    for start in range(0, args.n + claims, 1000):
-        await noop.defer_many(
-            conn, [{"i": i} for i in range(start, min(start + 1000, args.n + claims))]
-        )
+    await aioq_defer(conn, args.n + claims, batch=1000)
     await conn.execute("ANALYZE aioq.jobs")
     plan = await conn.fetch("EXPLAIN " + store._claim_one, "default", 1, "bench")
     plan_text = "\n".join(r[0] for r in plan)
@@ -67,19 +58,12 @@ async def history(args: argparse.Namespace) -> dict[str, Any]:
         claim_ms.append((t1 - t0) * 1000)
     adapter = Adapter()
     await adapter.open(args.dsn)
-    ran = 0
-    done = asyncio.Event()
-
-    def count(i: int) -> None:
-        nonlocal ran
-        ran += 1
-        if ran >= args.n:
-            done.set()
-
-    systems.hook = count
+    runs = Runs()
+    systems.hook = runs.count
     t0 = time.perf_counter()
     async with adapter.worker(args.concurrency):
-        await asyncio.wait_for(done.wait(), 120)
+        if not await runs.wait(args.n, t0 + 120):
+            raise TimeoutError(f"{runs.n} of {args.n} jobs ran in 120 s")
         while await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status <> 'dead'"):
             await asyncio.sleep(0.005)
         seconds = time.perf_counter() - t0

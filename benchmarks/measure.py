@@ -12,25 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import resource
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
 
 import systems
 import workloads
-from cpu import PgCpu, tree_cpu
-
-PRELOAD_BATCH = 1000
-
-
-def rusage() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from common import Runs, drained, preload, rusage
+from cpu import PgCpu
 
 
 async def defer_one(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
@@ -62,8 +50,7 @@ async def defer_many(system: systems.System, args: argparse.Namespace) -> dict[s
     try:
         await system.defer_many(-args.batch, args.batch)  # warm up
         cpu0, t0 = rusage(), time.perf_counter()
-        for start in range(0, args.n, args.batch):
-            await system.defer_many(start, min(args.batch, args.n - start))
+        await preload(system, args.n, args.batch)
         seconds = time.perf_counter() - t0
         return {
             "rate": args.n / seconds,
@@ -74,16 +61,9 @@ async def defer_many(system: systems.System, args: argparse.Namespace) -> dict[s
         await system.close()
 
 
-async def preload(system: systems.System, n: int) -> None:
-    for start in range(0, n, PRELOAD_BATCH):
-        await system.defer_many(start, min(PRELOAD_BATCH, n - start))
-
-
-async def wait_done(system: systems.System, done: asyncio.Event, deadline: float) -> bool:
+async def wait_done(system: systems.System, runs: Runs, n: int, deadline: float) -> bool:
     """Wait until every job ran (in-process counter), then until the database shows them done."""
-    try:
-        await asyncio.wait_for(done.wait(), max(0.0, deadline - time.perf_counter()))
-    except TimeoutError:
+    if not await runs.wait(n, deadline):
         return False
     while await system.remaining():
         if time.perf_counter() > deadline:
@@ -93,121 +73,28 @@ async def wait_done(system: systems.System, done: asyncio.Event, deadline: float
 
 
 async def drain(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
-    if args.processes:
-        return await drain_cli(system, args)
+    if args.processes:  # aioq's CLI: the processes scenario's measurement
+        return await workloads.processes(system, args)
     await system.open(args.dsn)
     try:
         await preload(system, args.n)
-        ran = 0
-        done = asyncio.Event()
-
-        def count(i: int) -> None:
-            nonlocal ran
-            ran += 1
-            if ran >= args.n:
-                done.set()
-
-        systems.hook = count
+        runs = Runs()
+        systems.hook = runs.count
         pg = await PgCpu.connect(args.dsn) if system.backend == "postgres" else None
         cpu0, t0 = rusage(), time.perf_counter()
         if pg is not None:
             await pg.start()
         async with system.worker(args.concurrency, poll_interval=args.poll):
-            finished = await wait_done(system, done, t0 + args.limit)
+            finished = await wait_done(system, runs, args.n, t0 + args.limit)
             seconds = time.perf_counter() - t0
             worker_cpu = rusage() - cpu0
             pg_cpu = await pg.stop() if pg is not None else None
         left = await system.remaining()
         if pg is not None:
             await pg.close()
-        jobs = args.n - left
-        return {
-            "rate": jobs / seconds,
-            "seconds": seconds,
-            "jobs": jobs,
-            "capped": not finished,
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
-            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
-        }
+        return drained(args.n - left, seconds, finished, worker_cpu, pg_cpu)
     finally:
         await system.close()
-
-
-async def drain_cli(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
-    """aioq's own CLI with --processes: jobs committed only once both workers are up."""
-    import asyncpg
-
-    from systems.sys_aioq import noop
-
-    conn = await asyncpg.connect(args.dsn)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": here, "AIOQ_DSN": args.dsn}
-    cmd = [
-        os.path.join(os.path.dirname(sys.executable), "aioq"),
-        "worker",
-        "systems.sys_aioq:registry",
-        "--processes",
-        str(args.processes),
-        "--concurrency",
-        str(args.concurrency),
-        "--poll-interval",
-        str(args.poll),
-        # As the in-process runs (no logging configured): no INFO line per job.
-        "--log-level",
-        "warning",
-    ]
-    # Warnings go to a file, never to an unread pipe (it would block).
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        tx = conn.transaction()
-        await tx.start()  # the jobs are in, uncommitted, while the workers start
-        for start in range(0, args.n, PRELOAD_BATCH):
-            calls = [{"i": i} for i in range(start, min(start + PRELOAD_BATCH, args.n))]
-            await noop.defer_many(conn, calls)
-        watch = await asyncpg.connect(args.dsn)
-        apps = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'aioq listener%'"
-        for _ in range(600):
-            if await watch.fetchval(apps) >= args.processes:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise RuntimeError("the CLI workers did not start in 30 s")
-        await asyncio.sleep(0.2)
-        pg = await PgCpu.connect(args.dsn)
-        await pg.start()
-        cpu0 = tree_cpu(proc.pid)
-        t0 = time.perf_counter()
-        await tx.commit()  # the NOTIFY wakes both processes
-        finished = False
-        while time.perf_counter() < t0 + args.limit:
-            if not await watch.fetchval("SELECT count(*) FROM aioq.jobs"):
-                finished = True
-                break
-            await asyncio.sleep(0.01)
-        seconds = time.perf_counter() - t0
-        worker_cpu = tree_cpu(proc.pid) - cpu0
-        pg_cpu = await pg.stop()
-        left = await watch.fetchval("SELECT count(*) FROM aioq.jobs")
-        await watch.close()
-        await pg.close()
-        jobs = args.n - left
-        return {
-            "rate": jobs / seconds,
-            "seconds": seconds,
-            "jobs": jobs,
-            "capped": not finished,
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
-            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
-        }
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        await conn.close()
 
 
 async def latency(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:

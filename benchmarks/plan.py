@@ -15,6 +15,21 @@ LATENCY_POLL = 0.1  # the poll interval of aioq's poll-only latency run (LISTEN 
 HISTORY_ROWS = (1_000, 1_000_000)
 # Soak rates as fractions of aioq's c50 drain rate; the enqueuer shares the worker's process.
 SOAK_FRACTIONS = (0.25, 0.5)
+# The full run's time limits and lengths (seconds), also quoted in RESULTS.md's method.
+DEFER_ONE_LIMIT = 4
+DRAIN_LIMIT = 3  # a capped peer's rate is its jobs done in this time
+# Drain cells where a peer runs into the limit in every run on record (quiet or loaded): one
+# round only, its figure a single run. {concurrency: systems}
+DRAIN_ONCE = {1: ("pgqueuer", "procrastinate", "chancy", "arq"), 10: ("procrastinate",)}
+DRAIN_ONCE[50] = DRAIN_ONCE[10]
+SOAK_SECONDS = 30
+DEFER_CONC_SECONDS = 1.0
+IO_WORK = 1.5  # seconds of jobs at the ideal rate
+IO_LIMIT = 4
+PAYLOAD_LIMIT = 5  # each phase: the defer, the drain
+BACKLOG_JOBS = 1_000_000
+BACKLOG_LIMIT = 60  # the drain of the ready quarter
+MIXED_SECONDS = 60
 REDIS_DB = {"saq": 1, "arq": 2}
 
 
@@ -28,6 +43,7 @@ class Cell:
     script: str = "measure.py"
     db: str = "fresh"  # fresh copy of the template | keep (history) | redis
     label: str = ""
+    rounds: int | None = None  # at most this many rounds (None: the run's --repeats)
 
     @property
     def redis_db(self) -> int:
@@ -48,10 +64,20 @@ def _db(name: str) -> str:
 def plan(
     scenario: str, names: list[str], *, quick: bool, prior: dict[str, list[dict[str, Any]]]
 ) -> list[Cell]:
-    """The cells of one scenario, in interleaving order (one of each system per round)."""
+    """The cells of one scenario, in interleaving order, each with its cap on rounds."""
+    cells = _cells(scenario, names, quick=quick, prior=prior)
+    for cell in cells:
+        if scenario in REPEATS:
+            cell.rounds = min(cell.rounds or REPEATS[scenario], REPEATS[scenario])
+    return cells
+
+
+def _cells(
+    scenario: str, names: list[str], *, quick: bool, prior: dict[str, list[dict[str, Any]]]
+) -> list[Cell]:
     base = ["--scenario", scenario]
     if scenario == "defer_one":
-        n, limit = (2_000, 5) if quick else (10_000, 12)
+        n, limit = (2_000, 3) if quick else (10_000, DEFER_ONE_LIMIT)
         return [
             Cell(
                 scenario,
@@ -76,16 +102,16 @@ def plan(
             if systems.load(s).bulk_api  # saq and arq have no bulk enqueue call
         ]
     if scenario == "drain":
-        limit = 8
+        limit = DRAIN_LIMIT
         cells = []
         for c in DRAIN_CONCURRENCY:
-            n = (1_000 if quick else 5_000) if c == 1 else (3_000 if quick else 10_000)
+            n = (1_000 if quick else 3_000) if c == 1 else (3_000 if quick else 10_000)
             for s in names:
                 argv = ["--system", s, *base, "--n", str(n), "--concurrency", str(c)]
                 params = {"concurrency": c, "processes": 1, "n": n}
-                cells.append(
-                    Cell(scenario, s, [*argv, "--limit", str(limit)], limit + 90, params, db=_db(s))
-                )
+                argv += ["--limit", str(limit)]
+                once = 1 if s in DRAIN_ONCE.get(c, ()) else None
+                cells.append(Cell(scenario, s, argv, limit + 90, params, db=_db(s), rounds=once))
         n = 5_000 if quick else 20_000
         argv = ["--system", "aioq", *base, "--n", str(n), "--concurrency", str(CLI_CONCURRENCY)]
         argv += ["--processes", str(CLI_PROCESSES), "--limit", str(limit)]
@@ -93,10 +119,11 @@ def plan(
         cells.append(Cell(scenario, "aioq", argv, limit + 90, params))
         return cells
     if scenario == "latency":
-        n = 50 if quick else 150
+        n = 50 if quick else 150  # aioq's 3 rounds: 450 samples, enough for a p99
         cells = []
         for s in names:
-            argv = ["--system", s, *base, "--n", str(n), "--concurrency", "10", "--poll", "1.0"]
+            k = n if s == "aioq" else n * 2 // 3
+            argv = ["--system", s, *base, "--n", str(k), "--concurrency", "10", "--poll", "1.0"]
             cells.append(Cell(scenario, s, argv, 90, {"mode": "default"}, db=_db(s)))
         argv = ["--system", "aioq", *base, "--n", str(n), "--concurrency", "10"]
         argv += ["--no-listen", "--poll", str(LATENCY_POLL)]
@@ -118,7 +145,7 @@ def plan(
             for r in rows
         ]
     if scenario == "soak":
-        seconds = 15 if quick else 60
+        seconds = 15 if quick else SOAK_SECONDS
         cells = []
         for fraction in SOAK_FRACTIONS:
             rate = fraction * c50_rate(prior)
@@ -163,12 +190,16 @@ def plan(
 
 DEFER_CONC = (1, 16, 64)
 IO_CONCURRENCY = (100, 500, 1000)
-IO_SYSTEMS = ("aioq", "pgqueuer", "procrastinate", "saq")  # the time budget: one per kind
+# The time budget: pgqueuer for PostgreSQL and saq for Redis. procrastinate drains about 150
+# no-op jobs/s at any concurrency (drain), far below the ideal 2 000 to 20 000/s: every cell
+# would only run into the limit. chancy and arq are left out for the budget alone.
+IO_SYSTEMS = ("aioq", "pgqueuer", "saq")
 PAYLOAD_KB = (1, 64)
 QUEUES = (1, 50)
 PROCESSES = (1, 2, 4)
-# Scenarios whose repeats are capped (the 20-minute budget of the full run).
-REPEATS = {"backlog": 1, "mixed": 1, "payload": 2, "io_bound": 2}
+# Scenarios whose repeats are capped (the 20-minute budget of the full run): one long run, or
+# cells whose spread is small against the ratios they show.
+REPEATS = {"backlog": 1, "mixed": 1, "soak": 1, "payload": 2, "io_bound": 2}
 
 
 def plan_workload(
@@ -178,7 +209,7 @@ def plan_workload(
     base = ["--scenario", scenario]
     pg = [s for s in names if s in systems.POSTGRES]
     if scenario == "defer_conc":
-        seconds = 1.0 if quick else 1.5
+        seconds = DEFER_CONC_SECONDS
         return [
             Cell(
                 scenario,
@@ -191,8 +222,8 @@ def plan_workload(
             for s in [*pg, systems.REFERENCE]
         ]
     if scenario == "io_bound":
-        work = 1.0 if quick else 1.5  # seconds of jobs at the ideal rate
-        limit = 6 if quick else 8
+        work = 1.0 if quick else IO_WORK
+        limit = 4 if quick else IO_LIMIT
         cells = []
         for c in IO_CONCURRENCY:
             n = int(c / 0.05 * work)
@@ -209,12 +240,12 @@ def plan_workload(
             n = (2_000 if quick else 5_000) if kb <= 4 else (200 if quick else 400)
             for s in pg:
                 argv = ["--system", s, *base, "--n", str(n), "--payload-kb", str(kb)]
-                argv += ["--limit", "10" if quick else "15"]
+                argv += ["--limit", str(4 if quick else PAYLOAD_LIMIT)]
                 cells.append(Cell(scenario, s, argv, 150, {"payload_kb": kb}))
         return cells
     if scenario == "backlog":
-        n = 100_000 if quick else 1_000_000
-        argv = ["--system", "aioq", *base, "--n", str(n), "--limit", "90"]
+        n = 100_000 if quick else BACKLOG_JOBS
+        argv = ["--system", "aioq", *base, "--n", str(n), "--limit", str(BACKLOG_LIMIT)]
         return [Cell(scenario, "aioq", argv, 400, {"n": n})]
     if scenario == "queues":
         n = 5_000 if quick else 10_000
@@ -244,7 +275,7 @@ def plan_workload(
             for p in PROCESSES
         ]
     if scenario == "mixed":
-        seconds = 15 if quick else 60
+        seconds = 15 if quick else MIXED_SECONDS
         n = 20_000 if quick else 100_000
         argv = ["--system", "aioq", *base, "--n", str(n), "--seconds", str(seconds)]
         return [Cell(scenario, "aioq", argv, seconds + 120)]

@@ -10,10 +10,10 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-from targets import targets
+import plan
+from targets import scale, targets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CHARTS = os.path.join(HERE, "charts")
 PARAMS = (
     "system",
     "concurrency",
@@ -30,6 +30,7 @@ PARAMS = (
 )
 
 Result = dict[str, Any]
+STATUS = {True: "met", False: "**missed**", None: "not measured"}
 
 
 def brief(r: Result) -> str:
@@ -416,7 +417,7 @@ def payload_section(rows: list[Result]) -> list[str]:
                     fmt(stat(rs, "defer_rate")) + errors(rs),
                     fmt(stat(rs, "defer_mb_s"), 1),
                     fmt(stat(rs, "defer_cpu_ms_per_job"), 3),
-                    fmt(stat(rs)),
+                    fmt(stat(rs)) + (" (capped)" if any(r.get("capped") for r in rs) else ""),
                     fmt(stat(rs, "worker_cpu_ms_per_job"), 3),
                 ]
             )
@@ -432,7 +433,8 @@ def payload_section(rows: list[Result]) -> list[str]:
     return [
         *table(head, body),
         "The argument is a nested JSON object (order lines) of about the given size; the bulk API "
-        "defers batches of 1 000 (1 KB) or 50 (64 KB).",
+        "defers batches of 1 000 (1 KB) or 50 (64 KB). Capped: the defer or the drain reached "
+        f"its {plan.PAYLOAD_LIMIT} s limit (a slow system defers and drains fewer jobs).",
         "",
     ]
 
@@ -455,15 +457,20 @@ def backlog_section(rows: list[Result]) -> list[str]:
                 for label, k in (
                     ("1 000 jobs pending", "small"),
                     (f"{r['jobs']:,} pending, at the start", "start"),
-                    (f"{r['jobs']:,} pending, ready half drained to 1 000", "end"),
+                    (
+                        f"{r['jobs']:,} pending, ready part drained to "
+                        f"{r.get('ready_at_end', 1000):,}",
+                        "end",
+                    ),
                 )
             ],
         )
         out += [
-            f"`defer_many` of the {r['jobs']:,} jobs (half ready, half an hour ahead, batches "
-            f"of 10 000): {r['defer_many_s']:.1f} s ({r['defer_rate']:,.0f} jobs/s); `aioq stats` "
-            f"on it: {r['stats_s']:.2f} s (process start included); the c50 drain of the ready "
-            f"half ran at {r['drain_rate']:,.0f} jobs/s.",
+            f"`defer_many` of the {r['jobs']:,} jobs ({r.get('ready', r['jobs'] // 2):,} ready, "
+            f"the rest an hour ahead, batches of 10 000): {r['defer_many_s']:.1f} s "
+            f"({r['defer_rate']:,.0f} jobs/s); `aioq stats` on it: {r['stats_s']:.2f} s (process "
+            f"start included); the c50 drain of the ready part ran at {r['drain_rate']:,.0f} "
+            "jobs/s.",
             "",
         ]
     return out
@@ -521,39 +528,87 @@ def processes_section(rows: list[Result]) -> list[str]:
 
 
 def scale_model(rows: list[Result]) -> list[str]:
-    """The scale model for N hosts, computed from the processes runs."""
-    ok = [r for r in rows if "error" not in r and r.get("pg_cpu_per_1000")]
-    if not ok:
+    """The scale model for N hosts: every figure and conclusion from this run's processes cells."""
+    s = scale(rows)
+    if s is None:
         return []
-    pg = statistics.median(r["pg_cpu_per_1000"] for r in ok)
-    worker = statistics.median(r["worker_cpu_per_1000"] for r in ok)
-    wal = statistics.median(r["wal_bytes_per_job"] for r in ok)
-    return [
+    pg_us, worker_us = s["pg_s_per_job"] * 1e6, s["worker_s_per_job"] * 1e6
+    one = s["rates"][min(s["rates"])]
+    lw = s["lwlocks"]
+    lw_rising = lw[s["top"]] > 2 * lw[min(lw)] + 0.1
+    out = [
         "### Scale model",
         "",
-        f"- PostgreSQL spends **{pg * 1000:.0f} µs of CPU per job** in the client backends "
-        "(median over these runs; the WAL writer, checkpointer and autovacuum come on top): "
-        f"**about {1000 / pg:,.0f} jobs/s per PostgreSQL core** for no-op jobs. A worker "
-        f"process spends {worker * 1000:.0f} µs per job, about {1000 / worker:,.0f} jobs/s per "
-        "worker core.",
-        f"- WAL: **{wal:,.0f} bytes per job** (insert, claim and delete with their index "
-        f"entries and full-page images): {wal * 10_000 / 2**20:,.0f} MB/s of WAL at 10 000 "
-        "jobs/s.",
-        "- With N hosts of W worker processes each, throughput grows with N×W until "
-        "PostgreSQL's cores are busy: the ceiling is about its cores × the per-core figure, "
-        "less what autovacuum and the WAL writer take. On this 2-core machine the workers and "
-        "PostgreSQL share the cores, so adding processes here moves CPU from one to the other "
-        "(the share column) rather than adding throughput.",
-        "- What saturates first: PostgreSQL CPU (the claim and complete statements), then WAL "
-        "(fsync rate, replication bandwidth). Heavyweight lock waits stay near zero (SKIP "
-        "LOCKED: workers never wait on each other's rows); LWLock waits rising with N are the "
-        "sign that the table's buffers and WAL insertion are contended.",
-        "- What to do then: fewer statements per job (bigger `claim_batch` and "
-        "`completion_batch`); more cores for PostgreSQL; a database of its own for the queue; "
-        "beyond one primary, queues split over several databases, or a broker. The exit "
-        "signals are in the README's Scale section.",
+        "- Throughput with "
+        + ", ".join(f"{p}" for p in s["rates"])
+        + " processes × c50: "
+        + " → ".join(f"{r:,.0f}" for r in s["rates"].values())
+        + f" jobs/s ({s['speedup']:.2f}x at {s['top']}).",
+        f"- PostgreSQL spends **{pg_us:.0f} µs of CPU per job** in the client backends (median of "
+        "these runs; WAL writer, checkpointer and autovacuum come on top): **about "
+        f"{s['per_pg_core']:,.0f} jobs/s per PostgreSQL core**. A worker spends {worker_us:.0f} µs "
+        f"per job ({s['per_worker_core']:,.0f} jobs/s per worker core): one PostgreSQL core keeps "
+        f"up with about {s['per_pg_core'] / one:.1f} worker processes at this run's one-process "
+        f"rate ({one:,.0f} jobs/s).",
+        f"- WAL: **{s['wal']:,.0f} bytes per job**: {s['wal'] * s['per_pg_core'] / 2**20:,.1f} "
+        "MB/s of WAL per PostgreSQL core's worth of jobs, to write, fsync and replicate.",
+    ]
+    if s["host_bound"]:
+        others = s["host_at_top"] - s["ours_at_top"]
+        out.append(
+            f"- What saturated first here: this host's CPU. At {s['top']} processes "
+            f"{s['host_at_top']:.1f} of its {s['cores']} cores were busy ({s['ours_at_top']:.1f} "
+            f"for the workers and their backends, PostgreSQL taking {s['pg_share_at_top']:.0%} of "
+            "that"
+            + (f"; {others:.1f} for other work on the machine" if others > 0.2 else "")
+            + "): workers and database share the cores, so more processes on this host move "
+            "CPU between them rather than add throughput."
+        )
+    else:
+        out.append(
+            f"- At {s['top']} processes {s['host_at_top']:.1f} of {s['cores'] or '?'} cores were "
+            "busy: the CPU was not saturated, so round trips and waits set the rate here."
+        )
+    first = (
+        "**PostgreSQL saturates first**: its CPU at about its cores × "
+        f"{s['per_pg_core']:,.0f} jobs/s, or before that the LWLock contention that rose with "
+        "the processes here (below)"
+        if lw_rising
+        else "**PostgreSQL's CPU saturates first**, at about its cores × "
+        f"{s['per_pg_core']:,.0f} jobs/s"
+    )
+    out.append(
+        "- With N hosts of W worker processes each (workers on their own cores), throughput "
+        f"grows with N×W until PostgreSQL's cores are busy: {first}."
+    )
+    locks = (
+        "near zero (SKIP LOCKED: workers do not wait on each other's rows)"
+        if s["locks_at_top"] < 0.1
+        else "not zero: workers wait on each other's locks"
+    )
+    out.append(
+        f"- Sessions waiting on heavyweight locks at {s['top']} processes: "
+        f"{s['locks_at_top']:.2f} on average, {locks}; on LWLocks: "
+        + " → ".join(f"{v:.2f}" for v in lw.values())
+        + (
+            " — rising with processes: buffer and WAL-insertion contention"
+            + (
+                " (on this saturated host partly backends descheduled while holding one)."
+                if s["host_bound"]
+                else "."
+            )
+            if lw_rising
+            else " (flat: no sign of buffer or WAL-insertion contention yet)."
+        )
+    )
+    out += [
+        "- What to do then: fewer statements per job (a bigger `claim_batch` and "
+        "`completion_batch`); more cores for PostgreSQL and a database of its own for the queue; "
+        "a WAL disk that keeps up with the MB/s above; beyond one primary, queues split over "
+        "several databases, or a broker. The exit signals are in the README's Scale section.",
         "",
     ]
+    return out
 
 
 def mixed_section(rows: list[Result]) -> list[str]:
@@ -581,12 +636,13 @@ def write(data: dict[str, Any], out: str) -> None:
     import charts
 
     meta, res = data["meta"], data["results"]
-    os.makedirs(CHARTS, exist_ok=True)
-    images = charts.draw(res, CHARTS)
+    outdir = os.path.join(os.path.dirname(os.path.abspath(out)), "charts")
+    os.makedirs(outdir, exist_ok=True)
+    images = charts.draw(res, outdir)
     drawn = {f for v in images.values() for f in v.split(", ")}
-    for stale in set(os.listdir(CHARTS)) - drawn:  # charts of scenarios this run did not draw
+    for stale in set(os.listdir(outdir)) - drawn:  # charts of scenarios this run did not draw
         if stale.endswith(".png"):
-            os.remove(os.path.join(CHARTS, stale))
+            os.remove(os.path.join(outdir, stale))
     apis = meta.get("apis", {})
     lines = [
         "# aioq benchmarks",
@@ -597,6 +653,11 @@ def write(data: dict[str, Any], out: str) -> None:
         "medians with min–max over the repeats. Re-run with `make bench`.",
         "",
         f"- Machine: {meta['machine']}",
+        *(
+            [f"- Load average (1 min) at the start and the end: {meta['load']}"]
+            if "load" in meta
+            else []
+        ),
         "- PostgreSQL: " + ", ".join(f"{k} {v}" for k, v in meta["server"].items()),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         *(f"- {n}" for n in meta["notes"]),  # where the server and Redis came from
@@ -615,10 +676,7 @@ def write(data: dict[str, Any], out: str) -> None:
     ]
     lines += table(
         ["target", "measured", "result"],
-        [
-            [t, m, "met" if ok else "**missed**"] if ok is not None else [t, m, "not measured"]
-            for t, m, ok in targets(res)
-        ],
+        [[t, m, STATUS.get(ok, str(ok))] for t, m, ok in targets(res)],
     )
     sections = [
         (
@@ -658,64 +716,85 @@ def write(data: dict[str, Any], out: str) -> None:
             for image in images.get(name, "").split(", "):
                 if image:
                     lines += [f"![{name}](charts/{image})", ""]
-    lines += ["## Method", "", *METHOD]
+    lines += ["## Method", "", *method(meta["repeats"])]
     with open(out, "w") as f:
         f.write("\n".join(lines))
 
 
-METHOD = [
-    "- Each measurement is `benchmarks/.venv/bin/python benchmarks/measure.py` (or `ceiling.py`) in "
-    "its own process under a timeout; asyncio's default event loop for every system.",
-    "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction per job; "
-    "50 warm-up calls first. The reference is a bare asyncpg `INSERT ... RETURNING id` of the same "
-    "row into `bare.jobs`, a copy of aioq's jobs table (columns, defaults, indexes, storage "
-    "settings) without the doorbell trigger.",
-    "- defer_conc: k connections (1, 16, 64) each deferring one job per transaction in a loop "
-    "for 1.5 s (2 s in the 13:49 run), after 5 warm-up calls each; jobs/s = all jobs / "
-    "elapsed. No worker runs.",
-    "- io_bound: a backlog of concurrency / 0.05 × 1.5 s jobs, preloaded through the bulk API; "
-    "each task awaits `asyncio.sleep(0.05)`; the clock runs from the worker's start to the last "
-    "task's end. Peers: the PostgreSQL ones that run a worker in this process at these "
-    "concurrencies, and saq for Redis (chancy and arq left out for the time budget).",
-    "- payload: N jobs with an extra `blob` argument (nested JSON of the given size) deferred "
-    "through the bulk API (timed: defer jobs/s, MB/s and client CPU), then drained at c50.",
-    "- backlog: aioq only. 300 single-job claims (each completed) with 1 000 jobs pending; then "
-    "1e6 jobs deferred (batches of 10 000, half with `delay=3600`), `aioq stats` run on it, 300 "
-    "claims, a c50 worker drains the ready half down to 1 300, 300 claims again.",
-    "- queues: aioq only; the same with the jobs spread over 50 queues and one worker serving "
-    "all 50, against one queue.",
-    "- processes: aioq's CLI `--processes N --concurrency 50`, jobs committed once every "
-    "process listens; every 20 ms pg_stat_activity is sampled for sessions of the database "
-    "waiting on a heavyweight lock or an LWLock (averages shown); WAL = pg_current_wal_lsn() "
-    "difference over the drain / jobs.",
-    "- mixed: aioq only; a 100 000-job backlog drains at c50, alone for 3 s (its rate measured), "
-    "then while `defer_many` every 20 ms adds jobs at half that rate, for 60 s.",
-    "- drain: jobs preloaded through the bulk API (not timed); the clock starts as the worker starts "
-    "and stops when the in-process task counter reached N and the database shows no job left "
-    "(pending or running). aioq `2xc50` is the CLI, `aioq worker --processes 2 --concurrency 50`: "
-    "the jobs are inserted in a transaction that commits once both workers listen; the clock starts at "
-    "that commit. Drains stop at a time limit (marked capped).",
-    "- CPU: the worker's user+sys from `getrusage(RUSAGE_SELF)` (psutil over the process tree for the "
-    "CLI); PostgreSQL's from psutil (`/proc/<pid>/stat`) of the client backends connected to the "
-    "measured database (from `pg_stat_activity`), start-to-stop deltas, not counting WAL writer, "
-    "checkpointer or autovacuum.",
-    "- latency: `time.perf_counter()` in one process: after the enqueue call returned (committed) "
-    "and at the first line of the task; the worker is idle and in the same process. aioq's poll-only "
-    "run sets `WorkerConfig.listen=False` with `poll_interval=0.1`.",
-    "- history: 1e3 or 1e6 dead jobs inserted into aioq.jobs (the hot table, the worst place for "
-    "history), VACUUM ANALYZE; 500 claims of one job + completes timed one by one, then a c10 drain.",
-    "- soak: aioq's worker at c50 in the same process as an enqueuer calling `defer_many` every "
-    "20 ms, at 25 % and 50 % of aioq's c50 drain rate, for 60 s, then until the backlog is done. "
-    "Per second: p50/p99 of commit-to-start latency of the jobs started in that second "
-    "(perf_counter), backlog (count), n_dead_tup/n_live_tup/autovacuum_count from "
-    "pg_stat_user_tables, pg_table_size and pg_indexes_size of aioq.jobs.",
-    "- ceiling: `ceiling.py` runs aioq's own CLAIM_ONE_QUEUE and COMPLETE statements (rendered from "
-    "aioq/queries.py) from k asyncpg connections with 50-job claims; pgbench runs the same claim "
-    "then deletes the client's running rows (pgbench cannot pass arrays of claimed ids).",
-    "- The machine is shared (2 cores); other work may run concurrently, hence the min–max. "
-    "The issue-16 scenarios were measured while six other sessions ran their test suites on "
-    "the same two cores (load average 5–14): compare ratios within a run, not absolute rates.",
-]
+def method(repeats: int) -> list[str]:
+    """How each scenario measures, with the full run's parameters from plan.py."""
+    capped = ", ".join(f"{s} {n}" for s, n in plan.REPEATS.items() if n < repeats)
+    peers = ", ".join(s for s in plan.IO_SYSTEMS if s != "aioq")
+    return [
+        "- Each measurement is `benchmarks/.venv/bin/python benchmarks/measure.py` (or `ceiling.py`) "
+        "in its own process under a timeout; asyncio's default event loop for every system. "
+        f"Repeats: {repeats} per cell"
+        + (f", except (the 20-minute budget) {capped}" if capped else "")
+        + "; drain cells where a peer runs into the limit in every run on record, once ("
+        + "; ".join(f"c{c} {', '.join(s)}" for c, s in plan.DRAIN_ONCE.items())
+        + ")"
+        + "; each round runs every cell once, systems interleaved, each round starting at "
+        "another cell of the list.",
+        "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction "
+        "per job; 50 warm-up calls first; at most "
+        f"{plan.DEFER_ONE_LIMIT} s. The reference is a bare asyncpg `INSERT ... RETURNING id` of "
+        "the same row into `bare.jobs`, a copy of aioq's jobs table (columns, defaults, indexes, "
+        "storage settings) without the doorbell trigger.",
+        "- defer_conc: k connections "
+        + ", ".join(map(str, plan.DEFER_CONC))
+        + f" each deferring one job per transaction in a loop for {plan.DEFER_CONC_SECONDS:g} s, "
+        "after 5 warm-up calls each; jobs/s = all jobs / elapsed. No worker runs.",
+        f"- io_bound: a backlog of concurrency / 0.05 × {plan.IO_WORK:g} s jobs, preloaded through "
+        "the bulk API; each task awaits `asyncio.sleep(0.05)`; the clock runs from the worker's "
+        f"start to the last task's end, at most {plan.IO_LIMIT} s (capped). Peers: {peers} "
+        "(procrastinate drains about 150 no-op jobs/s at any concurrency, far below every ideal "
+        "here; chancy and arq left out for the time budget).",
+        "- payload: N jobs with an extra `blob` argument (nested JSON of the given size) deferred "
+        "through the bulk API (timed: defer jobs/s, MB/s and client CPU), then drained at c50; "
+        f"each phase stops at {plan.PAYLOAD_LIMIT} s (capped: a slow peer defers fewer jobs).",
+        "- backlog: aioq only. 300 single-job claims (each completed) with 1 000 jobs pending; then "
+        f"{plan.BACKLOG_JOBS:,} jobs deferred (batches of 10 000: a quarter ready, the rest with "
+        "`delay=3600`), `aioq stats` run on it, 300 claims, a c50 worker drains the ready quarter "
+        f"down to 1 300 (at most {plan.BACKLOG_LIMIT} s), 300 claims again.",
+        "- queues: aioq only; the same claims with the jobs spread over 50 queues and one worker "
+        "serving all 50, against one queue; then a c50 drain.",
+        "- processes: aioq's CLI `--processes N --concurrency 50`, jobs committed once every "
+        "process listens; every 10 ms pg_stat_activity is sampled for sessions of the database "
+        "waiting on a heavyweight lock or an LWLock (averages shown); WAL = pg_current_wal_lsn() "
+        "difference over the drain / jobs; the host's busy CPU from psutil.cpu_times().",
+        "- mixed: aioq only; a 100 000-job backlog drains at c50, alone for 3 s (its rate "
+        "measured), then while `defer_many` every 20 ms adds jobs at half that rate, for "
+        f"{plan.MIXED_SECONDS} s; the row count of aioq.jobs sampled every second.",
+        "- drain: jobs preloaded through the bulk API (not timed); the clock starts as the worker "
+        "starts and stops when the in-process task counter reached N and the database shows no "
+        "job left (pending or running), or at "
+        f"{plan.DRAIN_LIMIT} s (capped: rate = jobs done / time). aioq `2xc50` is the CLI, "
+        "`aioq worker --processes 2 --concurrency 50`, measured as in processes.",
+        "- CPU: the worker's user+sys from `getrusage(RUSAGE_SELF)` (psutil over the process tree "
+        "for the CLI); PostgreSQL's from psutil (`/proc/<pid>/stat`) of the client backends "
+        "connected to the measured database (from `pg_stat_activity`), start-to-stop deltas, not "
+        "counting WAL writer, checkpointer or autovacuum.",
+        "- latency: `time.perf_counter()` in one process: after the enqueue call returned "
+        "(committed) and at the first line of the task; the worker is idle and in the same "
+        "process. aioq's poll-only run sets `WorkerConfig.listen=False` with "
+        f"`poll_interval={plan.LATENCY_POLL:g}`.",
+        "- history: 1e3 or 1e6 dead jobs inserted into aioq.jobs (the hot table, the worst place "
+        "for history), VACUUM ANALYZE; 500 claims of one job + completes timed one by one, then a "
+        "c10 drain.",
+        "- soak: aioq's worker at c50 in the same process as an enqueuer calling `defer_many` every "
+        "20 ms, at "
+        + " and ".join(f"{f:.0%}" for f in plan.SOAK_FRACTIONS)
+        + f" of aioq's c50 drain rate, for {plan.SOAK_SECONDS} s, then until the backlog is done. "
+        "Per second: p50/p99 of commit-to-start latency of the jobs started in that second "
+        "(perf_counter), backlog (count), n_dead_tup/n_live_tup/autovacuum_count from "
+        "pg_stat_user_tables, pg_table_size and pg_indexes_size of aioq.jobs.",
+        "- ceiling: `ceiling.py` runs aioq's own CLAIM_ONE_QUEUE and COMPLETE statements (rendered "
+        "from aioq/queries.py) from k asyncpg connections with 50-job claims; pgbench runs the same "
+        "claim then deletes the client's running rows (pgbench cannot pass arrays of claimed ids).",
+        "- The machine may be shared; the load average at the run's start and end is in the "
+        "header. Compare ratios within a run (the systems ran interleaved), not absolute rates "
+        "across runs.",
+    ]
 
 
 if __name__ == "__main__":

@@ -47,9 +47,8 @@ async def measure(n: int, one: Callable[[int], Awaitable[object]]) -> list[float
 
 @contextlib.asynccontextmanager
 async def aioq_system(dsn: str) -> AsyncIterator[Callable[[int], Awaitable[object]]]:
-    import asyncpg
-
     import aioq
+    import asyncpg
 
     registry = aioq.Registry()
 

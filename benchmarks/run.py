@@ -3,10 +3,14 @@
 Provisions one database per system (a template with the schema, copied fresh for every
 measurement), runs each measurement as its own process under a timeout (measure.py,
 longrun.py, ceiling.py), systems interleaved (A B C A B C ...), R repeats, and writes
-RESULTS.md, results.json and the charts through report.py.
+RESULTS.md, results.json and the charts through report.py (next to ``--out``: benchmarks/).
 
     benchmarks/.venv/bin/python benchmarks/run.py [--quick] [--repeats 3]
         [--only defer_one,drain] [--systems aioq,pgqueuer] [--dsn postgresql://...]
+
+The server is a throwaway one with PostgreSQL's stock settings (fsync, synchronous_commit and
+autovacuum on: what production runs), started for the run, unless --dsn / $AIOQ_BENCH_DSN
+names another; RESULTS.md states the settings of the server used.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -33,7 +39,7 @@ sys.path.insert(0, HERE)
 
 import report  # noqa: E402
 import systems  # noqa: E402
-from plan import REPEATS, Cell, plan  # noqa: E402
+from plan import Cell, plan  # noqa: E402
 
 SCENARIOS = (
     "defer_one",
@@ -51,7 +57,6 @@ SCENARIOS = (
     "soak",
     "ceiling",
 )
-LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_PORT = 6379
 
 
@@ -74,33 +79,27 @@ def with_db(dsn: str, db: str) -> str:
     return f"{base}/{db}" + (f"?{tail}" if tail else "")
 
 
-async def can_connect(dsn: str) -> bool:
-    try:
-        conn = await asyncpg.connect(dsn, timeout=3)
-    except (TimeoutError, OSError, asyncpg.PostgresError):
-        return False
-    await conn.close()
-    return True
-
-
 @contextlib.contextmanager
 def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    """Yield (admin DSN, where it came from): --dsn / AIOQ_BENCH_DSN, local :5432, or embedded."""
+    """Yield (admin DSN, where it came from): --dsn / AIOQ_BENCH_DSN, else a throwaway server.
+
+    Not a development server found at :5432: those often run with fsync or autovacuum off,
+    which flatters every system and hides what vacuum costs.
+    """
     dsn = args.dsn or os.environ.get("AIOQ_BENCH_DSN")
-    if dsn and not args.embedded:
+    if dsn:
         yield dsn, "AIOQ_BENCH_DSN / --dsn"
-        return
-    if not args.embedded and asyncio.run(can_connect(LOCAL_DSN)):
-        yield LOCAL_DSN, "the local server at 127.0.0.1:5432"
         return
     from aioq.dev.server import EmbeddedPostgres
 
-    if not args.embedded:
-        print("no PostgreSQL at 127.0.0.1:5432: starting aioq's embedded server", flush=True)
     server = EmbeddedPostgres()
     server.start()
     try:
-        yield server.dsn, "aioq.dev.server.EmbeddedPostgres (a throwaway server, fsync on)"
+        yield (
+            server.dsn,
+            "aioq.dev.server.EmbeddedPostgres (a throwaway server started for the run, "
+            "PostgreSQL's stock settings)",
+        )
     finally:
         server.stop()
 
@@ -219,6 +218,31 @@ def run_cell(env: Env, cell: Cell) -> dict[str, Any]:
     return {"error": f"exit {out.returncode}: {tail[:300]}"}
 
 
+STARTUP_S = 3.0  # a cell's process start, imports and preload, roughly
+COPY_S = 0.5  # the fresh database copy before each cell, roughly
+
+
+def rounds(cell: Cell, repeats: int) -> int:
+    """How many rounds a cell runs: the run's repeats, at most the cell's own cap."""
+    return min(repeats, cell.rounds or repeats)
+
+
+def expected(cell: Cell, last: dict[str, list[dict[str, Any]]]) -> float:
+    """Seconds a cell should take: its median in the last results.json, at most its time limits."""
+    key = cell.key()
+    walls = [
+        r["wall_s"]
+        for r in last.get(cell.scenario, [])
+        if "wall_s" in r and all(r.get(k) == v for k, v in key.items())
+    ]
+    limits = [float(v) for f, v in itertools.pairwise(cell.argv) if f in ("--limit", "--seconds")]
+    phases = 2 if cell.scenario == "payload" else 1  # a limit for the defer and for the drain
+    bound = phases * sum(limits) + STARTUP_S if limits else float("inf")
+    if not walls:  # a cell new to the plan: its limits, or 10 s
+        return COPY_S + (bound if limits else 10.0)
+    return COPY_S + min(statistics.median(walls), bound)
+
+
 def apis(names: list[str]) -> dict[str, dict[str, str]]:
     loaded = [systems.load(n) for n in [*names, systems.REFERENCE]]
     return {
@@ -266,10 +290,11 @@ async def server_info(env: Env) -> dict[str, str]:
     try:
         info = {"postgres": await conn.fetchval("SHOW server_version")}
         for name in (
-            "shared_buffers",
-            "synchronous_commit",
             "fsync",
+            "synchronous_commit",
+            "full_page_writes",
             "autovacuum",
+            "shared_buffers",
             "max_connections",
         ):
             info[name] = await conn.fetchval(f"SHOW {name}")
@@ -284,12 +309,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, comma-separated")
     parser.add_argument("--systems", default=",".join(systems.ALL), help="comma-separated")
-    parser.add_argument("--dsn", help="an admin DSN (default: $AIOQ_BENCH_DSN, local, embedded)")
-    parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
     parser.add_argument(
-        "--embedded",
-        action="store_true",
-        help="start a throwaway server (stock settings, fsync on) even if one is at :5432",
+        "--dsn",
+        help="an admin DSN (default: $AIOQ_BENCH_DSN, else a throwaway server with stock settings)",
+    )
+    parser.add_argument(
+        "--out",
+        default=os.path.join(HERE, "RESULTS.md"),
+        help="RESULTS.md to write; results.json and charts/ go next to it",
     )
     parser.add_argument(
         "--merge",
@@ -307,7 +334,7 @@ def main() -> int:
     if "aioq" not in names:
         names.insert(0, "aioq")
     command = " ".join(["benchmarks/run.py", *sys.argv[1:]])
-    began = time.time()
+    began, load = time.time(), os.getloadavg()[0]
     with postgres(args) as (admin_dsn, pg_source):
         env = Env(admin_dsn=admin_dsn, redis_url=None)
         env.notes.append(f"Server used: {pg_source}")
@@ -318,7 +345,23 @@ def main() -> int:
                     print(f"skipping {name}: {why}", flush=True)
             active = [n for n in names if n not in env.skipped]
             results: dict[str, list[dict[str, Any]]] = {}
-            for scenario in scenarios:
+            last = {}
+            if os.path.exists(os.path.join(HERE, "results.json")):
+                with open(os.path.join(HERE, "results.json")) as f:
+                    last = json.load(f)["results"]
+            estimate = {
+                s: sum(
+                    rounds(c, repeats) * expected(c, last)
+                    for c in plan(s, active, quick=args.quick, prior={})
+                )
+                for s in scenarios
+            }
+            print(
+                f"estimate: about {sum(estimate.values()) / 60:.0f} min (each cell's time in the"
+                " last results.json, at most its limits)",
+                flush=True,
+            )
+            for done, scenario in enumerate(scenarios, 1):
                 cells = plan(scenario, active, quick=args.quick, prior=results)
                 if scenario in ("soak", "mixed") and not autovacuum_on(env.admin_dsn):
                     # A soak shows whether autovacuum keeps up: not on a server that has it off.
@@ -329,10 +372,13 @@ def main() -> int:
                         " (aioq.dev.server.EmbeddedPostgres): the main server has autovacuum = off"
                     )
                 t0 = time.perf_counter()
-                for rep in range(
-                    1 if scenario == "soak" else min(repeats, REPEATS.get(scenario, repeats))
-                ):
-                    for cell in cells:
+                most = max((rounds(c, repeats) for c in cells), default=0)
+                for rep in range(most):
+                    # Each round starts further along the list: no cell always runs first
+                    # (after the database copies) or last.
+                    now = [c for c in cells if rep < rounds(c, repeats)]
+                    shift = rep * len(now) // most
+                    for cell in now[shift:] + now[:shift]:
                         result = run_cell(env, cell)
                         result.update(cell.key(), repeat=rep)
                         results.setdefault(scenario, []).append(result)
@@ -340,7 +386,13 @@ def main() -> int:
                             f"  {scenario} {cell.title()} #{rep + 1}: {report.brief(result)}",
                             flush=True,
                         )
-                print(f"{scenario}: {time.perf_counter() - t0:.0f} s", flush=True)
+                left = sum(estimate[s] for s in scenarios[done:])
+                print(
+                    f"{scenario}: {time.perf_counter() - t0:.0f} s (estimated"
+                    f" {estimate[scenario]:.0f} s); {(time.time() - began) / 60:.1f} min so far,"
+                    f" about {left / 60:.0f} min to go",
+                    flush=True,
+                )
             meta = {
                 "command": command,
                 "repeats": repeats,
@@ -348,14 +400,17 @@ def main() -> int:
                 "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
                 "minutes": (time.time() - began) / 60,
                 "machine": report.machine(),
+                "load": f"{load:.2f}, {os.getloadavg()[0]:.2f}",
                 "versions": versions(),
                 "server": asyncio.run(server_info(env)),
                 "skipped": {k: v for k, v in env.skipped.items() if k in names},
                 "notes": env.notes,
                 "apis": apis(names),
             }
-    if args.merge and os.path.exists(os.path.join(HERE, "results.json")):
-        with open(os.path.join(HERE, "results.json")) as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    saved = os.path.join(os.path.dirname(os.path.abspath(args.out)), "results.json")
+    if args.merge and os.path.exists(saved):
+        with open(saved) as f:
             old = json.load(f)
         earlier = old["meta"].get("scenario_runs", {})
         runs = {s: earlier.get(s, old["meta"]["started"]) for s in old["results"]}
@@ -368,7 +423,7 @@ def main() -> int:
             n if n.startswith("(") else before + n for n in old["meta"]["notes"]
         ]
     data = {"meta": meta, "results": results}
-    with open(os.path.join(HERE, "results.json"), "w") as f:
+    with open(saved, "w") as f:
         json.dump(data, f, indent=1)
     report.write(data, args.out)
     print(f"wrote {args.out} in {meta['minutes']:.1f} min", flush=True)

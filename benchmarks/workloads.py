@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -23,21 +22,11 @@ from typing import Any
 import asyncpg
 
 import systems
-from cpu import PgCpu, tree_cpu
+from common import Runs, aioq_defer, drained, pct, preload, rusage
+from cpu import PgCpu, host_busy, tree_cpu
 
 IO_SECONDS = 0.05
-
-
-def rusage() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 async def clients(name: str, dsn: str, n: int) -> list[systems.System]:
@@ -55,9 +44,12 @@ async def defer_conc(system: systems.System, args: argparse.Namespace) -> dict[s
     """Deferring from many connections at once, one job per transaction."""
     opened = await clients(system.name, args.dsn, args.concurrency)
     try:
-        for k, s in enumerate(opened):
-            for j in range(5):  # warm up: prepared statements on every connection
+
+        async def warm(k: int, s: systems.System) -> None:
+            for j in range(5):  # prepared statements on every connection
                 await s.defer_one(-(k * 10 + j))
+
+        await asyncio.gather(*(warm(k, s) for k, s in enumerate(opened)))
         counts = [0] * len(opened)
         cpu0, t0 = rusage(), time.perf_counter()
         end = t0 + args.seconds
@@ -83,19 +75,6 @@ async def defer_conc(system: systems.System, args: argparse.Namespace) -> dict[s
             await s.close()
 
 
-async def _preload(system: systems.System, n: int, batch: int = 1000) -> None:
-    for start in range(0, n, batch):
-        await system.defer_many(start, min(batch, n - start))
-
-
-async def _wait_ran(counter: list[int], n: int, deadline: float) -> bool:
-    while counter[0] < n:
-        if time.perf_counter() > deadline:
-            return False
-        await asyncio.sleep(0.005)
-    return True
-
-
 async def io_bound(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
     """Tasks that wait 50 ms (an HTTP call); jobs/s against concurrency / 0.05 s.
 
@@ -104,16 +83,14 @@ async def io_bound(system: systems.System, args: argparse.Namespace) -> dict[str
     """
     await system.open(args.dsn)
     try:
-        await _preload(system, args.n)
-        ran = [0]
-        starts: list[float] = []
+        await preload(system, args.n)
+        runs = Runs()
         ends: deque[float] = deque()
         pickup: list[float] = []
 
         def started(i: int) -> None:
             now = time.perf_counter()
-            ran[0] += 1
-            starts.append(now)
+            runs.count(i)
             if ends:
                 pickup.append((now - ends.popleft()) * 1000)
 
@@ -126,27 +103,22 @@ async def io_bound(system: systems.System, args: argparse.Namespace) -> dict[str
         if pg is not None:
             await pg.start()
         async with system.worker(args.concurrency, poll_interval=args.poll):
-            finished_all = await _wait_ran(ran, args.n, t0 + args.limit)
+            finished_all = await runs.wait(args.n, t0 + args.limit)
             await asyncio.sleep(IO_SECONDS)  # the last tasks finish
             seconds = time.perf_counter() - t0 - IO_SECONDS
             worker_cpu = rusage() - cpu0
             pg_cpu = await pg.stop() if pg is not None else None
         if pg is not None:
             await pg.close()
-        jobs = ran[0]
+        jobs = runs.n
         ideal = args.concurrency / IO_SECONDS
         # Saturated: leave out the first wave (no slot had freed yet) and the tail.
         tail = int(len(pickup) * 0.95)
         saturated = pickup[: max(tail, 1)]
         return {
-            "rate": jobs / seconds,
+            **drained(jobs, seconds, finished_all, worker_cpu, pg_cpu),
             "ideal": ideal,
             "of_ideal": jobs / seconds / ideal,
-            "seconds": seconds,
-            "jobs": jobs,
-            "capped": not finished_all,
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
-            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
             "pickup_ms_p50": pct(saturated, 0.5),
             "pickup_ms_p99": pct(saturated, 0.99),
         }
@@ -162,32 +134,32 @@ def blob_of(kb: int) -> object:
 
 
 async def payload(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
-    """Bulk defer of jobs with a big argument, then a c50 drain of them."""
+    """Bulk defer of jobs with a big argument, then a c50 drain of them.
+
+    Each phase stops at ``--limit`` seconds (a slow peer defers and drains fewer than ``--n``).
+    """
     systems.blob = blob_of(args.payload_kb)
     batch = 1000 if args.payload_kb <= 4 else 50
     await system.open(args.dsn)
     try:
         cpu0, t0 = rusage(), time.perf_counter()
-        await _preload(system, args.n, batch)
+        n = await preload(system, args.n, batch, t0 + args.limit)
         defer_s, defer_cpu = time.perf_counter() - t0, rusage() - cpu0
-        ran = [0]
-
-        def count(i: int) -> None:
-            ran[0] += 1
-
-        systems.hook = count
+        runs = Runs()
+        systems.hook = runs.count
         cpu0, t0 = rusage(), time.perf_counter()
         async with system.worker(50, poll_interval=args.poll):
-            finished = await _wait_ran(ran, args.n, t0 + args.limit)
+            finished = await runs.wait(n, t0 + args.limit)
             seconds = time.perf_counter() - t0
             worker_cpu = rusage() - cpu0
         return {
-            "defer_rate": args.n / defer_s,
-            "defer_mb_s": args.n * args.payload_kb / 1024 / defer_s,
-            "defer_cpu_ms_per_job": 1000 * defer_cpu / args.n,
-            "rate": ran[0] / seconds,
-            "capped": not finished,
-            "worker_cpu_ms_per_job": 1000 * worker_cpu / max(ran[0], 1),
+            "deferred": n,
+            "defer_rate": n / defer_s,
+            "defer_mb_s": n * args.payload_kb / 1024 / defer_s,
+            "defer_cpu_ms_per_job": 1000 * defer_cpu / n,
+            "rate": runs.n / seconds,
+            "capped": not finished or n < args.n,
+            "worker_cpu_ms_per_job": 1000 * worker_cpu / max(runs.n, 1),
         }
     finally:
         await system.close()
@@ -199,48 +171,48 @@ async def _claim_times(conn: asyncpg.Connection, queues: list[str], n: int) -> l
 
     store = Store.for_schema("aioq")
     out = []
-    for _ in range(n):
+    for k in range(n):
         t0 = time.perf_counter()
         claims = await store.claim(conn, queues, 1, "bench")
         out.append((time.perf_counter() - t0) * 1000)
-        if claims:
-            c = claims[0]
-            await store.complete(conn, [c.id], [c.attempt], "bench")
+        if not claims:  # every caller leaves more ready jobs than it claims
+            raise RuntimeError(f"claim {k + 1} of {n} found no ready job in {queues[:3]}")
+        c = claims[0]
+        await store.complete(conn, [c.id], [c.attempt], "bench")
     return out
 
 
 async def backlog(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
-    """aioq with ``--n`` pending jobs, half ready and half scheduled an hour ahead.
+    """aioq with ``--n`` pending jobs, a quarter ready and the rest scheduled an hour ahead.
 
     Claim round trips (one job, then its completion) with a 1 000-job backlog, then at the
-    start of the big one, then after a c50 worker drained the ready half down to 1 000.
+    start of the big one, then after a c50 worker drained the ready part down to 1 000 (or
+    ``--limit`` seconds passed: ``ready_at_end`` says how far it got).
     """
-    from systems.sys_aioq import noop
-
     conn = await asyncpg.connect(args.dsn)
     try:
-        claims = 300
-        await noop.defer_many(conn, [{"i": i} for i in range(1000 + claims)])
+        claims, warm = 300, 50
+        await aioq_defer(conn, 1000 + claims + warm)
         await conn.execute("ANALYZE aioq.jobs")
+        # Untimed claims first: the connection's prepared statements and the fresh database's
+        # first writes would otherwise weigh on the small backlog's figure alone.
+        await _claim_times(conn, ["default"], warm)
         small = await _claim_times(conn, ["default"], claims)
         await conn.execute("DELETE FROM aioq.jobs")
         await conn.execute("VACUUM ANALYZE aioq.jobs")
-        half = args.n // 2
+        ready = args.n // 4
         t0 = time.perf_counter()
-        for start in range(0, half, 10_000):
-            calls = [{"i": i} for i in range(start, min(start + 10_000, half))]
-            await noop.defer_many(conn, calls)
-            await noop.options(delay=3600).defer_many(conn, calls)
+        await aioq_defer(conn, ready)
+        await aioq_defer(conn, args.n - ready, start=ready, delay=3600)
         defer_s = time.perf_counter() - t0
-        here = os.path.dirname(os.path.abspath(__file__))
         aioq_cli = os.path.join(os.path.dirname(sys.executable), "aioq")
         t0 = time.perf_counter()
         subprocess.run(
-            [aioq_cli, "stats", "--dsn", args.dsn], check=True, capture_output=True, cwd=here
+            [aioq_cli, "stats", "--dsn", args.dsn], check=True, capture_output=True, cwd=HERE
         )
         stats_s = time.perf_counter() - t0
         start = await _claim_times(conn, ["default"], claims)
-        # Drain the ready half down to 1 000 with the worker, then time the claim again.
+        # Drain the ready part down to 1 000 with the worker, then time the claim again.
         adapter = systems.load("aioq")
         await adapter.open(args.dsn)
         left_ready = "SELECT count(*) FROM aioq.jobs WHERE status = 'pending' AND run_at <= now()"
@@ -252,13 +224,19 @@ async def backlog(system: systems.System, args: argparse.Namespace) -> dict[str,
                 await asyncio.sleep(0.2)
         drain_s = time.perf_counter() - t0
         await adapter.close()
+        # The worker overshoots the target while it stops: top the ready jobs up to 1 000 plus
+        # the claims (new rows at the far end of the index, past the drained part's dead ones).
+        now_ready = await conn.fetchval(left_ready)
+        await aioq_defer(conn, max(0, 1000 + claims - now_ready), start=args.n)
         end = await _claim_times(conn, ["default"], claims)
         return {
             "jobs": args.n,
+            "ready": ready,
+            "ready_at_end": max(now_ready, 1000 + claims) - claims,
             "defer_many_s": defer_s,
             "defer_rate": args.n / defer_s,
             "stats_s": stats_s,
-            "drain_rate": (half - 1000 - claims) / drain_s,
+            "drain_rate": (ready - claims - now_ready) / drain_s,
             **{f"small_ms_p{q}": pct(small, q / 100) for q in (50, 99)},
             **{f"start_ms_p{q}": pct(start, q / 100) for q in (50, 99)},
             **{f"end_ms_p{q}": pct(end, q / 100) for q in (50, 99)},
@@ -271,7 +249,7 @@ async def queues(system: systems.System, args: argparse.Namespace) -> dict[str, 
     """aioq: claim round trips and a c50 drain with jobs spread over ``--queues`` queues."""
     import aioq
 
-    from systems.sys_aioq import noop, registry
+    from systems.sys_aioq import registry
 
     names = [f"q{k}" for k in range(args.queues)]
     conn = await asyncpg.connect(args.dsn)
@@ -279,72 +257,69 @@ async def queues(system: systems.System, args: argparse.Namespace) -> dict[str, 
         claims = 300
         per = (args.n + claims) // len(names) + 1
         for name in names:
-            await noop.options(queue=name).defer_many(conn, [{"i": i} for i in range(per)])
+            await aioq_defer(conn, per, queue=name)
         await conn.execute("ANALYZE aioq.jobs")
         claim = await _claim_times(conn, names, claims)
-        ran = [0]
-
-        def count(i: int) -> None:
-            ran[0] += 1
-
-        systems.hook = count
-        target = ran[0] + args.n
+        runs = Runs()
+        systems.hook = runs.count
         cpu0, t0 = rusage(), time.perf_counter()
         worker = aioq.Worker(dsn=args.dsn, registry=registry, queues=names, concurrency=50)
         async with worker:
-            finished = await _wait_ran(ran, target, t0 + args.limit)
+            finished = await runs.wait(args.n, t0 + args.limit)
             seconds = time.perf_counter() - t0
             worker_cpu = rusage() - cpu0
         return {
             "claim_ms_p50": pct(claim, 0.5),
             "claim_ms_p99": pct(claim, 0.99),
-            "rate": ran[0] / seconds,
+            "rate": runs.n / seconds,
             "capped": not finished,
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(ran[0], 1),
+            "worker_cpu_per_1000": 1000 * worker_cpu / max(runs.n, 1),
         }
     finally:
         await conn.close()
 
 
 WAL_AND_LOCKS = """
-SELECT pg_current_wal_lsn() AS lsn,
-       (SELECT count(*) FROM pg_stat_activity
+SELECT (SELECT count(*) FROM pg_stat_activity
         WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
        (SELECT count(*) FROM pg_stat_activity
-        WHERE datname = current_database() AND wait_event_type = 'LWLock') AS lwlock_waits
+        WHERE datname = current_database() AND wait_event_type = 'LWLock') AS lwlock_waits,
+       (SELECT count(*) FROM aioq.jobs) AS remaining
 """
+
+
+def aioq_worker_cmd(processes: int, concurrency: int, poll: float) -> list[str]:
+    """The ``aioq worker`` command line of the benchmark's registry (run with PYTHONPATH=HERE)."""
+    return [
+        os.path.join(os.path.dirname(sys.executable), "aioq"),
+        "worker",
+        "systems.sys_aioq:registry",
+        *["--processes", str(processes), "--concurrency", str(concurrency)],
+        *["--poll-interval", str(poll)],
+        # As the in-process runs (no logging configured): no INFO line per job.
+        *["--log-level", "warning"],
+    ]
 
 
 async def processes(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
     """``aioq worker --processes N``: jobs/s, CPU of workers and backends, lock waits, WAL/job.
 
-    Lock waits are sampled every 20 ms from pg_stat_activity (sessions of this database
-    waiting on a heavyweight lock or an LWLock); WAL is the LSN difference over the drain.
+    The jobs are inserted in a transaction that commits once every process listens; the clock
+    starts at that commit. Lock waits are sampled every 10 ms from pg_stat_activity (sessions
+    of this database waiting on a heavyweight lock or an LWLock); WAL is the LSN difference
+    over the drain. The drain scenario's ``--processes`` cells are this measurement too.
     """
-    from systems.sys_aioq import noop
-
     conn = await asyncpg.connect(args.dsn)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": here, "AIOQ_DSN": args.dsn}
-    cmd = [
-        os.path.join(os.path.dirname(sys.executable), "aioq"),
-        "worker",
-        "systems.sys_aioq:registry",
-        "--processes",
-        str(args.processes),
-        "--concurrency",
-        str(args.concurrency),
-        "--log-level",
-        "warning",
-    ]
+    env = {**os.environ, "PYTHONPATH": HERE, "AIOQ_DSN": args.dsn}
+    cmd = aioq_worker_cmd(args.processes, args.concurrency, args.poll)
+    # Warnings go to a file, never to an unread pipe (it would block).
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     watch = await asyncpg.connect(args.dsn)
     try:
         tx = conn.transaction()
-        await tx.start()
-        for start in range(0, args.n, 1000):
-            await noop.defer_many(conn, [{"i": i} for i in range(start, min(start + 1000, args.n))])
+        await tx.start()  # the jobs are in, uncommitted, while the workers start
+        await aioq_defer(conn, args.n, batch=1000)
         apps = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'aioq listener%'"
         for _ in range(600):
             if await watch.fetchval(apps) >= args.processes:
@@ -355,37 +330,34 @@ async def processes(system: systems.System, args: argparse.Namespace) -> dict[st
         await asyncio.sleep(0.3)
         pg = await PgCpu.connect(args.dsn)
         await pg.start()
-        cpu0 = tree_cpu(proc.pid)
+        cpu0, host0 = tree_cpu(proc.pid), host_busy()
         lsn0 = await watch.fetchval("SELECT pg_current_wal_lsn()")
         t0 = time.perf_counter()
-        await tx.commit()
+        await tx.commit()  # the NOTIFY wakes every process
         samples, lock_waits, lwlock_waits, finished = 0, 0, 0, False
         while time.perf_counter() < t0 + args.limit:
-            row = await watch.fetchrow(
-                WAL_AND_LOCKS + ", (SELECT count(*) FROM aioq.jobs) AS remaining"
-            )
+            row = await watch.fetchrow(WAL_AND_LOCKS)
             samples += 1
             lock_waits += row["lock_waits"]
             lwlock_waits += row["lwlock_waits"]
             if not row["remaining"]:
                 finished = True
                 break
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.01)
         seconds = time.perf_counter() - t0
-        worker_cpu = tree_cpu(proc.pid) - cpu0
+        worker_cpu, host = tree_cpu(proc.pid) - cpu0, host_busy() - host0
         pg_cpu = await pg.stop()
         wal = await watch.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", lsn0)
         left = await watch.fetchval("SELECT count(*) FROM aioq.jobs")
         await pg.close()
         jobs = args.n - left
         return {
-            "rate": jobs / seconds,
-            "seconds": seconds,
-            "capped": not finished,
-            "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
-            "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
+            **drained(jobs, seconds, finished, worker_cpu, pg_cpu),
+            "cores": os.cpu_count(),
             "pg_cpu_share": pg_cpu / (pg_cpu + worker_cpu) if pg_cpu else None,
             "pg_cores_busy": pg_cpu / seconds if pg_cpu is not None else None,
+            "worker_cores_busy": worker_cpu / seconds,
+            "host_cores_busy": host / seconds,
             "lock_waits_avg": lock_waits / max(samples, 1),
             "lwlock_waits_avg": lwlock_waits / max(samples, 1),
             "wal_bytes_per_job": float(wal) / max(jobs, 1),
@@ -408,17 +380,15 @@ async def mixed(system: systems.System, args: argparse.Namespace) -> dict[str, A
     (measured in this cell, on this machine's load). Latency is commit-to-start of the
     steadily deferred jobs (not of the backlog); the table's row count is sampled every second.
     """
-    from systems.sys_aioq import noop
-
     conn = await asyncpg.connect(args.dsn)
     try:
-        await _preload_aioq(conn, noop, args.n)
+        await aioq_defer(conn, args.n)
         committed: dict[int, float] = {}
         latency: list[float] = []
-        ran = [0]
+        runs = Runs()
 
         def started(i: int) -> None:
-            ran[0] += 1
+            runs.count(i)
             if i >= 10_000_000 and i in committed:
                 latency.append((time.perf_counter() - committed.pop(i)) * 1000)
 
@@ -429,7 +399,7 @@ async def mixed(system: systems.System, args: argparse.Namespace) -> dict[str, A
         async with adapter.worker(50, poll_interval=1.0):
             t0 = time.perf_counter()
             await asyncio.sleep(3.0)
-            drain_rate = ran[0] / (time.perf_counter() - t0)
+            drain_rate = runs.n / (time.perf_counter() - t0)
             args.rate = 0.5 * drain_rate
             t0 = time.perf_counter()
             i, tick = 10_000_000, 0.02
@@ -437,8 +407,7 @@ async def mixed(system: systems.System, args: argparse.Namespace) -> dict[str, A
             while time.perf_counter() < t0 + args.seconds:
                 due = int((time.perf_counter() - t0) * args.rate) - (i - 10_000_000)
                 if due > 0:
-                    calls = [{"i": k} for k in range(i, i + due)]
-                    await noop.defer_many(conn, calls)
+                    await aioq_defer(conn, due, start=i)
                     now = time.perf_counter()
                     committed.update(dict.fromkeys(range(i, i + due), now))
                     i += due
@@ -463,11 +432,6 @@ async def mixed(system: systems.System, args: argparse.Namespace) -> dict[str, A
         }
     finally:
         await conn.close()
-
-
-async def _preload_aioq(conn: asyncpg.Connection, noop: Any, n: int) -> None:
-    for start in range(0, n, 10_000):
-        await noop.defer_many(conn, [{"i": i} for i in range(start, min(start + 10_000, n))])
 
 
 SCENARIOS = {

@@ -53,6 +53,10 @@ class _Flag:
     help: str | None = None
 
 
+def _prefetch(text: str) -> int | str:
+    return text if text == "auto" else non_negative_int(text)
+
+
 # The worker's options, written once: the parser, the argv of the supervisor's children and
 # the Worker(...) call are all built from this table.
 WORKER_FLAGS = (
@@ -61,9 +65,10 @@ WORKER_FLAGS = (
     _Flag(
         "--prefetch",
         "prefetch",
-        non_negative_int,
+        _prefetch,
         DEFAULT_PREFETCH,
-        "jobs claimed ahead of free consumers, for short jobs (default: %(default)d)",
+        "jobs claimed ahead of free consumers: 'auto' (what they start within one claim round"
+        " trip), N, or 0 (default: %(default)s)",
     ),
     _Flag("--shutdown-grace", "shutdown_grace", duration, DEFAULT_SHUTDOWN_GRACE),
     _Flag(

@@ -63,4 +63,11 @@ class Adapter(System):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
                 await asyncio.wait_for(task, 10)
-            await worker.close()
+            try:
+                await worker.close()
+            except asyncio.CancelledError:
+                # A drain stopped at its limit: close() cancels the jobs still running and lets
+                # one of their CancelledErrors out. Only a cancellation of this task goes on.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise

@@ -11,8 +11,9 @@ claim of the same job by the same worker.
 from __future__ import annotations
 
 import enum
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -59,6 +60,9 @@ class Claims:
     def __init__(self) -> None:
         self._running: dict[ClaimKey, Running] = {}
         self._added = anyio.Event()
+        # Since the last wait_added: when the first claim was added, the shortest lease.
+        self._first_added = math.inf
+        self._shortest_added = math.inf
 
     def __len__(self) -> int:
         return len(self._running)
@@ -66,11 +70,19 @@ class Claims:
     def __contains__(self, claim: Claim) -> bool:
         return claim.key in self._running
 
-    def add(self, claims: Iterable[Claim]) -> None:
+    def add(self, claims: Sequence[Claim]) -> None:
         """Track newly claimed jobs (and wake whoever waits for new claims: the heartbeat)."""
+        if not claims:
+            return
+        now = time.monotonic()  # no later than the new claims' extended_at
+        shortest = self._shortest_added
         for claim in claims:
             self._running[claim.key] = Running(claim)
-            self._added.set()
+            if claim.lease < shortest:
+                shortest = claim.lease
+        self._shortest_added = shortest
+        self._first_added = min(self._first_added, now)
+        self._added.set()
 
     def get(self, claim: Claim) -> Running | None:
         """Return the running state of this claim, if it is still held."""
@@ -109,11 +121,17 @@ class Claims:
             running.cancel(reason)
         return cancelled
 
-    async def wait_added(self, seconds: float) -> bool:
-        """Wait at most ``seconds`` for a claim to be added; return True if one was."""
+    async def wait_added(self, seconds: float) -> tuple[float, float] | None:
+        """Wait at most ``seconds`` for claims to be added (since the last call).
+
+        Return when the first of them was added and the shortest of their leases (their
+        leases need extending no earlier than that), or None if none was added.
+        """
         with anyio.move_on_after(seconds):
             await self._added.wait()
-        added = self._added.is_set()
-        if added:
-            self._added = anyio.Event()
+        if not self._added.is_set():
+            return None
+        self._added = anyio.Event()
+        added = (self._first_added, self._shortest_added)
+        self._first_added = self._shortest_added = math.inf
         return added

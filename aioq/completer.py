@@ -97,9 +97,9 @@ class Completer(Service):
                 self._room = anyio.Event()
             await self._room.wait()
         self.claims.finish(outcome.claim)
-        self.pending.append(outcome)
-        if self._idle.is_set():
+        if not self.pending and self._idle.is_set():  # never set while outcomes are queued
             self._idle = anyio.Event()
+        self.pending.append(outcome)
         self._wake.set()
 
     def lost(self, claim: Claim) -> None:
@@ -163,9 +163,13 @@ class Completer(Service):
 
     def _settle(self, outcomes: list[Outcome], kept: set[int]) -> None:
         """Forget written claims; count and log each (kept, or found lost)."""
+        settle, metrics, history = self.claims.settle, self.metrics, self.history
+        # Per batch, not per job: the hot path builds no message nor extras nobody reads.
+        log_info = logger.isEnabledFor(logging.INFO)
+        log_bury = logger.isEnabledFor(logging.WARNING)
         for outcome in outcomes:
             claim = outcome.claim
-            self.claims.settle(claim)
+            settle(claim)
             unsure = False
             if self._unsure:
                 unsure = claim.key in self._unsure
@@ -174,15 +178,15 @@ class Completer(Service):
                 self._dropped.discard(claim.key)
                 continue
             if claim.id in kept:
-                if self.metrics is not None:
-                    self.metrics.observe_outcome(claim, outcome.kind, outcome.duration)
-                if self.history is not None:
-                    self.history.observe(claim, outcome.kind, outcome.duration)
-                level = logging.WARNING if outcome.kind is OutcomeKind.BURY else logging.INFO
-                if not logger.isEnabledFor(level):
-                    continue  # the hot path: build no message nor extras nobody reads
+                if metrics is not None:
+                    metrics.observe_outcome(claim, outcome.kind, outcome.duration)
+                if history is not None:
+                    history.observe(claim, outcome.kind, outcome.duration)
+                buried = outcome.kind is OutcomeKind.BURY
+                if not (log_bury if buried else log_info):
+                    continue
                 logger.log(
-                    level,
+                    logging.WARNING if buried else logging.INFO,
                     "job %s %s %s (attempt %s/%s, %.3fs)%s",
                     claim.id,
                     claim.task,

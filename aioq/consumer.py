@@ -66,6 +66,25 @@ def _cancel_requested() -> bool:
     return current is None or current.cancelling() > 0
 
 
+@functools.cache
+def _scope_class() -> type[anyio.CancelScope]:
+    """The event loop's own CancelScope class, to make one scope per job directly.
+
+    ``anyio.CancelScope()`` looks up the running backend on every call: per job, that lookup
+    cost as much as the scope itself. aioq runs on asyncio only, so the class never changes.
+    """
+    return type(anyio.CancelScope())
+
+
+def _failed(claim: Claim, retry: Backoff, ttl: float | None, started: float, error: str) -> Outcome:
+    """The outcome of a failed attempt: retried after a backoff, or dead on its last attempt."""
+    duration = time.monotonic() - started
+    if claim.attempt >= claim.max_attempts:
+        return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
+    delay = retry.delay(claim.attempt)
+    return Outcome(claim, OutcomeKind.FAIL, duration, delay=delay, error=error, result_ttl=ttl)
+
+
 class Consumer:
     """One of the worker's N coroutines that run jobs."""
 
@@ -118,24 +137,14 @@ class Consumer:
     async def run_one(self, claim: Claim, running: Running) -> Outcome | None:
         """Run one attempt and return its outcome (None: lease lost); task faults never raise."""
         task = self.registry.get(claim.task)
-        retry = task.retry if task is not None else _DEFAULT_RETRY
-        ttl = task.result_ttl if task is not None else None  # jobcontrol: someone may await it
         started = time.monotonic()
-
-        def failed(error: str) -> Outcome:
-            duration = time.monotonic() - started
-            if claim.attempt >= claim.max_attempts:
-                return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
-            delay = retry.delay(claim.attempt)
-            return Outcome(
-                claim, OutcomeKind.FAIL, duration, delay=delay, error=error, result_ttl=ttl
-            )
-
         if task is None:
             unknown = UnknownTaskError(
                 claim.task, claim.id, f"no task named {claim.task!r} is registered in this worker"
             )
-            return failed(format_error(unknown, with_traceback=False))
+            error = format_error(unknown, with_traceback=False)
+            return _failed(claim, _DEFAULT_RETRY, None, started, error)
+        ttl = task.result_ttl  # jobcontrol: someone may await it
         try:
             kwargs = decode_args(claim.args)
             task.check_arguments(kwargs)
@@ -143,11 +152,12 @@ class Consumer:
             err = PayloadError(
                 claim.task, claim.id, f"cannot call {claim.task!r} with its stored arguments: {exc}"
             )
-            return failed(format_error(err, with_traceback=False))
+            return _failed(claim, task.retry, ttl, started, format_error(err, with_traceback=False))
 
         if running.cancel_requested:  # jobcontrol: cancelled before it started
             return Outcome(claim, OutcomeKind.CANCEL, result_ttl=ttl)
-        token = _current.set(self._context(claim, running))
+        # Built only if the task asks for it (current_job()): most never do.
+        token = _current.set(functools.partial(self._context, claim, running))
         try:
             scope, returned, value = await self._call(task, kwargs, running)
         except Retry as exc:
@@ -158,13 +168,13 @@ class Consumer:
             error = format_error(exc)
             return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
         except Exception as exc:
-            return failed(format_error(exc))
+            return _failed(claim, task.retry, ttl, started, format_error(exc))
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 raise  # the worker's own cancellation (checked in _call)
             # SystemExit, KeyboardInterrupt, ... raised by the task's own code: a failure
             # like any other, never the end of the worker or of the batch-mates.
-            return failed(format_error(exc))
+            return _failed(claim, task.retry, ttl, started, format_error(exc))
         finally:
             running.scope = None
             _current.reset(token)
@@ -174,7 +184,14 @@ class Consumer:
                 return None  # the reaper wrote the requested cancel
             return Outcome(claim, OutcomeKind.CANCEL, duration, result_ttl=ttl)
         if not scope.cancelled_caught:
-            return self._completed(claim, ttl, value, duration, failed)
+            if ttl is None:
+                return Outcome(claim, OutcomeKind.COMPLETE, duration)
+            try:  # jobcontrol: a value that cannot be stored fails the attempt
+                result = encode_result(claim.task, claim.id, value)
+            except ResultError as exc:
+                error = format_error(exc, with_traceback=False)
+                return _failed(claim, task.retry, ttl, started, error)
+            return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl, result=result)
         if running.cancel_reason is CancelReason.SHUTDOWN:
             # A thread that ran to its end after the stop: its work is done, record it.
             kind = OutcomeKind.COMPLETE if returned else OutcomeKind.RELEASE
@@ -190,7 +207,8 @@ class Consumer:
                 task.timeout,
                 duration,
             )
-        return failed(f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s")
+        error = f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s"
+        return _failed(claim, task.retry, ttl, started, error)
 
     def _context(self, claim: Claim, running: Running) -> JobContext:
         """What ``current_job()`` returns in the task; its handle reaches this run (jobcontrol)."""
@@ -206,23 +224,6 @@ class Consumer:
             handle=RunHandle(running, self.completer.store, self.completer.db, self.worker_id),
         )
 
-    @staticmethod
-    def _completed(
-        claim: Claim,
-        ttl: float | None,
-        value: object,
-        duration: float,
-        failed: Callable[[str], Outcome],
-    ) -> Outcome:
-        """The outcome of a run that returned: with its value as JSON when the task keeps it."""
-        if ttl is None:
-            return Outcome(claim, OutcomeKind.COMPLETE, duration)
-        try:  # jobcontrol: a value that cannot be stored fails the attempt
-            result = encode_result(claim.task, claim.id, value)
-        except ResultError as exc:
-            return failed(format_error(exc, with_traceback=False))
-        return Outcome(claim, OutcomeKind.COMPLETE, duration, result_ttl=ttl, result=result)
-
     async def _call(
         self, task: Task[..., Any], kwargs: dict[str, Any], running: Running
     ) -> tuple[anyio.CancelScope, bool, object]:
@@ -235,7 +236,7 @@ class Consumer:
         deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
         returned = False
         value: object = None
-        with anyio.CancelScope(deadline=deadline) as scope:
+        with _scope_class()(deadline=deadline) as scope:
             running.scope = scope
             if running.cancel_reason is not None:
                 scope.cancel()

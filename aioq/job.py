@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -92,7 +93,7 @@ class Job:
         return cls(**values)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     """One claim of a job: what every later update is fenced on.
 
@@ -123,20 +124,21 @@ class Claim:
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Claim:
         """Build a claim from a row of the claim statement."""
+        # Positional: per claimed job, keywords cost more than the rest of this call.
         return cls(
-            id=row["id"],
-            number=row["claims"],
-            queue=row["queue"],
-            task=row["task"],
-            args=row["args"],
-            priority=row["priority"],
-            attempt=row["attempts"],
-            max_attempts=row["max_attempts"],
-            lease=row["lease"],
-            waited=max(0.0, row["waited"] or 0.0),
-            traceparent=row["traceparent"],
-            snoozes=row["snoozes"],
-            scheduled_at=row["scheduled_at"],
+            row["id"],
+            row["claims"],
+            row["queue"],
+            row["task"],
+            row["args"],
+            row["priority"],
+            row["attempts"],
+            row["max_attempts"],
+            row["lease"],
+            max(0.0, row["waited"] or 0.0),
+            row["traceparent"],
+            row["snoozes"],
+            row["scheduled_at"],
         )
 
 
@@ -204,15 +206,23 @@ class JobContext:
             await self.handle.set_progress(float(progress), note)
 
 
-_current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("aioq_current_job")
+# The context of the running job, or what builds it: a worker sets a builder, since most tasks
+# never ask and the context costs more to build than the rest of a job's bookkeeping.
+_current: contextvars.ContextVar[JobContext | Callable[[], JobContext]] = contextvars.ContextVar(
+    "aioq_current_job"
+)
 
 
 def current_job() -> JobContext:
     """Return the context of the job the calling task is running."""
     try:
-        return _current.get()
+        context = _current.get()
     except LookupError:
         raise AioqError(
             "current_job() called outside a running aioq task (to call a task in a test,"
             " wrap the call in aioq.testing.job_context())"
         ) from None
+    if not isinstance(context, JobContext):
+        context = context()
+        _current.set(context)  # the same context for the rest of this run (reset after it)
+    return context

@@ -140,6 +140,10 @@ class Metrics:
             OutcomeKind.RELEASE: self.released,
             OutcomeKind.CANCEL: self.cancelled,
         }
+        # The labelled series of each (queue, task), looked up once: per job, ``labels()``
+        # cost four times the update itself (a str() per label value and a lock).
+        self._claim_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._outcome_series: dict[tuple[str, str, OutcomeKind], tuple[Counter, Histogram]] = {}
         self._known_queues: set[str] = set()
         self._servers: list[tuple[Any, threading.Thread]] = []
         self.ports: list[int] = []  # where serve() listens
@@ -147,14 +151,29 @@ class Metrics:
     def observe_claim(self, claims: Sequence[Claim], seconds: float) -> None:
         """Record one claim statement and the jobs it returned."""
         self.claim_seconds.observe(seconds)
+        known = self._claim_series
         for claim in claims:
-            self.claimed.labels(claim.queue, claim.task).inc()
-            self.queue_wait.labels(claim.queue).observe(claim.waited)
+            series = known.get((claim.queue, claim.task))
+            if series is None:
+                series = known[claim.queue, claim.task] = (
+                    self.claimed.labels(claim.queue, claim.task),
+                    self.queue_wait.labels(claim.queue),
+                )
+            claimed, queue_wait = series
+            claimed.inc()
+            queue_wait.observe(claim.waited)
 
     def observe_outcome(self, claim: Claim, kind: OutcomeKind, duration: float) -> None:
         """Record an outcome written under our claim."""
-        self._outcome_counters[kind].labels(claim.queue, claim.task).inc()
-        self.duration.labels(claim.queue, claim.task, kind.value).observe(duration)
+        series = self._outcome_series.get((claim.queue, claim.task, kind))
+        if series is None:
+            series = self._outcome_series[claim.queue, claim.task, kind] = (
+                self._outcome_counters[kind].labels(claim.queue, claim.task),
+                self.duration.labels(claim.queue, claim.task, kind.value),
+            )
+        counter, duration_seconds = series
+        counter.inc()
+        duration_seconds.observe(duration)
 
     def observe_lease_lost(self, claim: Claim) -> None:
         """Record a claim this worker lost before it could write the outcome."""

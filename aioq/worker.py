@@ -54,7 +54,10 @@ DEFAULT_PREFETCH: int | Literal["auto"] = "auto"
 DEFAULT_REAPER_INTERVAL = 5.0
 DEFAULT_REAPER_BATCH = 1000
 DEFAULT_SHUTDOWN_GRACE = 30.0
-DEFAULT_CLAIM_BATCH = 100
+# A claim takes every free slot up to this: at concurrency 1 000 a cap of 100 was the bend of
+# the I/O-bound drain (each claim filled the cap, so jobs/s <= 100 / claim round trip, about
+# 80 % of the ideal), and fewer, larger claims cost PostgreSQL a quarter less CPU per job.
+DEFAULT_CLAIM_BATCH = 1000
 DEFAULT_COMPLETION_BATCH = 1000
 DEFAULT_ARCHIVE_RETENTION = 7 * 24 * 3600.0
 DEFAULT_PRUNE_INTERVAL = 60.0

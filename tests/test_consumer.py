@@ -268,3 +268,43 @@ async def test_a_task_raising_cancelled_error_on_its_own_fails_only_its_attempt(
         in (row["last_error"])
     )
     assert await rig.conn.fetchval("SELECT count(*) FROM aioq.jobs") == 1  # t.fine is done
+
+
+async def test_current_job_is_one_context_per_run_seen_by_threads_and_children_and_gone_after(
+    rig: Rig, registry: aioq.Registry
+) -> None:
+    # The worker builds the context only when the task asks (current_job()): the same one
+    # for the whole run, wherever the task asks from, and none once the run is over.
+    seen: list[tuple[aioq.JobContext, ...]] = []
+
+    @registry.task(name="t.ctx", max_attempts=4)
+    async def ctx() -> None:
+        job = aioq.current_job()
+        children: list[aioq.JobContext] = []
+
+        async def child() -> None:
+            children.append(aioq.current_job())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(child)
+        in_thread = await anyio.to_thread.run_sync(aioq.current_job)
+        seen.append((job, aioq.current_job(), in_thread, *children))
+
+    ids = await ctx.defer_many(rig.conn, [{}, {}])
+    claims = await rig.claim(2)
+    await rig.handle(*claims)
+    assert len(seen) == 2
+    for job_id, contexts in zip(ids, seen, strict=True):
+        job, again, in_thread, child = contexts
+        assert again is job
+        assert in_thread == job == child
+        assert (job.id, job.attempt, job.max_attempts, job.task, job.worker_id) == (
+            job_id,
+            1,
+            4,
+            "t.ctx",
+            "me",
+        )
+        assert not job.cancel_requested
+    with pytest.raises(aioq.AioqError, match="outside a running aioq task"):
+        aioq.current_job()

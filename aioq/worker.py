@@ -150,7 +150,7 @@ class WorkerConfig:
             "prune_batch",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
         if self.prefetch != "auto" and (
             not isinstance(self.prefetch, int)
@@ -161,7 +161,9 @@ class WorkerConfig:
                 "prefetch", f"must be 'auto' or an integer >= 0, got {self.prefetch!r}"
             )
         if self.vacuum_threshold is not None and (
-            not isinstance(self.vacuum_threshold, int) or self.vacuum_threshold < 1
+            not isinstance(self.vacuum_threshold, int)
+            or isinstance(self.vacuum_threshold, bool)
+            or self.vacuum_threshold < 1
         ):
             raise ConfigError(
                 "vacuum_threshold",

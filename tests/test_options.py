@@ -180,6 +180,27 @@ def test_worker_edge_durations_are_accepted() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        "concurrency",
+        "reaper_batch",
+        "claim_batch",
+        "completion_batch",
+        "prune_batch",
+        "vacuum_threshold",
+    ],
+)
+@pytest.mark.parametrize("value", [True, 1.5, "2", 0], ids=repr)
+def test_worker_counts_are_integers(field: str, value: object) -> None:
+    # True is an int to isinstance: it used to be taken as a count of 1.
+    with pytest.raises(
+        aioq.ConfigError, match=f"^{field}: (must be|must be None or) an integer >= 1"
+    ):
+        aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
+    aioq.WorkerConfig(**{field: 2})  # type: ignore[arg-type]
+
+
 def test_cli_purge_refuses_an_age_out_of_range(dsn: str) -> None:
     result = aioq_cli(dsn, "jobs", "purge", "--dead", "--older-than", "99999999999d")
     assert_one_line_error(result, "older_than", "seconds")

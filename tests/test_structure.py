@@ -184,3 +184,20 @@ def test_import_aioq_loads_no_optional_module_even_when_installed() -> None:
     imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()}
     assert "aioq" in imported
     assert not imported & set(OPTIONAL), sorted(imported & set(OPTIONAL))
+
+
+def test_no_merge_conflict_markers_are_left_in_the_tree() -> None:
+    # A merge once committed CHANGELOG.md with its <<<<<<< / >>>>>>> lines still in it.
+    root = PACKAGE.parent
+    files = subprocess.run(
+        ["git", "ls-files", "*.py", "*.md", "*.sql", "*.toml", "*.html", "*.cfg", "Makefile"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if not files:  # not a git checkout (an sdist): nothing to check against
+        files = [str(p.relative_to(root)) for p in root.rglob("*.md")]
+    marker = re.compile(r"^(<{7}|>{7}) ", re.MULTILINE)
+    left = [f for f in files if marker.search((root / f).read_text(errors="replace"))]
+    assert left == []

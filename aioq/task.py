@@ -329,6 +329,36 @@ class Task(Generic[P, R]):
         return await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
 
 
+async def insert_job(
+    store: Store,
+    conn: Executor,
+    name: str,
+    opts: JobOptions,
+    encoded: str,
+    traceparent: str | None = None,
+) -> int:
+    """Insert one job of task ``name`` with these options and return its id (with a
+    unique_key: the live job's)."""
+    for _ in range(10):
+        job_id = await store.insert(
+            conn,
+            queue=opts.queue,
+            task=name,
+            args=encoded,
+            priority=opts.priority,
+            run_at=opts.run_at,
+            delay=opts.delay,
+            max_attempts=opts.max_attempts,
+            lease=opts.lease,
+            unique_key=opts.unique_key,
+            traceparent=traceparent,
+        )
+        if job_id is not None:
+            return job_id
+        # The live job holding our unique_key finished between the conflict and the read.
+    raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+
+
 @dataclass(frozen=True, slots=True)
 class TaskCall(Generic[P]):
     """A task with options applied, ready to defer."""
@@ -355,26 +385,8 @@ class TaskCall(Generic[P]):
             return job_id
 
     async def _insert(self, conn: Executor, encoded: str, traceparent: str | None) -> int:
-        task, opts = self.task, self.opts
-        store = Store.for_schema(task.registry.schema)
-        for _ in range(10):
-            job_id = await store.insert(
-                conn,
-                queue=opts.queue,
-                task=task.name,
-                args=encoded,
-                priority=opts.priority,
-                run_at=opts.run_at,
-                delay=opts.delay,
-                max_attempts=opts.max_attempts,
-                lease=opts.lease,
-                unique_key=opts.unique_key,
-                traceparent=traceparent,
-            )
-            if job_id is not None:
-                return job_id
-            # The live job holding our unique_key finished between the conflict and the read.
-        raise DeferError(task.name, f"unique_key {opts.unique_key!r} kept changing owner")
+        store = Store.for_schema(self.task.registry.schema)
+        return await insert_job(store, conn, self.task.name, self.opts, encoded, traceparent)
 
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""

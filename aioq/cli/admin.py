@@ -28,9 +28,8 @@ from aioq.cli.common import (
     with_db,
 )
 from aioq.codec import encode_args
-from aioq.errors import DeferError
 from aioq.store import Store
-from aioq.task import JobOptions, check_text
+from aioq.task import JobOptions, check_text, insert_job
 
 
 def cmd_schema_apply(args: argparse.Namespace) -> int:
@@ -367,25 +366,7 @@ def cmd_defer(args: argparse.Namespace) -> int:
         encoded = encode_args(name, task.bind((), values))
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        store = Store.for_schema(schema)
-        job_id = None
-        for _ in range(10):  # None: the job holding unique_key finished meanwhile; again
-            job_id = await store.insert(
-                conn,
-                queue=opts.queue,
-                task=name,
-                args=encoded,
-                priority=opts.priority,
-                run_at=None,
-                delay=opts.delay,
-                max_attempts=opts.max_attempts,
-                lease=opts.lease,
-                unique_key=opts.unique_key,
-            )
-            if job_id is not None:
-                break
-        else:
-            raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+        job_id = await insert_job(Store.for_schema(schema), conn, name, opts, encoded)
         if args.target is None:  # once the job is written: a failure needs no note
             print(
                 f"aioq: note: no registry given, so the options of task {name!r} are unknown:"

@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # The LISTEN connection of every worker process of this database; its worker id is host:pid:token.
@@ -62,6 +64,31 @@ def aioq_cli(
         timeout=timeout,
         check=False,
     )
+
+
+@contextmanager
+def spawner(dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Yield ``start(*args, cwd=, output=PIPE)``, which starts ``aioq ARGS`` (the console script)
+    with AIOQ_DSN set; every process started, and its children, is killed on exit."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, cwd: Path, output: int = subprocess.PIPE) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [AIOQ, *args],
+            env={**os.environ, "AIOQ_DSN": dsn},
+            cwd=cwd,
+            stdout=output,
+            stderr=output,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            kill_tree(proc)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,7 +15,16 @@ from typing import Any
 
 import asyncpg
 import pytest
-from procs import AIOQ, LISTENERS, aioq_cli, assert_one_line_error, children, kill_tree, pid_of
+from procs import (
+    AIOQ,
+    LISTENERS,
+    aioq_cli,
+    assert_one_line_error,
+    children,
+    kill_tree,
+    pid_of,
+    spawner,
+)
 from waits import wait_for
 
 from aioq.dev.pgbin import free_port
@@ -94,23 +102,8 @@ def task_dir(tmp_path: Path, dsn: str) -> Path:
 
 @pytest.fixture
 def spawn(dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "aioq", *args],
-            env={**os.environ, "AIOQ_DSN": dsn},
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        kill_tree(proc)
+    with spawner(dsn) as start:
+        yield start
 
 
 def test_missing_dsn_and_unreachable_database() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from procs import AIOQ, aioq_cli, assert_one_line_error
+from procs import AIOQ, aioq_cli, assert_one_line_error, spawner
 from waits import wait_for
 
 README = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
@@ -65,25 +65,10 @@ def app(tmp_path: Path) -> Path:
 @pytest.fixture
 def worker(dsn: str, app: Path) -> Iterator[Any]:
     """Start `aioq worker` in the app directory; stopped with SIGTERM, its stderr returned."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [AIOQ, "worker", *args, "--poll-interval", "0.2", "--shutdown-grace", "5"],
-            env={**os.environ, "AIOQ_DSN": dsn},
-            cwd=app,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    with spawner(dsn) as spawn:
+        yield lambda *args: spawn(
+            "worker", *args, "--poll-interval", "0.2", "--shutdown-grace", "5", cwd=app
         )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def stop(proc: subprocess.Popen[str]) -> str:

@@ -8,11 +8,9 @@ minute, so a prompt pickup can only come from a ring.
 from __future__ import annotations
 
 import math
-import os
 import random
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import anyio
 import asyncpg
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from procs import kill_tree
+from procs import spawner
 from waits import eventually
 
 import aioq
@@ -238,23 +236,10 @@ async def noop() -> None:
 @pytest.fixture
 def worker_process(dsn: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     (tmp_path / "doorbelltasks.py").write_text(TASKS)
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "aioq", "worker", "doorbelltasks:registry", *args],
-            env={**os.environ, "AIOQ_DSN": dsn},
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            text=True,
+    with spawner(dsn) as spawn:
+        yield lambda *args: spawn(
+            "worker", "doorbelltasks:registry", *args, cwd=tmp_path, output=subprocess.DEVNULL
         )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        kill_tree(proc)
 
 
 async def test_worker_processes_are_rung(

@@ -1160,27 +1160,28 @@ ORDER BY run_at, id
 # the lock, so a worker that dies (its connection closes) stops the ringing with it. Each
 # inserting transaction holds (~oid, hashtext(queue)) shared until it ends: an exclusive try
 # of that key that fails means an insert that may not have rung is still in flight.
-# $1: the queues. Takes each queue's doorbell lock, then (OFFSET 0 keeps the order: the outer
-# test runs on each row the subquery made) tests its in-flight key; true if any was taken.
-ARM_DOORBELL = """
+
+# True if any queue's in-flight key is taken (an exclusive try fails), over rows with q.
+_IN_FLIGHT = """
 SELECT coalesce(bool_or(NOT (
     pg_try_advisory_lock(~'{s}.jobs'::regclass::oid::int, hashtext(q))
     AND pg_advisory_unlock(~'{s}.jobs'::regclass::oid::int, hashtext(q))
 )), false)
-FROM (
+"""
+
+# $1: the queues. Takes each queue's doorbell lock, then (OFFSET 0 keeps the order: the outer
+# test runs on each row the subquery made) tests its in-flight key; true if any was taken.
+ARM_DOORBELL = (
+    _IN_FLIGHT
+    + """FROM (
     SELECT q, pg_advisory_lock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))
     FROM unnest($1::text[]) AS q OFFSET 0
 ) AS armed
 """
+)
 
 # The in-flight test alone, for a worker that holds its doorbell locks already.
-INSERTS_IN_FLIGHT = """
-SELECT coalesce(bool_or(NOT (
-    pg_try_advisory_lock(~'{s}.jobs'::regclass::oid::int, hashtext(q))
-    AND pg_advisory_unlock(~'{s}.jobs'::regclass::oid::int, hashtext(q))
-)), false)
-FROM unnest($1::text[]) AS q
-"""
+INSERTS_IN_FLIGHT = _IN_FLIGHT + "FROM unnest($1::text[]) AS q\n"
 
 DISARM_DOORBELL = """
 SELECT pg_advisory_unlock_shared('{s}.jobs'::regclass::oid::int, hashtext(q))

@@ -3,71 +3,16 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from aioq import queries as q
-from aioq.errors import ConfigError
+from aioq.db import Connection, Executor, Target, executor
 from aioq.job import Claim, Job
 
-if TYPE_CHECKING:  # only for the annotations: SQLAlchemy is imported when a caller passes it
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-
 __all__ = ("Connection", "Executor", "Store", "Target", "executor")
-
-Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
-"""A connection the caller owns: ``defer`` runs on it, inside its transaction."""
-
-Executor: TypeAlias = asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool
-"""Anything that runs a statement: a connection, or a pool that lends one for it."""
-
-Target: TypeAlias = "Executor | AsyncConnection | AsyncSession"
-"""What ``defer`` and the admin functions accept: an asyncpg connection or pool, or a SQLAlchemy
-``AsyncConnection`` / ``AsyncSession`` on the asyncpg driver (its connection and transaction)."""
-
-_ASYNCPG = (asyncpg.Connection, PoolConnectionProxy, asyncpg.Pool)
-
-ADAPTERS = "aioq.executors"
-"""The entry-point group of adapters for other libraries' connection objects.
-
-An entry point's name is the top-level package of the classes it adapts (``sqlalchemy``), its
-value an ``async def (obj) -> asyncpg.Connection`` that returns the connection to run on inside
-the object's transaction (aioq's own: ``aioq.contrib.sqlalchemy:executor``, in pyproject.toml).
-One is loaded the first time an object of its package arrives: ``import aioq`` loads neither
-the adapter nor its library, and the core does not know which adapters exist.
-"""
-
-Adapter: TypeAlias = Callable[[Any], Awaitable[Executor]]
-
-
-@functools.cache
-def _adapter(package: str) -> Adapter | None:
-    from importlib.metadata import entry_points  # only off the asyncpg path: it reads metadata
-
-    found = entry_points(group=ADAPTERS, name=package)
-    return next((point.load() for point in found), None)
-
-
-async def executor(target: Target) -> Executor:
-    """Return the asyncpg connection or pool to run statements on for ``target``."""
-    if isinstance(target, _ASYNCPG):
-        return target
-    # By the class or a base: an application's own AsyncSession subclass lives in its module.
-    for cls in type(target).__mro__:
-        resolve = _adapter(cls.__module__.partition(".")[0])
-        if resolve is not None:
-            return await resolve(target)
-    raise ConfigError(
-        "conn",
-        f"got {type(target).__module__}.{type(target).__qualname__}; expected an asyncpg"
-        " Connection or Pool, or a SQLAlchemy AsyncConnection or AsyncSession on the"
-        " asyncpg driver",
-    )
-
 
 TABLE_DEFAULTS = (0, 5, 30.0)
 """The column defaults of jobs.priority, max_attempts and lease (seconds) in schema.sql."""

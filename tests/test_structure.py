@@ -99,7 +99,7 @@ def test_the_core_never_imports_a_subpackage() -> None:
 
 def test_the_core_does_not_name_a_subpackage_module_either() -> None:
     # An import by name (importlib, a table of module paths) is an import the graph can't see.
-    # Adapters reach the core through entry points (aioq.store.ADAPTERS), which name them.
+    # Adapters reach the core through entry points (aioq.db.ADAPTERS), which name them.
     module_path = re.compile(rf"aioq\.(?:{'|'.join(SUBPACKAGES)})(?:\.\w+)*(?::\w+)?")
     offenders = {
         f"{_module_name(path)}: {node.value!r}"

@@ -9,8 +9,8 @@ names no integration.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -20,7 +20,7 @@ from aioq.errors import ConfigError
 if TYPE_CHECKING:  # only for the annotations: SQLAlchemy is imported when a caller passes it
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-__all__ = ("ADAPTERS", "Connection", "Executor", "Target", "executor")
+__all__ = ("ADAPTERS", "Connection", "Executor", "Row", "Target", "executor")
 
 Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 """A connection the caller owns: ``defer`` runs on it, inside its transaction."""
@@ -31,6 +31,15 @@ Executor: TypeAlias = asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool
 Target: TypeAlias = "Executor | AsyncConnection | AsyncSession"
 """What ``defer`` and the admin functions accept: an asyncpg connection or pool, or a SQLAlchemy
 ``AsyncConnection`` / ``AsyncSession`` on the asyncpg driver (its connection and transaction)."""
+
+
+class Row(Protocol):
+    """A result row, by column position or name (asyncpg's Record; a synchronous driver's row)."""
+
+    def __getitem__(self, key: int | str, /) -> Any: ...
+
+    def items(self) -> Iterator[tuple[str, Any]]: ...
+
 
 _ASYNCPG = (asyncpg.Connection, PoolConnectionProxy, asyncpg.Pool)
 

@@ -8,11 +8,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
-
-import asyncpg
+from typing import TYPE_CHECKING, Protocol
 
 from aioq.errors import AioqError, ConfigError
+
+if TYPE_CHECKING:
+    from aioq.db import Row
 
 __all__ = (
     "Claim",
@@ -86,7 +87,7 @@ class Job:
     last_worker: str | None = None
 
     @classmethod
-    def from_row(cls, row: asyncpg.Record) -> Job:
+    def from_row(cls, row: Row) -> Job:
         """Build a job from a row of ``GET_JOB`` / ``LIST_JOBS``."""
         values = dict(row.items())
         values["status"] = JobStatus(values["status"])
@@ -122,7 +123,7 @@ class Claim:
         return (self.id, self.number)
 
     @classmethod
-    def from_row(cls, row: asyncpg.Record) -> Claim:
+    def from_row(cls, row: Row) -> Claim:
         """Build a claim from a row of the claim statement."""
         # Positional: per claimed job, keywords cost more than the rest of this call.
         return cls(

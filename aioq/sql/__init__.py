@@ -25,10 +25,10 @@ between the caller and the SQL.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
-from aioq.db import Executor
+from aioq.db import Executor, Row
 from aioq.errors import ConfigError
 
 __all__ = (
@@ -108,14 +108,6 @@ def pyformat(text: str) -> str:
     its values passed as ``{"p1": ...}``. A literal ``%`` is doubled.
     """
     return _PARAMETER.sub(r"%(p\1)s", text.replace("%", "%%"))
-
-
-class Row(Protocol):
-    """A result row, by column position or name (asyncpg's Record; a synchronous driver's row)."""
-
-    def __getitem__(self, key: int | str, /) -> Any: ...
-
-    def items(self) -> Iterator[tuple[str, Any]]: ...
 
 
 class Statement(Generic[T]):

@@ -8,10 +8,14 @@ from datetime import datetime
 
 import asyncpg
 
+from aioq.db import Connection, Target, executor
 from aioq.errors import AioqError
 from aioq.job import Job, JobStatus
-from aioq.queries import DEFAULT_SCHEMA
-from aioq.store import Connection, Store, Target, executor
+from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
+from aioq.sql import admin as sql
+from aioq.sql.control import CANCEL_JOBS
+from aioq.sql.history import RECENT_OUTCOMES
+from aioq.sql.maintenance import PRUNE_ENDED
 from aioq.task import check_duration
 
 __all__ = (
@@ -73,40 +77,42 @@ class Stats:
 async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     """Return per-queue counts and the jobs table's size and vacuum figures."""
     conn = await executor(conn)
-    store = Store.for_schema(schema)
-    rows = await store.queue_stats(conn)
-    completed = await store.archive_stats(conn)
-    table = await store.table_stats(conn)
-    recent = await store.recent_outcomes(conn)
+    rows = await sql.QUEUE_STATS.rows(conn, schema)
+    completed = {r.queue: r.completed for r in await sql.ARCHIVE_STATS.rows(conn, schema)}
+    table = await sql.TABLE_STATS.row(conn, schema)
+    assert table is not None  # the regclass cast raises for a missing table
+    recent = {r.queue: r for r in await RECENT_OUTCOMES.rows(conn, schema)}
     archived = bool(completed)
-    names = sorted({row["queue"] for row in rows} | set(completed) | set(recent))
-    by_queue = {row["queue"]: row for row in rows}
+    names = sorted({row.queue for row in rows} | set(completed) | set(recent))
+    by_queue = {row.queue: row for row in rows}
     queues = []
     for name in names:
         row = by_queue.get(name)
         queues.append(
             QueueStats(
                 queue=name,
-                ready=row["ready"] if row else 0,
-                scheduled=row["scheduled"] if row else 0,
-                running=row["running"] if row else 0,
-                dead=row["dead"] if row else 0,
-                cancelled=row["cancelled"] if row else 0,
-                oldest_ready_age=row["oldest_ready_age"] if row else 0.0,
-                expired_leases=row["expired"] if row else 0,
+                ready=row.ready if row else 0,
+                scheduled=row.scheduled if row else 0,
+                running=row.running if row else 0,
+                dead=row.dead if row else 0,
+                cancelled=row.cancelled if row else 0,
+                oldest_ready_age=row.oldest_ready_age if row else 0.0,
+                expired_leases=row.expired if row else 0,
                 completed_last_minute=completed.get(name, 0) if archived else None,
-                failed_last_minute=recent.get(name, (0, 0))[1] if recent else None,
+                failed_last_minute=(recent[name].failed if name in recent else 0)
+                if recent
+                else None,
             )
         )
     return Stats(
         queues=tuple(queues),
         table=TableStats(
-            table_bytes=table["table_bytes"],
-            index_bytes=table["index_bytes"],
-            live_tuples=table["n_live_tup"],
-            dead_tuples=table["n_dead_tup"],
-            last_autovacuum=table["last_autovacuum"],
-            last_vacuum=table["last_vacuum"],
+            table_bytes=table.table_bytes,
+            index_bytes=table.index_bytes,
+            live_tuples=table.n_live_tup,
+            dead_tuples=table.n_dead_tup,
+            last_autovacuum=table.last_autovacuum,
+            last_vacuum=table.last_vacuum,
         ),
         archived=archived,
     )
@@ -131,12 +137,12 @@ async def cancel_jobs(
     """
     conn = await executor(conn)
     ids = sorted({int(i) for i in job_ids})
-    store = Store.for_schema(schema)
+    channels = (control_channel(schema), results_channel(schema))
     states: dict[int, str] = {}
     for _ in range(_CANCEL_RACES):
         if not ids:
             break
-        found = await store.cancel_jobs(conn, ids)
+        found = {r.id: r.state for r in await CANCEL_JOBS.rows(conn, schema, ids, *channels)}
         # 'raced': the job changed while the statement ran; a fresh snapshot tells what it is.
         ids = [i for i, state in found.items() if state == "raced"]
         states.update((i, state) for i, state in found.items() if state != "raced")
@@ -151,7 +157,7 @@ async def delete_jobs(
     """Delete jobs that are pending, dead or cancelled; return the ids deleted (running jobs
     are kept: cancel them)."""
     conn = await executor(conn)
-    return list(await Store.for_schema(schema).delete(conn, job_ids))
+    return sorted(await sql.DELETE_JOBS.rows(conn, schema, list(job_ids)))
 
 
 async def purge_dead(
@@ -171,10 +177,9 @@ async def purge_dead(
     if older_than is not None:
         check_duration("older_than", older_than)  # before any SQL: now() - it must not overflow
     conn = await executor(conn)
-    store = Store.for_schema(schema)
     total = 0
     while True:
-        deleted = await store.prune_dead(conn, older_than or 0.0, batch_size)
+        deleted = await PRUNE_ENDED.row(conn, schema, older_than or 0.0, batch_size, "dead") or 0
         total += deleted
         if deleted < batch_size:
             return total
@@ -220,28 +225,28 @@ async def retry_dead(
 async def _replay(
     conn: Connection, ids: Sequence[int] | None, task: str | None, queue: str | None, schema: str
 ) -> Replay:
-    store = Store.for_schema(schema)
+    wanted = list(ids) if ids is not None else None
     for _ in range(REPLAY_TRIES):
         try:
             # A savepoint inside the caller's transaction (or a transaction of its own), so a
             # lost race leaves the caller's transaction usable.
             async with conn.transaction():
-                rows = await store.replay(conn, ids=ids, task=task, queue=queue)
+                rows = await sql.REPLAY_DEAD.rows(conn, schema, wanted, task, queue)
         except asyncpg.UniqueViolationError:
             # A job with one of the keys became live after this statement's snapshot (a defer
             # or another replay committed meanwhile); the next try sees it and skips that key.
             continue
-        retried = [row["id"] for row in rows if row["replayed"]]
-        skipped = {row["id"]: _why_skipped(row) for row in rows if not row["replayed"]}
+        retried = [row.id for row in rows if row.replayed]
+        skipped = {row.id: _why_skipped(row) for row in rows if not row.replayed}
         return Replay(retried=retried, skipped=skipped)
     raise AioqError(f"retry_dead: unique keys kept changing owner over {REPLAY_TRIES} tries")
 
 
-def _why_skipped(row: asyncpg.Record) -> str:
-    key = row["unique_key"]
-    if row["live_id"] is not None:
-        return f"unique_key {key!r} is held by live job {row['live_id']}"
-    return f"unique_key {key!r} went to dead job {row['newest']}, the newest with that key"
+def _why_skipped(row: sql.Replayed) -> str:
+    key = row.unique_key
+    if row.live_id is not None:
+        return f"unique_key {key!r} is held by live job {row.live_id}"
+    return f"unique_key {key!r} went to dead job {row.newest}, the newest with that key"
 
 
 async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
@@ -253,9 +258,8 @@ async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) ->
     ``progress_note`` are as the task last reported them.
     """
     conn = await executor(conn)
-    store = Store.for_schema(schema)
-    found = await store.get(conn, job_id)
-    return found if found is not None else await store.get_archived(conn, job_id)
+    found = await sql.GET_JOB.row(conn, schema, job_id)
+    return found if found is not None else await sql.GET_ARCHIVED_JOB.row(conn, schema, job_id)
 
 
 async def list_jobs(
@@ -270,11 +274,10 @@ async def list_jobs(
     """Return jobs matching the filters, oldest first (``succeeded``: archive and results)."""
     conn = await executor(conn)
     wanted = JobStatus(status).value if status is not None else None
-    store = Store.for_schema(schema)
     if wanted == JobStatus.SUCCEEDED:
-        archived = await store.list_archived(conn, task=task, queue=queue, limit=limit)
-        # jobcontrol: and those that kept a result (the richer row when a job is in both)
-        kept = await store.list_results(conn, task=task, queue=queue, limit=limit)
+        archived = await sql.LIST_ARCHIVED_JOBS.rows(conn, schema, task, queue, limit)
+        # And those that kept a result (the richer row when a job is in both).
+        kept = await sql.LIST_RESULT_JOBS.rows(conn, schema, task, queue, limit)
         by_id = {job.id: job for job in archived} | {job.id: job for job in kept}
         return [by_id[i] for i in sorted(by_id)[:limit]]
-    return await store.list_jobs(conn, status=wanted, task=task, queue=queue, limit=limit)
+    return await sql.LIST_JOBS.rows(conn, schema, wanted, task, queue, limit)

@@ -48,7 +48,7 @@ class OutcomeKind(enum.Enum):
     SNOOZE = "snoozed"  # the task raised aioq.Retry: back to pending after its delay
     RELEASE = "released"  # given back unrun or unfinished (shutdown): attempt refunded
     BURY = "dead"  # failed with no attempts left, or aioq.Fail
-    CANCEL = "cancelled"  # cancelled on request (jobcontrol): kept, never retried
+    CANCEL = "cancelled"  # cancelled on request: kept, never retried
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,7 +144,7 @@ class Claim:
 
 
 class JobHandle(Protocol):
-    """What a running job's context asks its worker (see :mod:`aioq.control`)."""
+    """What a running job's context asks its worker (see :mod:`aioq.worker.control`)."""
 
     @property
     def cancel_requested(self) -> bool: ...

@@ -19,12 +19,11 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
-from aioq._service import Service
+from aioq.db import Executor
 from aioq.errors import ConfigError
 from aioq.job import Claim, OutcomeKind
-from aioq.store import Executor, Store
+from aioq.service import Service
+from aioq.sql.admin import QUEUE_STATS, QueueCounts
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -179,14 +178,13 @@ class Metrics:
         """Record a claim this worker lost before it could write the outcome."""
         self.lease_lost.labels(claim.queue, claim.task).inc()
 
-    def set_queue_stats(self, rows: Sequence[asyncpg.Record]) -> None:
+    def set_queue_stats(self, rows: Sequence[QueueCounts]) -> None:
         """Set the queue gauges from rows of the stats query; queues gone from it read 0."""
         seen: set[str] = set()
         for row in rows:
-            queue = row["queue"]
-            seen.add(queue)
+            seen.add(row.queue)
             for name in _GAUGES:
-                self.queue_gauges[name].labels(queue).set(row[name])
+                self.queue_gauges[name].labels(row.queue).set(getattr(row, name))
         for queue in self._known_queues - seen:
             for gauge in self.queue_gauges.values():
                 gauge.labels(queue).set(0)
@@ -213,20 +211,20 @@ class Metrics:
         self.ports.clear()
 
 
-class QueueSampler(Service):
+class QueueSampler(Service[int]):
     """Samples the per-queue stats into the gauges, every ``metrics.stats_interval`` seconds."""
 
     name = "queue stats"
 
-    def __init__(self, *, store: Store, db: Executor, metrics: Metrics) -> None:
+    def __init__(self, *, schema: str, db: Executor, metrics: Metrics) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.metrics = metrics
 
     async def run_once(self) -> int:
         """Sample once; return how many queues were seen."""
-        rows = await self.store.queue_stats(self.db)
+        rows = await QUEUE_STATS.rows(self.db, self.schema)
         self.metrics.set_queue_stats(rows)
         return len(rows)
 

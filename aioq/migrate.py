@@ -8,9 +8,10 @@ from importlib import resources
 
 import asyncpg
 
-from aioq import queries as q
+from aioq import sql as q
+from aioq.db import Connection, Executor
 from aioq.errors import SchemaError
-from aioq.store import Connection, Executor
+from aioq.sql.schema import INSTALLED_VERSION, LOCK_SCHEMA, RECORD_MIGRATION, SCHEMA_EXISTS
 
 __all__ = (
     "Migration",
@@ -73,9 +74,9 @@ def schema_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
 
 async def _installed(conn: Executor, schema: str) -> int:
     table = f"{q.quote_schema(schema)}.migrations"
-    if not await conn.fetchval(q.SCHEMA_EXISTS, table):
+    if not await SCHEMA_EXISTS.row(conn, schema, table):
         return 0
-    return int(await conn.fetchval(q.render(q.INSTALLED_VERSION, schema)))
+    return await INSTALLED_VERSION.row(conn, schema) or 0
 
 
 async def status(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> SchemaStatus:
@@ -94,12 +95,12 @@ async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]
     applied: list[int] = []
     try:
         async with conn.transaction():
-            await conn.fetchval(q.LOCK_SCHEMA, q.channel_name(schema))
+            await LOCK_SCHEMA.run(conn, schema, q.channel_name(schema))
             await conn.execute(prologue)
             current = await _installed(conn, schema)
             for migration in found[current:]:
                 await conn.execute(migration.sql)
-                await conn.execute(q.render(q.RECORD_MIGRATION, schema), migration.version)
+                await RECORD_MIGRATION.run(conn, schema, migration.version)
                 applied.append(migration.version)
     except asyncpg.InsufficientPrivilegeError as exc:
         # An application role with only the DML grants lands here; say who can do it.
@@ -110,7 +111,7 @@ async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]
     return applied
 
 
-async def check_installed(conn: Executor, schema: str = "aioq") -> None:
+async def check_installed(conn: Executor, schema: str = q.DEFAULT_SCHEMA) -> None:
     """Raise :class:`SchemaError` unless the schema is installed at the version this aioq needs.
 
     A worker calls it at start-up, so that a missing or outdated schema is one clear error
@@ -119,7 +120,7 @@ async def check_installed(conn: Executor, schema: str = "aioq") -> None:
     the jobs table alone.
     """
     quoted = q.quote_schema(schema)
-    if not await conn.fetchval(q.SCHEMA_EXISTS, f"{quoted}.jobs"):
+    if not await SCHEMA_EXISTS.row(conn, schema, f"{quoted}.jobs"):
         raise SchemaError(
             f"the aioq schema {schema!r} is not installed in this database:"
             f" run: aioq schema apply{_flag(schema)} (or await aioq.install(conn))"
@@ -142,4 +143,4 @@ async def check_installed(conn: Executor, schema: str = "aioq") -> None:
 
 
 def _flag(schema: str) -> str:
-    return "" if schema == "aioq" else f" --schema {schema}"
+    return "" if schema == q.DEFAULT_SCHEMA else f" --schema {schema}"

@@ -14,21 +14,11 @@ from typing import Any, TypeVar
 from aioq.codec import encode_args
 from aioq.errors import AioqError, ConfigError
 from aioq.schedule import Schedule
-from aioq.task import Task
+from aioq.task import Task, to_seconds
 
 __all__ = ("periodic",)
 
 T = TypeVar("T", bound=Task[..., Any])
-
-
-def _seconds(task: str, name: str, value: float | timedelta | None) -> float | None:
-    if value is None or isinstance(value, timedelta):
-        return value.total_seconds() if value is not None else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(
-            name, f"task {task!r}: must be seconds or a timedelta, got {type(value).__name__}"
-        )
-    return float(value)
 
 
 def periodic(
@@ -56,6 +46,7 @@ def periodic(
                 f"{getattr(task, '__qualname__', task)!r} is not a task: put @aioq.periodic"
                 " above @aioq.task",
             )
+        where = f"task {task.name!r}: "
         schedule = Schedule(
             name=name or task.name,
             task=task.name,
@@ -64,10 +55,10 @@ def periodic(
             priority=task.defaults.priority,
             max_attempts=task.defaults.max_attempts,
             lease=task.defaults.lease,
-            every=_seconds(task.name, "every", every),
+            every=None if every is None else to_seconds("every", every, where=where),
             cron=cron,
             tz=tz,
-            catch_up=_seconds(task.name, "catch_up", catch_up) or 0.0,
+            catch_up=to_seconds("catch_up", catch_up, where=where),
         )
         schedules = task.registry.schedules
         old = schedules.get(schedule.name)

@@ -19,6 +19,7 @@ import anyio
 import asyncpg
 
 from aioq.codec import decode_result
+from aioq.db import Executor, Target, executor
 from aioq.errors import (
     ConfigError,
     JobCancelled,
@@ -26,8 +27,8 @@ from aioq.errors import (
     ResultMissing,
     ResultTimeout,
 )
-from aioq.queries import DEFAULT_SCHEMA
-from aioq.store import Executor, Store, Target, executor
+from aioq.sql import DEFAULT_SCHEMA, results_channel
+from aioq.sql.control import RESULT_STATE, ResultState
 
 __all__ = ("DEFAULT_RESULT_TIMEOUT", "result")
 
@@ -100,9 +101,9 @@ class _Hub:
                 self.retry_at = anyio.current_time() + _RELISTEN_AFTER
                 await self._drop()
 
-    async def query(self, store: Store, job_id: int) -> asyncpg.Record | None:
+    async def query(self, schema: str, job_id: int) -> ResultState | None:
         async with self._turn or _NO_LOCK:
-            return await store.result_state(self.db, job_id)
+            return await RESULT_STATE.row(self.db, schema, job_id)
 
     async def close(self) -> None:
         async with self._lock:
@@ -158,12 +159,12 @@ async def result(
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         raise ConfigError("timeout", f"must be None or a number of seconds >= 0, got {timeout!r}")
     db = await executor(db)  # an asyncpg connection or pool (or SQLAlchemy's, unwrapped)
-    store = Store.for_schema(schema)
+    channel = results_channel(schema)
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
-    key = (id(db), store.results_channel)
+    key = (id(db), channel)
     hub = _hubs.get(key)
     if hub is None:
-        hub = _hubs[key] = _Hub(db, store.results_channel)
+        hub = _hubs[key] = _Hub(db, channel)
     hub.count += 1
     event = anyio.Event()
     hub.add(job_id, event)
@@ -171,11 +172,11 @@ async def result(
         delay = _FIRST_POLL
         while True:
             await hub.ensure_listening()  # before reading: a later ring is never missed
-            row = await hub.query(store, job_id)
+            row = await hub.query(schema, job_id)
             status = _judge(job_id, row)
             if status is None:
                 assert row is not None
-                return decode_result(row["result"])
+                return decode_result(row.result or "null")
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 raise ResultTimeout(job_id, timeout or 0.0, status)
@@ -196,7 +197,7 @@ async def result(
                 await hub.close()
 
 
-def _judge(job_id: int, row: asyncpg.Record | None) -> str | None:
+def _judge(job_id: int, row: ResultState | None) -> str | None:
     """Return None when the row holds the result, the status to wait on, or raise."""
     if row is None:
         raise ResultMissing(
@@ -204,13 +205,13 @@ def _judge(job_id: int, row: asyncpg.Record | None) -> str | None:
             "no result is stored (its task has no result_ttl, the result expired and was"
             " pruned, or no job has this id)",
         )
-    status: str = row["status"]
+    status = row.status
     if status == "succeeded":
-        if row["expired"]:
+        if row.expired:
             raise ResultMissing(job_id, "its result expired")
         return None
     if status == "dead":
-        raise JobFailed(job_id, row["last_error"])
+        raise JobFailed(job_id, row.last_error)
     if status == "cancelled":
         raise JobCancelled(job_id)
     return status

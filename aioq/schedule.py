@@ -24,9 +24,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
 
-from aioq._service import Service
+from aioq.db import Executor
 from aioq.errors import ConfigError
-from aioq.store import Executor, Store
+from aioq.service import Service
+from aioq.sql import schedules as sql
 
 __all__ = ("Schedule", "Scheduler")
 
@@ -189,14 +190,14 @@ def _from_us(us: int) -> datetime:
     return EPOCH + timedelta(microseconds=us)
 
 
-class Scheduler(Service):
+class Scheduler(Service[float]):
     """Enqueues the due ticks of a registry's schedules; safe to run on every worker."""
 
     name = "scheduler"
 
-    def __init__(self, *, store: Store, db: Executor, schedules: Sequence[Schedule]) -> None:
+    def __init__(self, *, schema: str, db: Executor, schedules: Sequence[Schedule]) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.schedules = list(schedules)
         self.enqueued = 0  # jobs this scheduler inserted (tests and logs)
@@ -209,9 +210,9 @@ class Scheduler(Service):
         """
         if not self.schedules:
             return MAX_SLEEP
-        db_now, last_ticks = await self.store.schedule_state(
-            self.db, [s.name for s in self.schedules]
-        )
+        rows = await sql.SCHEDULE_STATE.rows(self.db, self.schema, [s.name for s in self.schedules])
+        last_ticks = {r.name: r.last_tick for r in rows if r.last_tick is not None}
+        db_now = rows[0].now
         now = now or db_now
         for schedule in self.schedules:
             last = last_ticks.get(schedule.name)
@@ -226,16 +227,13 @@ class Scheduler(Service):
     async def _start(self, schedule: Schedule, now: datetime) -> None:
         """First sight of a schedule: its first job is the next tick, not one in the past."""
         latest = schedule.latest(now) or now
-        created = await self.store.start_schedule(
+        created = await sql.SCHEDULE_START.row(
             self.db,
-            name=schedule.name,
-            task=schedule.task,
-            queue=schedule.queue,
-            spec=schedule.spec,
-            last_tick=latest,
-            next_tick=schedule.next_after(latest),
+            self.schema,
+            *(schedule.name, schedule.task, schedule.queue, schedule.spec),
+            *(latest, schedule.next_after(latest)),
         )
-        if created:
+        if created is not None:
             logger.info(
                 "schedule %s (%s): first tick at %s",
                 schedule.name,
@@ -248,18 +246,12 @@ class Scheduler(Service):
         ticks, skipped = schedule.due(last, now)
         if not ticks:
             return
-        ids = await self.store.tick(
+        ids = await sql.SCHEDULE_TICK.rows(
             self.db,
-            name=schedule.name,
-            task=schedule.task,
-            queue=schedule.queue,
-            spec=schedule.spec,
-            ticks=ticks,
-            next_tick=schedule.next_after(ticks[-1]),
-            args=schedule.args,
-            priority=schedule.priority,
-            max_attempts=schedule.max_attempts,
-            lease=schedule.lease,
+            self.schema,
+            *(schedule.name, schedule.task, schedule.queue, schedule.spec),
+            *(ticks, schedule.next_after(ticks[-1]), schedule.args),
+            *(schedule.priority, schedule.max_attempts, schedule.lease),
         )
         if not ids:
             return  # another worker enqueued these ticks first

@@ -160,7 +160,7 @@ CREATE TABLE {{schema}}.queue_claims (
 );
 
 -- aioq:migration 6
--- Job control (issue 12): cancelled as a kept terminal state, cancel requests for running jobs,
+-- Job control: cancelled as a kept terminal state, cancel requests for running jobs,
 -- progress, and stored results of tasks with a result_ttl.
 
 ALTER TABLE {{schema}}.jobs
@@ -205,7 +205,7 @@ CREATE INDEX results_expires_at_idx ON {{schema}}.results (expires_at);
 
 
 
--- The doorbell rings only for a queue some worker sleeps on (design invariant 15): PostgreSQL
+-- The doorbell rings only for a queue some worker sleeps on (docs/architecture.md, "The doorbell"): PostgreSQL
 -- takes one lock for the whole notification queue at the commit of every transaction that
 -- called NOTIFY, so a NOTIFY per insert serializes the commits of every deferring connection.
 -- A worker about to sleep holds a shared session advisory lock (the jobs table's oid,
@@ -330,7 +330,7 @@ $$;
 
 -- aioq:migration 11
 
--- The doorbell without a lost wake-up (design invariant 15). Migration 7 left one: a
+-- The doorbell without a lost wake-up (docs/architecture.md, "The doorbell"). Migration 7 left one: a
 -- transaction that inserted while nobody slept (so it did not ring) and committed after a
 -- worker armed and looked once more (its row not yet visible) waited for the next poll. Now a
 -- statement that could ring also holds, until its transaction ends, a shared transaction-level

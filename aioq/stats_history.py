@@ -21,10 +21,10 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
-from aioq._service import Service
+from aioq.db import Executor
 from aioq.job import Claim, OutcomeKind
-from aioq.queries import HIST_WIDTH
-from aioq.store import Executor, Store
+from aioq.service import Service
+from aioq.sql.history import FORGET_WORKER, HIST_WIDTH, PRUNE_STATS, RECORD_STATS
 
 __all__ = (
     "BUCKETS",
@@ -44,7 +44,7 @@ PRUNE_BATCH = 5000
 # Upper bounds in seconds; one more bucket counts everything above the last.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
-assert len(BUCKETS) + 1 == HIST_WIDTH, "queries.HIST_WIDTH must match BUCKETS"
+assert len(BUCKETS) + 1 == HIST_WIDTH, "aioq.sql.history.HIST_WIDTH must match BUCKETS"
 
 _COUNTED = {
     OutcomeKind.COMPLETE: "completed",
@@ -118,7 +118,7 @@ class StatsRecorder:
             new.run = [a + b for a, b in zip(new.run, old.run, strict=True)]
 
 
-class StatsWriter(Service):
+class StatsWriter(Service[int]):
     """Writes the recorder's counts and this worker's row once a ``interval``; prunes old rows."""
 
     name = "stats writer"
@@ -126,7 +126,7 @@ class StatsWriter(Service):
     def __init__(
         self,
         *,
-        store: Store,
+        schema: str,
         db: Executor,
         recorder: StatsRecorder,
         worker_id: str,
@@ -136,7 +136,7 @@ class StatsWriter(Service):
         retention: float = DEFAULT_STATS_RETENTION,
     ) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.recorder = recorder
         self.worker_id = worker_id
@@ -177,25 +177,24 @@ class StatsWriter(Service):
             # Shielded: a cancel (the worker stopping) must not interrupt the statement after
             # it committed, or the counts given back would be written twice.
             with anyio.CancelScope(shield=True):
-                await self.store.record_stats(
+                await RECORD_STATS.run(
                     self.db,
-                    worker=self.worker_id,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    queues=self.queues,
-                    concurrency=self.concurrency,
-                    queue=[k[0] for k in keys],
-                    task=[k[1] for k in keys],
-                    completed=[counts[k].completed for k in keys],
-                    retried=[counts[k].retried for k in keys],
-                    dead=[counts[k].dead for k in keys],
-                    wait=[counts[k].wait for k in keys],
-                    run=[counts[k].run for k in keys],
+                    self.schema,
+                    *(self.worker_id, socket.gethostname(), os.getpid()),
+                    *(self.queues, self.concurrency),
+                    [k[0] for k in keys],
+                    [k[1] for k in keys],
+                    [counts[k].completed for k in keys],
+                    [counts[k].retried for k in keys],
+                    [counts[k].dead for k in keys],
+                    [n for k in keys for n in counts[k].wait],
+                    [n for k in keys for n in counts[k].run],
+                    HIST_WIDTH,
                 )
         except Exception:
             self.recorder.give_back(counts)
             raise
-        await self.store.prune_stats(self.db, self.retention, PRUNE_BATCH)
+        await PRUNE_STATS.run(self.db, self.schema, self.retention, PRUNE_BATCH)
         return len(keys)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -207,6 +206,6 @@ class StatsWriter(Service):
                 try:
                     if not self.missing:
                         await self._write()
-                        await self.store.forget_worker(self.db, self.worker_id)
+                        await FORGET_WORKER.run(self.db, self.schema, self.worker_id)
                 except Exception:
                     logger.warning("could not write the last stats of worker %s", self.worker_id)

@@ -12,15 +12,17 @@ from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
-from aioq import hooks, queries
+from aioq import hooks
 from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
+from aioq.db import Executor, Target, executor
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
 from aioq.schedule import Schedule
-from aioq.store import TABLE_DEFAULTS, Executor, Store, Target, executor
+from aioq.sql import DEFAULT_SCHEMA, quote_schema
+from aioq.sql import jobs as sql
 
 __all__ = (
     "MAX_DURATION",
@@ -46,7 +48,6 @@ MIN_LEASE = 1.0
 after the claim and after each extension, so a lease of one second leaves a beat 0.33 s
 (two beats) of slack for a slow statement or a busy event loop; below that, a healthy
 worker would lose its own jobs to another worker's reaper."""
-DEFAULT_SCHEMA = queries.DEFAULT_SCHEMA
 
 MAX_DURATION = 100 * 365.25 * 86400.0
 """The longest delay or lease, in seconds (a century): far inside PostgreSQL's interval and
@@ -65,6 +66,36 @@ def check_text(field: str, value: str) -> None:
         raise ConfigError(
             field, f"{value!r} contains a lone surrogate, which is not valid Unicode text"
         ) from None
+
+
+MAX_QUEUE_NAME = 200
+"""The longest queue name, in characters."""
+
+
+def check_queue(field: str, value: object) -> str:
+    """Return a queue name, or raise ConfigError unless it is non-empty storable text of at
+    most MAX_QUEUE_NAME characters (the one check of every queue name aioq takes)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_QUEUE_NAME:
+        raise ConfigError(
+            field,
+            f"must be a non-empty name of at most {MAX_QUEUE_NAME} characters, got {value!r}",
+        )
+    check_text(field, value)
+    return value
+
+
+def to_seconds(field: str, value: object, *, where: str = "") -> float:
+    """Return seconds given as a number or a timedelta; ConfigError naming the field otherwise.
+
+    ``where`` prefixes the message (``"task 'x': "``). Bounds are the caller's to check.
+    """
+    if isinstance(value, timedelta):
+        return value.total_seconds()  # a float: timedelta.max (8.6e13 s) is refused afterwards
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            field, f"{where}must be seconds or a timedelta, got {type(value).__name__}"
+        )
+    return float(value)
 
 
 def check_duration(
@@ -102,15 +133,11 @@ class JobOptions:
     delay: float = 0.0
     run_at: datetime | None = None
     unique_key: str | None = None
-    # Every column but queue, task and args at the table's default: Store.insert_default.
+    # Every column but queue, task and args at the table's default: INSERT_DEFAULT_JOB.
     at_defaults: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.queue or len(self.queue) > 200:
-            raise ConfigError(
-                "queue", f"must be a non-empty name of at most 200 characters, got {self.queue!r}"
-            )
-        check_text("queue", self.queue)
+        check_queue("queue", self.queue)
         if self.unique_key is not None:
             check_text("unique_key", self.unique_key)
         for name in ("priority", "max_attempts"):  # the driver would truncate 1.5 to 1
@@ -130,16 +157,8 @@ class JobOptions:
             if self.delay:
                 raise ConfigError("run_at", "give either run_at or delay, not both")
         lean = self.run_at is None and not self.delay and self.unique_key is None
-        at_defaults = lean and (self.priority, self.max_attempts, self.lease) == TABLE_DEFAULTS
+        at_defaults = lean and (self.priority, self.max_attempts, self.lease) == sql.TABLE_DEFAULTS
         object.__setattr__(self, "at_defaults", at_defaults)  # frozen: set once, here
-
-
-def _seconds(name: str, value: float | timedelta) -> float:
-    if isinstance(value, timedelta):
-        return value.total_seconds()  # a float: timedelta.max (8.6e13 s) is refused afterwards
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(name, f"must be seconds or a timedelta, got {type(value).__name__}")
-    return float(value)
 
 
 _FITTING_NAMES_CACHED = 64
@@ -278,7 +297,7 @@ class Task(Generic[P, R]):
         }
         try:
             if delay is not None:
-                changes["delay"] = _seconds("delay", delay)
+                changes["delay"] = to_seconds("delay", delay)
             changes = {k: v for k, v in changes.items() if v is not None}
             return TaskCall(self, replace(self.defaults, **changes))
         except ConfigError as exc:
@@ -329,8 +348,31 @@ class Task(Generic[P, R]):
         return await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
 
 
+def insert_values(
+    name: str, opts: JobOptions, encoded: str, traceparent: str | None = None
+) -> tuple[object, ...]:
+    """The parameters of INSERT_JOB (and, with the unique key, INSERT_UNIQUE_JOB) for one job."""
+    values = (
+        opts.queue,
+        name,
+        encoded,
+        opts.priority,
+        opts.run_at,
+        opts.delay,
+        opts.max_attempts,
+        opts.lease,
+        traceparent,
+    )
+    return values if opts.unique_key is None else (*values, opts.unique_key)
+
+
+UNIQUE_TRIES = 10
+"""Times a defer with a unique_key asks again when the live job holding the key ended between
+its insert's conflict and its read (the statement then returns no id)."""
+
+
 async def insert_job(
-    store: Store,
+    schema: str,
     conn: Executor,
     name: str,
     opts: JobOptions,
@@ -339,23 +381,12 @@ async def insert_job(
 ) -> int:
     """Insert one job of task ``name`` with these options and return its id (with a
     unique_key: the live job's)."""
-    for _ in range(10):
-        job_id = await store.insert(
-            conn,
-            queue=opts.queue,
-            task=name,
-            args=encoded,
-            priority=opts.priority,
-            run_at=opts.run_at,
-            delay=opts.delay,
-            max_attempts=opts.max_attempts,
-            lease=opts.lease,
-            unique_key=opts.unique_key,
-            traceparent=traceparent,
-        )
+    statement = sql.INSERT_JOB if opts.unique_key is None else sql.INSERT_UNIQUE_JOB
+    values = insert_values(name, opts, encoded, traceparent)
+    for _ in range(UNIQUE_TRIES):
+        job_id = await statement.row(conn, schema, *values)
         if job_id is not None:
             return job_id
-        # The live job holding our unique_key finished between the conflict and the read.
     raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
 
 
@@ -373,10 +404,11 @@ class TaskCall(Generic[P]):
         conn = await executor(conn)
         if not hooks.observers:
             if opts.at_defaults:  # the common case: no option to send
-                store = Store.for_schema(task.registry.schema)
-                return await store.insert_default(
-                    conn, queue=opts.queue, task=task.name, args=encoded
+                job_id = await sql.INSERT_DEFAULT_JOB.row(
+                    conn, task.registry.schema, opts.queue, task.name, encoded
                 )
+                assert job_id is not None  # an INSERT ... RETURNING without conflict
+                return job_id
             return await self._insert(conn, encoded, None)
         deferral = hooks.Deferral(task.name, opts.queue, 1)
         with hooks.deferring(deferral):
@@ -385,8 +417,8 @@ class TaskCall(Generic[P]):
             return job_id
 
     async def _insert(self, conn: Executor, encoded: str, traceparent: str | None) -> int:
-        store = Store.for_schema(self.task.registry.schema)
-        return await insert_job(store, conn, self.task.name, self.opts, encoded, traceparent)
+        schema = self.task.registry.schema
+        return await insert_job(schema, conn, self.task.name, self.opts, encoded, traceparent)
 
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
@@ -399,17 +431,11 @@ class TaskCall(Generic[P]):
         conn = await executor(conn)
         deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            deferral.ids = await Store.for_schema(task.registry.schema).insert_many(
+            deferral.ids = await sql.INSERT_JOBS.rows(
                 conn,
-                queue=opts.queue,
-                task=task.name,
-                args=encoded,
-                priority=opts.priority,
-                run_at=opts.run_at,
-                delay=opts.delay,
-                max_attempts=opts.max_attempts,
-                lease=opts.lease,
-                traceparent=deferral.traceparent,
+                task.registry.schema,
+                *(opts.queue, task.name, opts.priority, opts.run_at, opts.delay),
+                *(opts.max_attempts, opts.lease, encoded, deferral.traceparent),
             )
             return list(deferral.ids)
 
@@ -418,7 +444,7 @@ class Registry:
     """The tasks a worker can run, by name, and the schema their jobs live in."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        queries.quote_schema(schema)
+        quote_schema(schema)
         self.schema = schema
         self._tasks: dict[str, Task[..., Any]] = {}
         self.schedules: dict[str, Schedule] = {}  # @aioq.periodic adds to it, by schedule name

@@ -4,8 +4,8 @@
     python ceiling.py --dsn ... --mode pgbench --connections 8 --batch 50 --n 50000
 
 ``loop``: k asyncpg connections, each claiming ``--batch`` jobs per statement (aioq's
-CLAIM_ONE_QUEUE rendered for the schema) and deleting them in one statement (aioq's COMPLETE,
-fenced on id, attempt and worker), until the table is empty.
+CLAIM_ONE_QUEUE rendered for the schema) and deleting them in one statement (a bare DELETE
+fenced as aioq fences, on id, claim number and worker), until the table is empty.
 
 ``pgbench``: the same claim statement in a pgbench script, then a delete of the client's
 running rows (pgbench cannot pass the claimed ids on as arrays), ``-t`` transactions per client.
@@ -26,10 +26,17 @@ import time
 from typing import Any
 
 import asyncpg
-from aioq import queries
+from aioq.sql.jobs import CLAIM_ONE_QUEUE
 
-CLAIM = queries.render(queries.CLAIM_ONE_QUEUE, "aioq")
-COMPLETE = queries.render(queries.COMPLETE, "aioq")
+CLAIM = CLAIM_ONE_QUEUE.text("aioq")
+# The raw loop's completion: a batch of claimed jobs deleted under the same fence as aioq's
+# (id, claim number, owner, running), without aioq's other outcome kinds.
+COMPLETE = """
+DELETE FROM aioq.jobs AS j
+USING unnest($1::bigint[], $2::integer[]) AS f(id, claim)
+WHERE j.id = f.id AND j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+RETURNING j.id
+"""
 PRELOAD = (
     "INSERT INTO aioq.jobs (queue, task, args)"
     " SELECT 'default', 'noop', jsonb_build_object('i', g) FROM generate_series(1, $1) AS g"
@@ -64,8 +71,8 @@ async def loop(args: argparse.Namespace) -> dict[str, Any]:
             if not rows:
                 return done
             ids = [r["id"] for r in rows]
-            attempts = [r["attempts"] for r in rows]
-            done += len(await conn.fetch(COMPLETE, ids, attempts, me))
+            numbers = [r["claims"] for r in rows]
+            done += len(await conn.fetch(COMPLETE, ids, numbers, me))
 
     for conn in conns:  # prepare the statements before the clock starts
         await conn.prepare(CLAIM)

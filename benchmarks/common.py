@@ -9,8 +9,29 @@ import time
 from typing import Any
 
 import asyncpg
+from aioq.job import Claim, OutcomeKind
+from aioq.sql import results_channel
+from aioq.sql.outcomes import WRITE_OUTCOMES
 
 import systems
+
+
+async def complete(conn: asyncpg.Connection, claim: Claim) -> None:
+    """Write one claim's completion as a worker's completer would (aioq's outcome statement)."""
+    await WRITE_OUTCOMES.rows(
+        conn,
+        "aioq",
+        [claim.id],
+        [claim.number],
+        "bench",
+        [OutcomeKind.COMPLETE.value],
+        [0.0],
+        [None],
+        [None],
+        [None],
+        False,
+        results_channel("aioq"),
+    )
 
 
 def rusage() -> float:

@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 import asyncpg
-from aioq.store import Store
+from aioq.sql.jobs import CLAIM_ONE_QUEUE
 
 import systems
-from common import Runs, aioq_defer, pct
+from common import Runs, aioq_defer, complete, pct
 from systems.sys_aioq import Adapter, noop
 
 TABLE = """
@@ -42,18 +42,17 @@ async def history(args: argparse.Namespace) -> dict[str, Any]:
         # would pay full-page writes that the small-history run does not.
         with contextlib.suppress(asyncpg.PostgresError):
             await conn.execute("CHECKPOINT")
-    store = Store.for_schema("aioq")
     claims = 500
     await aioq_defer(conn, args.n + claims, batch=1000)
     await conn.execute("ANALYZE aioq.jobs")
-    plan = await conn.fetch("EXPLAIN " + store._claim_one, "default", 1, "bench")
+    plan = await conn.fetch("EXPLAIN " + CLAIM_ONE_QUEUE.text("aioq"), "default", 1, "bench")
     plan_text = "\n".join(r[0] for r in plan)
     claim_ms, complete_ms = [], []
     for _ in range(claims):
         t0 = time.perf_counter()
-        (c,) = await store.claim(conn, ["default"], 1, "bench")
+        (c,) = await CLAIM_ONE_QUEUE.rows(conn, "aioq", "default", 1, "bench")
         t1 = time.perf_counter()
-        await store.complete(conn, [c.id], [c.attempt], "bench")
+        await complete(conn, c)
         complete_ms.append((time.perf_counter() - t1) * 1000)
         claim_ms.append((t1 - t0) * 1000)
     adapter = Adapter()

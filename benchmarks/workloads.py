@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 
 import systems
-from common import Runs, aioq_defer, drained, pct, preload, rusage
+from common import Runs, aioq_defer, complete, drained, pct, preload, rusage
 from cpu import PgCpu, host_busy, tree_cpu
 
 IO_SECONDS = 0.05
@@ -167,18 +167,19 @@ async def payload(system: systems.System, args: argparse.Namespace) -> dict[str,
 
 async def _claim_times(conn: asyncpg.Connection, queues: list[str], n: int) -> list[float]:
     """Claim one ready job and complete it, ``n`` times; the claim round trips in ms."""
-    from aioq.store import Store
+    from aioq.sql.jobs import CLAIM_ONE_QUEUE, CLAIM_QUEUES
 
-    store = Store.for_schema("aioq")
     out = []
     for k in range(n):
         t0 = time.perf_counter()
-        claims = await store.claim(conn, queues, 1, "bench")
+        if len(queues) == 1:
+            claims = await CLAIM_ONE_QUEUE.rows(conn, "aioq", queues[0], 1, "bench")
+        else:
+            claims = await CLAIM_QUEUES.rows(conn, "aioq", queues, 1, "bench")
         out.append((time.perf_counter() - t0) * 1000)
         if not claims:  # every caller leaves more ready jobs than it claims
             raise RuntimeError(f"claim {k + 1} of {n} found no ready job in {queues[:3]}")
-        c = claims[0]
-        await store.complete(conn, [c.id], [c.attempt], "bench")
+        await complete(conn, claims[0])
     return out
 
 

@@ -52,7 +52,7 @@ async def database() -> AsyncIterator[str]:
 
 async def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="  [%(name)s] %(message)s")
-    logging.getLogger("aioq.completer").setLevel(logging.INFO)  # one line per job outcome
+    logging.getLogger("aioq.worker.completer").setLevel(logging.INFO)  # one line per job outcome
     async with database() as dsn:
         conn = await asyncpg.connect(dsn)
         try:

@@ -1,4 +1,4 @@
-"""Cancelling jobs (issue 12): pending ones at once, running ones anywhere in the fleet, fenced."""
+"""Cancelling jobs: pending ones at once, running ones anywhere in the fleet, fenced."""
 
 from __future__ import annotations
 
@@ -18,18 +18,19 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
+import statements
 from procs import LISTENERS, aioq_cli, children, kill_tree, pid_of
 from waits import eventually, until_sql
 
 import aioq
-from aioq.claims import Claims
-from aioq.control import CancelWatch
-from aioq.lease import Reaper
-from aioq.store import Store
+from aioq.job import OutcomeKind
+from aioq.sql.control import SET_PROGRESS
+from aioq.sql.outcomes import Rescued
+from aioq.worker.claims import Claims
+from aioq.worker.control import CancelWatch
+from aioq.worker.lease import Reaper
 
 pytestmark = pytest.mark.anyio
-
-store = Store.for_schema("aioq")
 
 
 async def status_of(conn: asyncpg.Connection, job_id: int) -> str | None:
@@ -107,7 +108,7 @@ async def test_cancel_reports_dead_and_finished_jobs(
 async def test_cancelled_jobs_are_pruned_with_dead_retention(
     conn: asyncpg.Connection, registry: aioq.Registry
 ) -> None:
-    from aioq.maintenance import Pruner
+    from aioq.worker.maintenance import Pruner
 
     @registry.task
     async def work() -> None: ...
@@ -116,11 +117,21 @@ async def test_cancelled_jobs_are_pruned_with_dead_retention(
     await aioq.cancel_jobs(conn, ids)
     await conn.execute("UPDATE aioq.jobs SET run_at = now() - interval '2 hours'")
     keep = Pruner(
-        store=store, db=conn, archive_retention=None, dead_retention=None, interval=1, batch_size=2
+        schema="aioq",
+        db=conn,
+        archive_retention=None,
+        dead_retention=None,
+        interval=1,
+        batch_size=2,
     )
     assert await keep.run_once() == 0  # no dead_retention: kept for ever
     prune = Pruner(
-        store=store, db=conn, archive_retention=None, dead_retention=3600, interval=1, batch_size=2
+        schema="aioq",
+        db=conn,
+        archive_retention=None,
+        dead_retention=3600,
+        interval=1,
+        batch_size=2,
     )
     assert [await prune.run_once() for _ in range(4)] == [2, 2, 1, 0]  # bounded batches
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
@@ -166,7 +177,7 @@ async def test_notification_cancels_a_running_async_job(
             # The worker keeps serving, and nothing runs the cancelled job again.
             other = await after.defer(conn)
             await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", other)
-        assert len(worker.claims) == 0
+        assert len(worker.current.claims) == 0
     job = await aioq.get_job(conn, job_id)
     assert job is not None
     assert (job.status, job.attempts, job.locked_by) == (aioq.JobStatus.CANCELLED, 1, None)
@@ -191,8 +202,8 @@ async def test_cancel_watch_delivers_when_the_listen_connection_is_down(
     async with make_worker(listen_dsn=dead_end, heartbeat_interval=0.3) as worker:
         with anyio.fail_after(20):
             await started.wait()
-            assert worker.listener is not None
-            assert not worker.listener.connected.is_set()
+            assert worker.current.listener is not None
+            assert not worker.current.listener.connected.is_set()
             assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             await until_sql(
                 conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job_id
@@ -207,11 +218,11 @@ async def test_cancel_watch_run_once_finds_only_our_requested_claims(
     async def work() -> None: ...
 
     ids = [await work.defer(conn) for _ in range(3)]
-    claims = await store.claim(conn, ["default"], 3, "me")
+    claims = await statements.claim(conn, ["default"], 3, "me")
     held = Claims()
     held.add(claims)
     in_flight = {c.id: held.get(c) for c in claims}
-    watch = CancelWatch(store=store, db=conn, worker_id="me", claims=held, interval=1)
+    watch = CancelWatch(schema="aioq", db=conn, worker_id="me", claims=held, interval=1)
     assert await watch.run_once() == []
     assert await aioq.cancel_jobs(conn, ids[:2]) == {ids[0]: "cancelling", ids[1]: "cancelling"}
     in_flight[ids[1]].finished = True  # its outcome is on its way: it keeps it
@@ -289,63 +300,54 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     @registry.task
     async def work() -> None: ...
 
-    reaper = Reaper(store=store, db=conn, interval=1, batch_size=10)
+    reaper = Reaper(schema="aioq", db=conn, interval=1, batch_size=10)
     expire = "UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1"
 
     # Requested, then the owner stalls and its lease is rescued: cancelled, never pending.
     first = await work.defer(conn)
-    [stale] = await store.claim(conn, ["default"], 1, "stalled")
+    [stale] = await statements.claim(conn, ["default"], 1, "stalled")
     assert await aioq.cancel_jobs(conn, [first]) == {first: "cancelling"}
     await conn.execute(expire, first)
-    assert await reaper.run_once() == [(first, "cancelled")]
+    assert await reaper.run_once() == [Rescued(first, "cancelled")]
     # The stalled owner wakes up: every write of its claim is fenced off.
-    one = ([stale.id], [stale.number], "stalled")
-    assert await store.cancel_running(conn, *one, awaited=[False]) == set()
-    assert await store.complete(conn, *one) == set()
-    assert await store.reschedule(conn, *one, delays=[0], errors=[None], refunds=[True]) == set()
-    assert await store.set_progress(conn, stale.id, stale.number, "stalled", 0.5, None) is False
+    for kind in OutcomeKind:
+        assert await statements.write(conn, "stalled", [stale], kind) == set()
+    progress = (stale.id, stale.number, "stalled", 0.5, None)
+    assert await SET_PROGRESS.row(conn, "aioq", *progress) is None
     assert await status_of(conn, first) == "cancelled"
 
     # Rescued first, then cancelled: it was pending again, so it is cancelled at once.
     second = await work.defer(conn)
-    [stale] = await store.claim(conn, ["default"], 1, "stalled")
+    [stale] = await statements.claim(conn, ["default"], 1, "stalled")
     await conn.execute(expire, second)
-    assert await reaper.run_once() == [(second, "pending")]
+    assert await reaper.run_once() == [Rescued(second, "pending")]
     assert await aioq.cancel_jobs(conn, [second]) == {second: "cancelled"}
-    assert (
-        await store.cancel_running(conn, [second], [stale.number], "stalled", awaited=[False])
-        == set()
-    )
+    assert await statements.write(conn, "stalled", [stale], OutcomeKind.CANCEL) == set()
 
     # Claimed again by a new owner and cancelled: the old owner's write still changes nothing.
     third = await work.defer(conn)
-    [old] = await store.claim(conn, ["default"], 1, "old")
+    [old] = await statements.claim(conn, ["default"], 1, "old")
     await conn.execute(expire, third)
     await reaper.run_once()
-    [new] = await store.claim(conn, ["default"], 1, "new")
+    [new] = await statements.claim(conn, ["default"], 1, "new")
     assert await aioq.cancel_jobs(conn, [third]) == {third: "cancelling"}
-    assert await store.cancel_running(conn, [third], [old.number], "old", awaited=[False]) == set()
+    assert await statements.write(conn, "old", [old], OutcomeKind.CANCEL) == set()
     assert await status_of(conn, third) == "running"
-    assert await store.cancel_running(conn, [third], [new.number], "new", awaited=[False]) == {
-        third
-    }
+    assert await statements.write(conn, "new", [new], OutcomeKind.CANCEL) == {third}
     assert await status_of(conn, third) == "cancelled"
 
     # A failed attempt written after the request never goes back to pending.
     fourth = await work.defer(conn)
-    [claim] = await store.claim(conn, ["default"], 1, "w")
+    [mine] = await statements.claim(conn, ["default"], 1, "w")
     await aioq.cancel_jobs(conn, [fourth])
-    mine = ([fourth], [claim.number], "w")
-    assert await store.reschedule(conn, *mine, delays=[0], errors=["x"], refunds=[False]) == {
-        fourth
-    }
+    assert await statements.write(conn, "w", [mine], OutcomeKind.FAIL, error="x") == {fourth}
     assert await status_of(conn, fourth) == "cancelled"
 
     # A replayed dead job does not inherit a request that came too late for it.
     fifth = await work.defer(conn)
-    [claim] = await store.claim(conn, ["default"], 1, "w")
+    [mine] = await statements.claim(conn, ["default"], 1, "w")
     await aioq.cancel_jobs(conn, [fifth])
-    assert await store.bury(conn, [fifth], [claim.number], "w", errors=["boom"]) == {fifth}
+    assert await statements.write(conn, "w", [mine], OutcomeKind.BURY, error="boom") == {fifth}
     assert (await aioq.retry_dead(conn, job_id=fifth)).retried == [fifth]
     assert await conn.fetchval(
         "SELECT cancel_requested_at IS NULL FROM aioq.jobs WHERE id = $1", fifth

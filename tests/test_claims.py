@@ -12,10 +12,11 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+from faults import After, pool_with_fault
 from waits import until_sql
 
 import aioq
-from aioq.store import Executor, Store
+from aioq.sql.outcomes import WRITE_OUTCOMES
 
 pytestmark = pytest.mark.anyio
 
@@ -23,21 +24,19 @@ MakeWorker = Callable[..., aioq.Worker]
 HANG_GUARD = 30.0
 
 
-class LosesReplies(Store):
-    """A store whose next ``lose`` reschedules commit and then fail as if the reply was lost."""
+def loses_replies(lose: int) -> After:
+    """The next ``lose`` outcome writes that send a job back to pending commit, then fail as
+    if the reply was lost."""
+    left = [lose]
 
-    def __init__(self, lose: int) -> None:
-        super().__init__("aioq")
-        self.lose = lose
-
-    async def reschedule(
-        self, conn: Executor, ids: Sequence[int], numbers: Sequence[int], *args: Any, **kw: Any
-    ) -> set[int]:
-        written = await super().reschedule(conn, ids, numbers, *args, **kw)
-        if self.lose:
-            self.lose -= 1
+    async def after(args: Sequence[object], rows: list[Any]) -> None:
+        kinds = args[3]
+        assert isinstance(kinds, list)
+        if left[0] and {"retried", "snoozed"} & set(kinds):
+            left[0] -= 1
             raise ConnectionResetError("connection lost before the reply (injected)")
-        return written
+
+    return after
 
 
 async def gone(conn: asyncpg.Connection) -> None:
@@ -65,7 +64,7 @@ class Runs:
 
 
 async def test_a_lost_reply_on_a_snooze_never_reschedules_the_next_claim(
-    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+    conn: asyncpg.Connection, dsn: str, registry: aioq.Registry, make_worker: MakeWorker
 ) -> None:
     runs = Runs()
 
@@ -81,9 +80,10 @@ async def test_a_lost_reply_on_a_snooze_never_reschedules_the_next_claim(
             runs.end()
 
     await snooze_once.defer(conn)
-    worker = make_worker()
-    worker.store = LosesReplies(lose=1)
-    async with worker:
+    async with (
+        pool_with_fault(dsn, WRITE_OUTCOMES, loses_replies(1)) as pool,
+        make_worker(pool=pool),
+    ):
         await gone(conn)
     assert len(runs.seen) == 2, [j.attempt for j in runs.seen]
     assert not runs.overlapped
@@ -91,7 +91,7 @@ async def test_a_lost_reply_on_a_snooze_never_reschedules_the_next_claim(
 
 
 async def test_a_lost_reply_on_a_failure_never_drops_the_next_claim(
-    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+    conn: asyncpg.Connection, dsn: str, registry: aioq.Registry, make_worker: MakeWorker
 ) -> None:
     runs = Runs()
 
@@ -111,9 +111,10 @@ async def test_a_lost_reply_on_a_failure_never_drops_the_next_claim(
     await fail_once.defer(conn)
     # A fast reaper: had the worker forgotten the second claim, its lease would lapse and be
     # rescued within the run.
-    worker = make_worker(heartbeat_interval=0.1, reaper_interval=0.1)
-    worker.store = LosesReplies(lose=1)
-    async with worker:
+    async with (
+        pool_with_fault(dsn, WRITE_OUTCOMES, loses_replies(1)) as pool,
+        make_worker(pool=pool, heartbeat_interval=0.1, reaper_interval=0.1),
+    ):
         await gone(conn)
     assert len(runs.seen) == 2, [j.attempt for j in runs.seen]
     assert not runs.overlapped

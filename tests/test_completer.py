@@ -8,17 +8,16 @@ import logging
 import anyio
 import asyncpg
 import pytest
+import statements
 
 import aioq
-from aioq.claims import Claims
-from aioq.completer import Completer, Outcome
 from aioq.job import Claim, OutcomeKind
-from aioq.lease import Reaper
-from aioq.store import Store
+from aioq.worker.claims import Claims
+from aioq.worker.completer import Completer, Outcome
+from aioq.worker.lease import Reaper
 
 pytestmark = pytest.mark.anyio
 
-store = Store.for_schema("aioq")
 HANG_GUARD = 30.0
 
 
@@ -34,7 +33,7 @@ def completer_for(
     tracked = Claims()
     tracked.add(claims)
     return Completer(
-        store=store,
+        schema="aioq",
         db=conn,
         worker_id=worker_id,
         claims=tracked,
@@ -51,7 +50,7 @@ async def claim_jobs(
     async def work(i: int) -> None: ...
 
     await work.defer_many(conn, [{"i": i} for i in range(n)])
-    return await store.claim(conn, ["default"], n, worker_id)
+    return await statements.claim(conn, ["default"], n, worker_id)
 
 
 async def statements_that_wrote(conn: asyncpg.Connection, table: str) -> int:
@@ -66,9 +65,9 @@ async def test_a_pass_writes_each_kind_of_outcome_in_one_statement(
     completer = completer_for(conn, claims, keep_completed=True)
     for i, claim in enumerate(claims):
         if i % 2:
-            await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+            completer.put(Outcome(claim, OutcomeKind.COMPLETE))
         else:
-            await completer.put(Outcome(claim, OutcomeKind.FAIL, delay=3600, error=f"e{i}"))
+            completer.put(Outcome(claim, OutcomeKind.FAIL, delay=3600, error=f"e{i}"))
     assert await completer.run_once() == 60
     assert completer.idle
     assert len(completer.claims) == 0
@@ -88,7 +87,7 @@ async def test_batch_size_bounds_a_pass_and_busy_asks_for_the_next_at_once(
     claims = await claim_jobs(conn, registry, 25)
     completer = completer_for(conn, claims, batch_size=10)
     for claim in claims:
-        await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim, OutcomeKind.COMPLETE))
     passes = []
     while True:
         written = await completer.run_once()
@@ -110,13 +109,13 @@ async def test_stale_claims_in_a_batch_update_no_row_and_the_fresh_ones_are_writ
         "UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = ANY($1)",
         [c.id for c in stale],
     )
-    await Reaper(store=store, db=conn, interval=1, batch_size=10).run_once()
-    retaken = await store.claim(conn, ["default"], 10, "other")
+    await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once()
+    retaken = await statements.claim(conn, ["default"], 10, "other")
     assert sorted(c.id for c in retaken) == sorted(c.id for c in stale)
 
     completer = completer_for(conn, claims)
     for claim in claims:
-        await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim, OutcomeKind.COMPLETE))
     with caplog.at_level(logging.WARNING, logger="aioq"):
         assert await completer.run_once() == 6
     lost = [r.getMessage() for r in caplog.records if "lease lost before" in r.getMessage()]
@@ -126,27 +125,29 @@ async def test_stale_claims_in_a_batch_update_no_row_and_the_fresh_ones_are_writ
     assert [tuple(r) for r in rows] == [(c.id, "running", "other") for c in stale]
 
 
-async def test_put_waits_while_max_pending_outcomes_are_unwritten(
+async def test_room_is_awaited_while_max_pending_outcomes_are_unwritten_and_put_never_waits(
     conn: asyncpg.Connection, registry: aioq.Registry
 ) -> None:
     claims = await claim_jobs(conn, registry, 3)
     completer = completer_for(conn, claims, batch_size=2, max_pending=2)
-    await completer.put(Outcome(claims[0], OutcomeKind.COMPLETE))
-    await completer.put(Outcome(claims[1], OutcomeKind.COMPLETE))
-    third_in = anyio.Event()
+    completer.put(Outcome(claims[0], OutcomeKind.COMPLETE))
+    completer.put(Outcome(claims[1], OutcomeKind.COMPLETE))
+    room = anyio.Event()
 
-    async def put_third() -> None:
-        await completer.put(Outcome(claims[2], OutcomeKind.COMPLETE))
-        third_in.set()
+    async def wait_room() -> None:
+        await completer.wait_room()
+        room.set()
 
     with anyio.fail_after(HANG_GUARD):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(put_third)
+            tg.start_soon(wait_room)
             await anyio.wait_all_tasks_blocked()
-            assert not third_in.is_set()
-            assert [o.claim for o in completer.pending] == claims[:2]
-            assert await completer.run_once() == 2  # room again: the third gets in
-            await third_in.wait()
+            assert not room.is_set()  # a consumer would take no job now
+            # An outcome of a job that already ran is never held back (nor lost to a cancel).
+            completer.put(Outcome(claims[2], OutcomeKind.COMPLETE))
+            assert len(completer.pending) == 3
+            assert await completer.run_once() == 2  # room again
+            await room.wait()
     assert [o.claim for o in completer.pending] == claims[2:]
     assert await completer.run_once() == 1
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
@@ -162,7 +163,7 @@ async def test_the_run_loop_writes_outcomes_as_they_come_and_signals_each_pass(
             await tg.start(completer.run)
             for claim in claims:
                 before = completer.passed.count
-                await completer.put(Outcome(claim, OutcomeKind.BURY, error="boom"))
+                completer.put(Outcome(claim, OutcomeKind.BURY, error="boom"))
                 await completer.passed.wait()
                 assert completer.passed.count == before + 1  # one pass per outcome here
                 row = await conn.fetchrow(
@@ -179,7 +180,7 @@ async def test_flush_on_stop_writes_every_queued_outcome_beyond_one_batch(
     claims = await claim_jobs(conn, registry, 23)
     completer = completer_for(conn, claims, batch_size=5)
     for claim in claims:
-        await completer.put(Outcome(claim, OutcomeKind.RELEASE))
+        completer.put(Outcome(claim, OutcomeKind.RELEASE))
     with anyio.fail_after(HANG_GUARD):
         await completer.flush()
     assert completer.idle
@@ -196,7 +197,7 @@ async def test_flush_gives_up_loudly_when_the_database_stays_unreachable(
     await gone.close()  # every write through it fails
     completer = completer_for(gone, claims)
     for claim in claims:
-        await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim, OutcomeKind.COMPLETE))
     with caplog.at_level(logging.ERROR, logger="aioq"), anyio.fail_after(HANG_GUARD):
         await completer.flush()
     assert "could not write 2 job outcomes" in caplog.text
@@ -215,11 +216,11 @@ async def test_an_outcome_the_server_refuses_does_not_block_the_others(
     async def work() -> None: ...
 
     await work.defer_many(conn, [{}, {}])
-    good, bad = await store.claim(conn, ["default"], 10, "me")
+    good, bad = await statements.claim(conn, ["default"], 10, "me")
     completer = completer_for(conn, [good, bad])
-    await completer.put(Outcome(good, OutcomeKind.COMPLETE))
+    completer.put(Outcome(good, OutcomeKind.COMPLETE))
     # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
-    await completer.put(Outcome(bad, OutcomeKind.FAIL, delay=1e300, error="x"))
+    completer.put(Outcome(bad, OutcomeKind.FAIL, delay=1e300, error="x"))
     with caplog.at_level(logging.ERROR, logger="aioq"):
         assert await completer.run_once() == 2
     assert "cannot be stored" in caplog.text
@@ -228,38 +229,28 @@ async def test_an_outcome_the_server_refuses_does_not_block_the_others(
     assert [tuple(r) for r in rows] == [(bad.id, "running")]  # left for the reaper to rescue
 
 
-async def test_a_connection_lost_mid_batch_retries_only_what_was_not_written(
+async def test_a_connection_lost_before_a_write_keeps_the_whole_batch_for_the_retry(
     dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
 ) -> None:
     @registry.task
     async def work() -> None: ...
 
     await work.defer_many(conn, [{}, {}])
-    done, failed = await store.claim(conn, ["default"], 10, "me")
+    done, failed = await statements.claim(conn, ["default"], 10, "me")
     doomed = await asyncpg.connect(dsn)
-
-    class DiesAfterFirstStatement:
-        """A real connection that drops before its second statement."""
-
-        statements = 0
-
-        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
-            self.statements += 1
-            if self.statements == 2:
-                doomed.terminate()
-            return await doomed.fetch(sql, *args)
-
+    doomed.terminate()
     completer = completer_for(conn, [done, failed])
-    completer.db = DiesAfterFirstStatement()  # type: ignore[assignment]
-    await completer.put(Outcome(done, OutcomeKind.COMPLETE))
-    await completer.put(Outcome(failed, OutcomeKind.FAIL, delay=0, error="boom"))
+    completer.db = doomed
+    completer.put(Outcome(done, OutcomeKind.COMPLETE))
+    completer.put(Outcome(failed, OutcomeKind.FAIL, delay=0, error="boom"))
     with pytest.raises(asyncpg.InterfaceError, match="closed"):
         await completer.run_once()
-    assert [o.claim.id for o in completer.pending] == [failed.id]  # the completion is done
+    # One statement for every kind: nothing was written, everything is retried.
+    assert [o.claim.id for o in completer.pending] == [done.id, failed.id]
 
     completer.db = conn
     with caplog.at_level(logging.WARNING, logger="aioq"):
-        assert await completer.run_once() == 1
+        assert await completer.run_once() == 2
     assert "lease lost" not in caplog.text
     rows = await conn.fetch("SELECT id, status, last_error FROM aioq.jobs")
     assert [tuple(r) for r in rows] == [(failed.id, "pending", "boom")]
@@ -272,18 +263,18 @@ async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
     async def work() -> None: ...
 
     await work.defer(conn)
-    [claim] = await store.claim(conn, ["default"], 10, "me")
+    [claim] = await statements.claim(conn, ["default"], 10, "me")
 
     class ReplyLost:
         """The statement commits on a real connection; its reply never arrives."""
 
-        async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        async def fetch(self, sql: str, *args: object, **_: object) -> list[asyncpg.Record]:
             await conn.fetch(sql, *args)
             raise ConnectionResetError("connection lost before the reply")
 
     completer = completer_for(conn, [claim])
     completer.db = ReplyLost()  # type: ignore[assignment]
-    await completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    completer.put(Outcome(claim, OutcomeKind.COMPLETE))
     with pytest.raises(ConnectionResetError):
         await completer.run_once()
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0  # it was written

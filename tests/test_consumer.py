@@ -10,17 +10,16 @@ import threading
 import anyio
 import asyncpg
 import pytest
+import statements
 
 import aioq
-from aioq.claims import CancelReason, Claims, Running
-from aioq.completer import Completer
-from aioq.consumer import Consumer
 from aioq.job import Claim, OutcomeKind
-from aioq.store import Store
+from aioq.worker.claims import CancelReason, Claims, Running
+from aioq.worker.completer import Completer
+from aioq.worker.consumer import Consumer
 
 pytestmark = pytest.mark.anyio
 
-store = Store.for_schema("aioq")
 HANG_GUARD = 30.0
 QUICK = aioq.Backoff(base=7, factor=2, max=100, jitter=0)  # delays the tests can recognise
 
@@ -36,7 +35,7 @@ class Rig:
     stopping: anyio.Event
 
     async def claim(self, n: int = 1) -> list[Claim]:
-        claimed = await store.claim(self.conn, ["default"], n, "me")
+        claimed = await statements.claim(self.conn, ["default"], n, "me")
         self.claims.add(claimed)
         return claimed
 
@@ -63,7 +62,7 @@ class Rig:
 def rig(conn: asyncpg.Connection, registry: aioq.Registry) -> Rig:
     claims = Claims()
     completer = Completer(
-        store=store,
+        schema="aioq",
         db=conn,
         worker_id="me",
         claims=claims,
@@ -76,7 +75,7 @@ def rig(conn: asyncpg.Connection, registry: aioq.Registry) -> Rig:
         registry=registry,
         worker_id="me",
         claims=claims,
-        limiter=anyio.CapacityLimiter(2),
+        threads=anyio.CapacityLimiter(2),
         stopping=stopping,
         completer=completer,
     )
@@ -163,7 +162,7 @@ async def test_an_async_task_past_its_timeout_fails_the_attempt_with_a_timeout_e
     assert outcome is not None
     assert (outcome.kind, outcome.delay) == (OutcomeKind.FAIL, QUICK.delay(1))
     assert outcome.error == "TimeoutError: task 't.hang' timed out after 0.1s"
-    await rig.completer.put(outcome)
+    rig.completer.put(outcome)
     await rig.completer.flush()
     row = await rig.row(job_id)
     assert row is not None

@@ -1,4 +1,4 @@
-"""The core's promises on the paths issue 10 found broken, each against a real PostgreSQL.
+"""The core's promises on the paths a review found broken, each against a real PostgreSQL.
 
 Short leases on healthy workers, hard cancellation, tasks raising BaseException, threads that
 overstay, a blocked event loop, a poison outcome, and the lock order of concurrent writes.
@@ -11,19 +11,20 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import asyncpg
 import pytest
+import statements
+from faults import pool_with_fault
 from waits import eventually, until_sql
 
 import aioq
-from aioq.job import Claim
-from aioq.producer import Producer
-from aioq.store import Executor, Store
+from aioq.sql.jobs import CLAIM_ONE_QUEUE
 from aioq.task import MIN_LEASE
+from aioq.worker.producer import Producer
 
 pytestmark = pytest.mark.anyio
 
@@ -134,35 +135,28 @@ async def test_a_cancel_scope_and_a_raising_async_with_body_propagate_unwrapped(
     assert {r["status"] for r in await rows(conn)} == {"pending"}
 
 
-class ReplyNeverSeen(Store):
-    """A store whose first claim commits, then hangs as if its reply never came."""
-
-    def __init__(self) -> None:
-        super().__init__("aioq")
-        self.claimed = anyio.Event()
-
-    async def claim(self, conn: Executor, queues: Any, limit: int, worker_id: str) -> list[Claim]:
-        claims = await super().claim(conn, queues, limit, worker_id)
-        if claims and not self.claimed.is_set():
-            self.claimed.set()
-            await anyio.sleep_forever()
-        return claims
-
-
 async def test_a_claim_whose_reply_was_never_seen_is_released_on_stop(
-    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+    conn: asyncpg.Connection, dsn: str, registry: aioq.Registry, make_worker: MakeWorker
 ) -> None:
     @registry.task(name="t.never", max_attempts=1)
     async def never() -> None: ...
 
+    claimed = anyio.Event()
+
+    async def hang(args: Sequence[object], rows: list[Any]) -> None:
+        """The first claim commits, then hangs as if its reply never came."""
+        if rows and not claimed.is_set():
+            claimed.set()
+            await anyio.sleep_forever()
+
     await never.defer_many(conn, [{} for _ in range(5)])
-    worker = make_worker()
-    worker.store = store = ReplyNeverSeen()
-    with anyio.fail_after(HANG_GUARD), anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.run)
-            await store.claimed.wait()
-            scope.cancel()
+    async with pool_with_fault(dsn, CLAIM_ONE_QUEUE, hang) as pool:
+        worker = make_worker(pool=pool)
+        with anyio.fail_after(HANG_GUARD), anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker.run)
+                await claimed.wait()
+                scope.cancel()
     assert [(r["status"], r["attempts"], r["locked_by"]) for r in await rows(conn)] == [
         ("pending", 0, None)
     ] * 5
@@ -341,36 +335,28 @@ async def test_no_deadlock_between_heartbeat_and_completer_at_concurrency_200(
     assert "deadlock" not in caplog.text.lower()
 
 
-class ClaimReplyLost(Store):
-    """A store whose first claim commits, then fails as if the connection dropped."""
-
-    def __init__(self) -> None:
-        super().__init__("aioq")
-        self.lost = False
-
-    async def claim(self, conn: Executor, queues: Any, limit: int, worker_id: str) -> list[Claim]:
-        claims = await super().claim(conn, queues, limit, worker_id)
-        if claims and not self.lost:
-            self.lost = True
-            raise ConnectionResetError("connection lost before the reply (injected)")
-        return claims
-
-
 async def test_a_worker_releases_its_own_orphans_after_a_lost_claim_reply(
-    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: MakeWorker
+    conn: asyncpg.Connection, dsn: str, registry: aioq.Registry, make_worker: MakeWorker
 ) -> None:
     ran: list[int] = []
+    lost: list[int] = []
 
     @registry.task(name="t.orphan", max_attempts=1)
     async def orphan(n: int) -> None:
         ran.append(n)
 
+    async def lose(args: Sequence[object], rows: list[Any]) -> None:
+        """The first claim commits, then fails as if the connection dropped."""
+        if rows and not lost:
+            lost.append(len(rows))
+            raise ConnectionResetError("connection lost before the reply (injected)")
+
     await orphan.defer_many(conn, [{"n": n} for n in range(5)])
-    worker = make_worker()  # alone: no other worker's reaper would rescue its orphans
-    worker.store = store = ClaimReplyLost()
-    with anyio.fail_after(HANG_GUARD):
-        await worker.run_until_idle()
-    assert store.lost
+    async with pool_with_fault(dsn, CLAIM_ONE_QUEUE, lose) as pool:
+        # Alone: no other worker's reaper would rescue its orphans.
+        with anyio.fail_after(HANG_GUARD):
+            await make_worker(pool=pool).run_until_idle()
+    assert lost
     assert sorted(ran) == list(range(5))  # each ran once, its only attempt not burned
     assert await rows(conn) == []
 
@@ -385,7 +371,7 @@ async def test_a_worker_releases_what_a_previous_process_with_its_id_left_runnin
         ran.append(n)
 
     await left.defer_many(conn, [{"n": n} for n in range(3)])
-    await Store.for_schema("aioq").claim(conn, ["default"], 10, "worker-1")  # then it died
+    await statements.claim(conn, ["default"], 10, "worker-1")  # then it died
     # Its own reaper leaves worker-1's claims alone; the 30 s leases are not waited for.
     with anyio.fail_after(10):
         await make_worker(worker_id="worker-1").run_until_idle()

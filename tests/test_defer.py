@@ -16,10 +16,11 @@ import anyio.lowlevel
 import asyncpg
 import orjson
 import pytest
+import statements
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 import aioq
-from aioq.store import TABLE_DEFAULTS, Store
+from aioq.sql.jobs import INSERT_JOB, TABLE_DEFAULTS
 
 pytestmark = pytest.mark.anyio
 
@@ -90,14 +91,14 @@ class Doorbells:
 async def doorbells(dsn: str) -> AsyncIterator[Doorbells]:
     """Listen on the default schema's channel from a connection of its own, waiting as a worker.
 
-    The doorbell rings only for queues a worker waits on (invariant 15): this connection arms
+    The doorbell rings only for queues a worker waits on (docs/architecture.md, "The doorbell"): this connection arms
     it for the queues these tests use, as a worker about to sleep does.
     """
     bells = Doorbells()
     listener = await asyncpg.connect(dsn)
     try:
         await listener.add_listener("aioq:aioq", bells.on_notify)
-        await Store.for_schema("aioq").arm_doorbell(listener, WATCHED, 10)
+        await statements.arm(listener, WATCHED)
         yield bells
     finally:
         await listener.close()
@@ -351,8 +352,8 @@ async def test_unique_key_returns_the_live_job(
     assert await count_jobs(conn) == 1
 
     # A running job still holds its key.
-    [claim] = await Store.for_schema("aioq").claim(conn, ["default"], 1, "worker-1")
-    assert claim.id == first
+    [claimed] = await statements.claim(conn, ["default"], 1, "worker-1")
+    assert claimed.id == first
     assert await keyed.defer(conn, order_id=1) == first
     assert await count_jobs(conn) == 1
 
@@ -681,22 +682,11 @@ async def test_the_lean_insert_gives_what_the_full_one_gives(
     @registry.task(name="lean")
     async def lean(n: int) -> None: ...
 
-    store = Store.for_schema("aioq")
     columns = "priority, max_attempts, extract(epoch FROM lease)::float8, run_at <= now()"
     lean_id = await lean.defer(conn, n=1)  # every option at its default: the lean statement
     # Same values through the full statement (a delay of 0 is not the lean case's "no delay").
-    full_id = await store.insert(
-        conn,
-        queue="default",
-        task="lean",
-        args='{"n": 1}',
-        priority=0,
-        run_at=None,
-        delay=1e-9,
-        max_attempts=5,
-        lease=30.0,
-        unique_key=None,
-    )
+    full = ("default", "lean", '{"n": 1}', 0, None, 1e-9, 5, 30.0, None)
+    full_id = await INSERT_JOB.row(conn, "aioq", *full)
     rows = await conn.fetch(f"SELECT id, {columns} FROM aioq.jobs ORDER BY id")
     assert [r["id"] for r in rows] == [lean_id, full_id]
     assert tuple(rows[0])[1:4] == TABLE_DEFAULTS

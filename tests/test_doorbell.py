@@ -1,4 +1,4 @@
-"""The conditional doorbell (invariant 15): inserts ring only for queues a worker sleeps on.
+"""The conditional doorbell (docs/architecture.md, "The doorbell"): inserts ring only for queues a worker sleeps on.
 
 A worker about to sleep arms the doorbell (shared advisory locks on its LISTEN connection) and
 looks for jobs once more; the first ring disarms it. Every test here polls at most once a
@@ -22,7 +22,7 @@ from procs import spawner
 from waits import eventually
 
 import aioq
-from aioq.producer import Producer
+from aioq.worker.producer import Producer
 
 pytestmark = pytest.mark.anyio
 
@@ -98,7 +98,7 @@ async def test_a_sleeping_worker_is_woken_by_each_commit(
         ran.append(n)
 
     async with make_worker(poll_interval=SLOW_POLL) as worker:
-        assert worker.listener is not None
+        assert worker.current.listener is not None
         for n in range(3):
             await eventually(lambda: _armed_once(conn), "the worker to arm the doorbell")
             await ping.defer(conn, n=n)
@@ -106,7 +106,7 @@ async def test_a_sleeping_worker_is_woken_by_each_commit(
                 await eventually(lambda n=n: len(ran) > n, f"job {n} to run", every=0.01)
         # One ring per sleep: each commit rang once, and the worker re-armed after each.
         assert await spy.until_sentinel(conn) == ["default"] * 3
-        assert worker.listener.arms >= 3
+        assert worker.current.listener.arms >= 3
 
 
 async def _armed_once(conn: asyncpg.Connection) -> bool:

@@ -16,8 +16,8 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.producer import Handoff
 from aioq.testing import job_context
+from aioq.worker.producer import Handoff
 
 pytestmark = pytest.mark.anyio
 

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 import anyio
 import asyncpg
 import pytest
+import statements
 from waits import eventually, until_sql
 
 import aioq
-from aioq.claims import CancelReason, Claims
-from aioq.completer import Completer, Outcome
 from aioq.job import Claim, OutcomeKind
-from aioq.lease import Heartbeat, Reaper
-from aioq.store import Store
+from aioq.sql.outcomes import Rescued
+from aioq.worker.claims import CancelReason, Claims
+from aioq.worker.completer import Completer, Outcome
+from aioq.worker.lease import Heartbeat, Reaper
 
 pytestmark = pytest.mark.anyio
 
-store = Store.for_schema("aioq")
+HANG_GUARD = 30.0
 
 
 async def expire(conn: asyncpg.Connection, job_id: int) -> None:
@@ -39,7 +43,7 @@ def held(*claims: Claim) -> Claims:
 def make_completer(conn: asyncpg.Connection, worker_id: str, claims: Claims) -> Completer:
     """A completer writing through one connection, one batch per run_once."""
     return Completer(
-        store=store,
+        schema="aioq",
         db=conn,
         worker_id=worker_id,
         claims=claims,
@@ -56,38 +60,38 @@ async def test_stale_worker_is_fenced_after_rescue(
     async def work() -> None: ...
 
     job_id = await work.defer(conn)
-    [claim_a] = await store.claim(conn, ["default"], 10, "worker-a")
+    [claim_a] = await statements.claim(conn, ["default"], 10, "worker-a")
     await expire(conn, job_id)
-    assert await Reaper(store=store, db=conn, interval=1, batch_size=10).run_once() == [
-        (job_id, "pending")
+    assert await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once() == [
+        Rescued(job_id, "pending")
     ]
-    [claim_b] = await store.claim(conn, ["default"], 10, "worker-b")
+    [claim_b] = await statements.claim(conn, ["default"], 10, "worker-b")
     assert claim_b.attempt == claim_a.attempt + 1
     assert claim_b.number == claim_a.number + 1
 
     # A wakes up: its heartbeat, retry, burial and completion all change nothing.
-    assert await store.heartbeat(conn, [job_id], [claim_a.number], "worker-a") == set()
+    assert await statements.heartbeat(conn, "worker-a", [(job_id, claim_a.number)]) == set()
+    assert await statements.write(conn, "worker-a", [claim_a], OutcomeKind.FAIL, error="x") == set()
     assert (
-        await store.reschedule(
-            conn,
-            [job_id],
-            [claim_a.number],
-            "worker-a",
-            delays=[0.0],
-            errors=["x"],
-            refunds=[False],
+        await statements.write(
+            conn, "worker-a", [(job_id, claim_a.number)], OutcomeKind.BURY, error="x"
         )
         == set()
     )
-    assert await store.bury(conn, [job_id], [claim_a.number], "worker-a", errors=["x"]) == set()
     # Even A's worker id with B's claim number is not enough, nor B's id with A's claim.
-    assert await store.complete(conn, [job_id], [claim_b.number], "worker-a") == set()
-    assert await store.complete(conn, [job_id], [claim_a.number], "worker-b") == set()
+    assert (
+        await statements.write(conn, "worker-a", [(job_id, claim_b.number)], OutcomeKind.COMPLETE)
+        == set()
+    )
+    assert (
+        await statements.write(conn, "worker-b", [(job_id, claim_a.number)], OutcomeKind.COMPLETE)
+        == set()
+    )
 
     claims = held(claim_a)
     completer = make_completer(conn, "worker-a", claims)
     with caplog.at_level(logging.WARNING, logger="aioq"):
-        await completer.put(Outcome(claim_a, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim_a, OutcomeKind.COMPLETE))
         await completer.run_once()
     assert "lease lost" in caplog.text
     assert len(claims) == 0
@@ -96,7 +100,9 @@ async def test_stale_worker_is_fenced_after_rescue(
         "SELECT status, locked_by, attempts FROM aioq.jobs WHERE id = $1", job_id
     )
     assert tuple(row) == ("running", "worker-b", claim_b.attempt)
-    assert await store.complete(conn, [job_id], [claim_b.number], "worker-b") == {job_id}
+    assert await statements.write(
+        conn, "worker-b", [(job_id, claim_b.number)], OutcomeKind.COMPLETE
+    ) == {job_id}
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
 
 
@@ -108,7 +114,7 @@ async def test_heartbeat_reports_and_cancels_lost_leases(
 
     kept_id = await work.defer(conn)
     lost_id = await work.defer(conn)
-    claims = await store.claim(conn, ["default"], 10, "me")
+    claims = await statements.claim(conn, ["default"], 10, "me")
     tracked = held(*claims)
     for running in tracked.held():
         running.scope = anyio.CancelScope()
@@ -118,7 +124,7 @@ async def test_heartbeat_reports_and_cancels_lost_leases(
     await conn.execute(
         "UPDATE aioq.jobs SET locked_by = 'thief', claims = claims + 1 WHERE id = $1", lost_id
     )
-    heartbeat = Heartbeat(store=store, db=conn, worker_id="me", claims=tracked, interval=1)
+    heartbeat = Heartbeat(schema="aioq", db=conn, worker_id="me", claims=tracked, interval=1)
     assert await heartbeat.run_once() == [lost_id]
     assert by_id[lost_id].cancel_reason is CancelReason.LEASE_LOST
     lost_scope = by_id[lost_id].scope
@@ -137,10 +143,10 @@ async def test_reaper_buries_jobs_out_of_attempts(
     async def once() -> None: ...
 
     job_id = await once.defer(conn)
-    await store.claim(conn, ["default"], 10, "ghost")
+    await statements.claim(conn, ["default"], 10, "ghost")
     await expire(conn, job_id)
-    assert await Reaper(store=store, db=conn, interval=1, batch_size=10).run_once() == [
-        (job_id, "dead")
+    assert await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once() == [
+        Rescued(job_id, "dead")
     ]
     row = await conn.fetchrow(
         "SELECT status, last_error, locked_by FROM aioq.jobs WHERE id = $1", job_id
@@ -158,9 +164,9 @@ async def test_reaper_is_bounded_per_pass(
     async def work() -> None: ...
 
     await work.defer_many(conn, [{} for _ in range(25)])
-    await store.claim(conn, ["default"], 100, "ghost")
+    await statements.claim(conn, ["default"], 100, "ghost")
     await conn.execute("UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second'")
-    reaper = Reaper(store=store, db=conn, interval=1, batch_size=10)
+    reaper = Reaper(schema="aioq", db=conn, interval=1, batch_size=10)
     assert [len(await reaper.run_once()) for _ in range(4)] == [10, 10, 5, 0]
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'pending'") == 25
 
@@ -199,7 +205,7 @@ async def test_vanished_workers_job_is_rescued_and_run(
         ran.set()
 
     job_id = await work.defer(conn)
-    await store.claim(conn, ["default"], 10, "vanished")  # claimed, then the worker died
+    await statements.claim(conn, ["default"], 10, "vanished")  # claimed, then the worker died
     async with make_worker(reaper_interval=0.2):
         with anyio.fail_after(30):
             await ran.wait()
@@ -245,7 +251,7 @@ async def test_listener_reconnects_after_its_backend_is_killed(
     # Polling is slow here, so a prompt pickup can only come from the doorbell.
     worker = make_worker(poll_interval=60.0)
     async with worker:
-        listener = worker.listener
+        listener = worker.current.listener
         assert listener is not None
         with anyio.fail_after(30):
             await listener.connected.wait()
@@ -275,11 +281,130 @@ async def test_worker_polls_while_it_cannot_listen(
         await ping.defer(conn)
         with anyio.fail_after(30):
             await ran.wait()
-        assert worker.listener is not None
-        assert worker.listener.connections == 0
+        assert worker.current.listener is not None
+        assert worker.current.listener.connections == 0
 
 
 def test_retry_delay_must_be_finite_and_bounded() -> None:
     for delay in (float("inf"), float("nan"), -1.0, 1e12):
         with pytest.raises(aioq.ConfigError):
             aioq.Retry(delay=delay)
+
+
+@pytest.mark.parametrize("another_worker", [True, False], ids=["another worker", "alone"])
+async def test_a_thread_outlives_a_hard_cancel_with_its_claim_kept_and_its_outcome_recorded(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    another_worker: bool,
+) -> None:
+    """docs/architecture.md, "Shutdown": Worker.run() is cancelled from outside while a plain
+    def task runs in its thread. No other worker may run the job while the thread runs (its
+    lease stays heartbeated), and the thread's real outcome is recorded: the job ran once."""
+    lease = 1.0
+    runs: list[str] = []
+    started = threading.Event()
+    finish = threading.Event()
+
+    @registry.task(name="t.slow_thread", lease=lease)
+    def slow() -> None:
+        runs.append(aioq.current_job().worker_id)
+        started.set()
+        finish.wait(HANG_GUARD)
+
+    await slow.defer(conn)
+    first = make_worker(worker_id="first", concurrency=1, prefetch=0)
+    cancel = anyio.CancelScope()
+
+    async def run_first() -> None:
+        with cancel:
+            await first.run()
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_first)
+            await anyio.to_thread.run_sync(started.wait, HANG_GUARD)
+            other = make_worker(worker_id="other", reaper_interval=0.1, concurrency=1)
+            async with contextlib.AsyncExitStack() as stack:
+                if another_worker:
+                    await stack.enter_async_context(other)
+                cancel.cancel()  # a hard cancel, not stop()
+                # Four leases: had the claim been let go, the other reaper (every 0.1 s) would
+                # have rescued the job and the other worker run it.
+                await anyio.sleep(4 * lease)
+                finish.set()
+                await first.stopped.wait()  # the cancelled run ends once the thread returned
+                assert runs == ["first"]
+        # The job's real outcome: it succeeded, nothing is left to run.
+        assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+        await make_worker().run_until_idle()
+    assert runs == ["first"]
+
+
+async def test_a_job_whose_lease_lapsed_while_it_waited_is_never_started(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """docs/architecture.md, "Leases": jobs claimed ahead wait behind a task that blocks the
+    event loop past their lease; another worker rescues them meanwhile. Once the loop is free,
+    this worker must not start them (the other one owns them now)."""
+    lease = 1.0
+    starts: list[tuple[int, str]] = []
+    blocking = threading.Event()
+
+    @registry.task(name="t.blocker", lease=lease)
+    async def blocker() -> None:
+        if not blocking.is_set():
+            blocking.set()
+            time.sleep(3 * lease)  # noqa: ASYNC251 (the point: the event loop is blocked)
+
+    @registry.task(name="t.ahead", lease=lease, priority=-1)
+    async def ahead(n: int) -> None:
+        job = aioq.current_job()
+        starts.append((job.id, job.worker_id))
+
+    await blocker.defer(conn)
+    ahead_ids = await ahead.defer_many(conn, [{"n": n} for n in range(3)])
+
+    def rescue() -> list[int]:
+        """The other worker, in a thread of its own (this event loop is blocked): once the
+        leases lapsed, its reaper takes the jobs back and it claims them."""
+
+        async def other() -> list[int]:
+            db = await asyncpg.connect(dsn)
+            try:
+                await until_sql(
+                    db, "SELECT bool_and(lease_expires_at < now()) FROM aioq.jobs", guard=10
+                )
+                await Reaper(schema="aioq", db=db, interval=1, batch_size=10).run_once()
+                claimed = await statements.claim(db, ["default"], 10, "other")
+                return sorted(c.id for c in claimed)
+            finally:
+                await db.close()
+
+        assert blocking.wait(HANG_GUARD)
+        return anyio.run(other)
+
+    rescued: list[int] = []
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+
+            async def run_rescue() -> None:
+                rescued.extend(await anyio.to_thread.run_sync(rescue))
+
+            tg.start_soon(run_rescue)
+            # One consumer and three claimed ahead: the blocker runs, the others wait.
+            worker = make_worker(worker_id="first", concurrency=1, prefetch=3)
+            async with worker:
+                # Until the other worker took them and this one has dealt with every claim
+                # it held (started, given back or found lost).
+                await eventually(
+                    lambda: (
+                        bool(rescued) and worker.current is not None and not worker.current.claims
+                    ),
+                    "the first worker to settle its claims",
+                )
+    assert set(ahead_ids) <= set(rescued)
+    assert [s for s in starts if s[1] == "first"] == []

@@ -20,8 +20,8 @@ from procs import LISTENERS, aioq_cli, assert_one_line_error
 from waits import eventually
 
 import aioq
-from aioq.limits import QueueGate
-from aioq.store import Store
+from aioq.db import Executor
+from aioq.worker.claimer import Claimer
 
 HANG_GUARD = 60.0
 MakeWorker = Callable[..., aioq.Worker]
@@ -117,6 +117,11 @@ async def test_pausing_an_unknown_queue_is_refused(conn: asyncpg.Connection) -> 
 # --- the claim ---
 
 
+def claimer(db: Executor, queues: list[str], worker_id: str = "w") -> Claimer:
+    """A worker's claims on these queues (what its producer calls)."""
+    return Claimer(schema="aioq", db=db, queues=queues, worker_id=worker_id, ring=lambda: None)
+
+
 @pytest.mark.anyio
 async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
     dsn: str, conn: asyncpg.Connection
@@ -128,8 +133,8 @@ async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
     async with asyncpg.create_pool(dsn, min_size=32, max_size=32) as pool:
 
         async def claim(i: int) -> None:
-            gate = QueueGate(store=Store(), queues=["billing", "default"], ring=lambda: None)
-            claimed.extend(c.id for c in await gate.claim(pool, 50, f"w{i}"))
+            gate = claimer(pool, ["billing", "default"], f"w{i}")
+            claimed.extend(c.id for c in await gate.claim(50))
 
         async with anyio.create_task_group() as tg:
             for i in range(32):
@@ -138,15 +143,15 @@ async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
     running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
     assert await conn.fetchval(running) == 5
     # A limit raised takes effect at the next claim; a lowered one lets none in until below it.
-    gate = QueueGate(store=Store(), queues=["billing"], ring=lambda: None)
+    gate = claimer(conn, ["billing"])
     await aioq.set_queue(conn, "billing", max_running=7)
-    assert len(await gate.claim(conn, 50, "w")) == 2
+    assert len(await gate.claim(50)) == 2
     await aioq.set_queue(conn, "billing", max_running=3)
-    assert await gate.claim(conn, 50, "w") == []
+    assert await gate.claim(50) == []
     # Removing the limit: the plain claim again (after the view is read anew).
     await aioq.set_queue(conn, "billing", max_running=None)
     gate.changed()
-    assert len(await gate.claim(conn, 50, "w")) == 50
+    assert len(await gate.claim(50)) == 50
     assert gate.limited == frozenset()
 
 
@@ -154,31 +159,31 @@ async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
 async def test_a_rate_window_counts_claims(conn: asyncpg.Connection) -> None:
     await defer_noops(conn, "api", 100)
     await aioq.set_queue(conn, "api", rate=(7, 3600.0))
-    gate = QueueGate(store=Store(), queues=["api"], ring=lambda: None)
-    assert len(await gate.claim(conn, 5, "w")) == 5
-    assert len(await gate.claim(conn, 5, "w")) == 2
-    assert await gate.claim(conn, 5, "w") == []
+    gate = claimer(conn, ["api"])
+    assert len(await gate.claim(5)) == 5
+    assert len(await gate.claim(5)) == 2
+    assert await gate.claim(5) == []
     assert gate.wake_after == pytest.approx(360.0)  # a tenth of the period
     # Once the rate is gone, so is the early wake-up.
     await aioq.set_queue(conn, "api", rate=None)
     gate.changed()
-    assert len(await gate.claim(conn, 1, "w")) == 1
+    assert len(await gate.claim(1)) == 1
     assert gate.wake_after == float("inf")
     await aioq.set_queue(conn, "api", rate=(7, 3600.0))
     gate.changed()
     # An idle rate-limited queue is not polled faster: no jobs held back, nothing to wake for.
-    idle = QueueGate(store=Store(), queues=["quiet"], ring=lambda: None)
+    idle = claimer(conn, ["quiet"])
     await aioq.set_queue(conn, "quiet", rate=(7, 1.0))
-    assert await idle.claim(conn, 5, "w") == []
+    assert await idle.claim(5) == []
     assert idle.wake_after == float("inf")
     [info, _] = await aioq.queues(conn)
     assert info.window_claims == 7
     # Completing the jobs does not give the window back: it counts claims, not running jobs.
     await conn.execute("DELETE FROM aioq.jobs WHERE status = 'running'")
-    assert await gate.claim(conn, 5, "w") == []
+    assert await gate.claim(5) == []
     # A window that has passed no longer counts (its slots are pruned by the next claim).
     await conn.execute("UPDATE aioq.queue_claims SET slot_end = slot_end - interval '2 hours'")
-    assert len(await gate.claim(conn, 10, "w")) == 7
+    assert len(await gate.claim(10)) == 7
     assert await conn.fetchval("SELECT count(*) FROM aioq.queue_claims") == 1
 
 
@@ -310,8 +315,10 @@ async def test_pause_keeps_jobs_pending_and_resume_wakes_workers_at_once(
         running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
         await eventually(lambda: _is(conn, running, 3))
         await aioq.set_queue(conn, "work", paused=True)
-        assert worker.gate is not None
-        await eventually(lambda: "work" in worker.gate.limited, "the gate to see the pause")  # type: ignore[union-attr]
+        assert worker.current.claimer is not None
+        await eventually(
+            lambda: "work" in worker.current.claimer.limited, "the gate to see the pause"
+        )  # type: ignore[union-attr]
         await defer_noops(conn, "work", 200)
         gate_open.set()  # the running jobs finish normally: a pause aborts nothing
         await eventually(lambda: sorted(finished) == sorted(held), "the held jobs to finish")

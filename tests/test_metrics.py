@@ -10,15 +10,15 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+import statements
 from prometheus_client.parser import text_string_to_metric_families
 
 import aioq
 import aioq.metrics
-from aioq.claims import Claims
-from aioq.completer import Completer, Outcome
 from aioq.job import Claim, OutcomeKind
 from aioq.metrics import Metrics
-from aioq.store import Store
+from aioq.worker.claims import Claims
+from aioq.worker.completer import Completer, Outcome
 
 pytestmark = pytest.mark.anyio
 
@@ -125,14 +125,13 @@ async def test_lease_lost_is_counted(conn: asyncpg.Connection, registry: aioq.Re
     @registry.task
     async def work() -> None: ...
 
-    store = Store.for_schema("aioq")
     job_id = await work.defer(conn)
-    [claim] = await store.claim(conn, ["default"], 1, "worker-a")
+    [claim] = await statements.claim(conn, ["default"], 1, "worker-a")
     # Another worker rescued the job: A's completion is fenced out.
     await conn.execute("UPDATE aioq.jobs SET locked_by = 'worker-b' WHERE id = $1", job_id)
     metrics = Metrics()
     completer = Completer(
-        store=store,
+        schema="aioq",
         db=conn,
         worker_id="worker-a",
         claims=held(claim),
@@ -141,7 +140,7 @@ async def test_lease_lost_is_counted(conn: asyncpg.Connection, registry: aioq.Re
         max_pending=10,
     )
     completer.metrics = metrics
-    await completer.put(Outcome(claim, OutcomeKind.COMPLETE, 0.5))
+    completer.put(Outcome(claim, OutcomeKind.COMPLETE, 0.5))
     assert await completer.run_once() == 1
     lost = metrics.registry.get_sample_value(
         "aioq_jobs_lease_lost_total", {"queue": "default", "task": claim.task}

@@ -1,4 +1,4 @@
-"""The LISTEN connection (``aioq.notifier.Listener``) on its own against a real PostgreSQL:
+"""The LISTEN connection (``aioq.worker.notifier.Listener``) on its own against a real PostgreSQL:
 which notifications ring the doorbell, reconnecting after its backend is killed, and ringing at
 once on every (re)connect so the producer polls (a whole worker's reconnect: test_lease.py;
 when inserts ring at all, the armed doorbell across workers: test_doorbell.py)."""
@@ -14,13 +14,11 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.notifier import Armed, Listener
-from aioq.queries import LIMITS_CHANGED
-from aioq.store import Store
+from aioq.sql import LIMITS_CHANGED, channel_name, control_channel
+from aioq.worker.notifier import Armed, Listener
 
 pytestmark = pytest.mark.anyio
 
-store = Store.for_schema("aioq")
 HANG_GUARD = 30.0
 
 
@@ -84,13 +82,12 @@ async def listening(listener: Listener) -> AsyncIterator[None]:
 def listener_for(connect: Connections, bell: Bell) -> Listener:
     listener = Listener(
         connect=connect,
-        channel=store.channel,
         queues={"default", "mail"},
         ring=bell.callback("ring"),
-        store=store,
-        control={store.control_channel: bell.callback("control")},
+        schema="aioq",
+        control={control_channel("aioq"): bell.callback("control")},
+        on_limits=bell.callback("limits"),
     )
-    listener.on_limits = bell.callback("limits")
     return listener
 
 
@@ -110,9 +107,9 @@ async def test_a_defer_to_a_served_queue_rings_the_doorbell_and_others_do_not(
         await work.options(queue="elsewhere").defer(conn)  # nobody here serves it
         await work.options(queue="mail").defer(conn)
         assert await bell.next() == "ring"
-        await conn.execute("SELECT pg_notify($1, $2)", store.control_channel, "42")
+        await conn.execute("SELECT pg_notify($1, $2)", control_channel("aioq"), "42")
         assert await bell.next() == "control:42"
-        await conn.execute("SELECT pg_notify($1, $2)", store.channel, LIMITS_CHANGED)
+        await conn.execute("SELECT pg_notify($1, $2)", channel_name("aioq"), LIMITS_CHANGED)
         assert await bell.next() == "limits"
         # The ring disarmed it: the producer arms it before sleeping again.
         assert await listener.arm() is Armed.LOOK
@@ -175,7 +172,7 @@ async def test_a_failed_connect_is_retried_with_backoff_and_rings_once_connected
 async def test_an_insert_in_flight_while_it_arms_is_looked_for_until_it_ends(
     dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
 ) -> None:
-    """Invariant 15 without a lost wake-up: an insert that ran before the doorbell was armed
+    """The doorbell without a lost wake-up: an insert that ran before the doorbell was armed
     did not ring; while its transaction is open, arm() asks the producer to look again."""
 
     @registry.task

@@ -15,7 +15,7 @@ from waits import until_sql
 import aioq
 from aioq.cli.worker import add_worker_flags
 from aioq.errors import ConfigError
-from aioq.producer import LINGER_FLOOR, RATE_WINDOW, ClaimAhead
+from aioq.worker.producer import LINGER_FLOOR, RATE_WINDOW, ClaimAhead
 
 pytestmark = pytest.mark.anyio
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import anyio
 import pytest
 
-from aioq.claims import Claims
 from aioq.job import Claim
-from aioq.notifier import Armed
-from aioq.producer import Doorbell, Handoff, Producer, Slots
+from aioq.worker.claims import Claims
+from aioq.worker.notifier import Armed
+from aioq.worker.producer import Doorbell, Handoff, Producer, Slots
 
 pytestmark = pytest.mark.anyio
 
@@ -89,84 +90,86 @@ async def test_a_waiter_cancelled_before_close_wakes_it_ends_quietly() -> None:
         await waiting
 
 
-def producer(poll_interval: float, listening: bool) -> Producer:
-    return Producer(
-        store=None,  # type: ignore[arg-type]  # never claims here
-        db=None,  # type: ignore[arg-type]
-        queues=["default"],
-        worker_id="w",
-        slots=Slots(1),
-        doorbell=Doorbell(),
-        claims=Claims(),
-        poll_interval=poll_interval,
-        batch_size=10,
-        stopping=anyio.Event(),
-        listening=lambda: listening,
-    )
+class FakeClaimer:
+    """Claims from a list, as a worker's claimer would from the table; no orphans."""
 
-
-async def test_polls_without_notify_speed_up_while_they_find_jobs() -> None:
-    p = producer(poll_interval=1.6, listening=False)
-    assert [p._next_poll_delay(claimed=1) for _ in range(6)] == [0.8, 0.4, 0.2, 0.1, 0.1, 0.1]
-    assert [p._next_poll_delay(claimed=0) for _ in range(6)] == [0.2, 0.4, 0.8, 1.6, 1.6, 1.6]
-
-
-async def test_polls_keep_the_interval_while_notify_rings() -> None:
-    p = producer(poll_interval=1.6, listening=True)
-    assert {p._next_poll_delay(claimed=1) for _ in range(6)} == {1.6}
-
-
-class ArmingStore:
-    """Claims from a list; arming the doorbell commits a job that never rang (the race)."""
+    worker_id = "w"
+    wake_after = float("inf")
 
     def __init__(self) -> None:
         self.ready: list[Claim] = []
         self.claims = 0
-        self.armed = False
 
-    async def claim(self, db: object, queues: object, limit: int, worker_id: str) -> list[Claim]:
+    async def claim(self, limit: int) -> list[Claim]:
         self.claims += 1
         taken, self.ready = self.ready[:limit], self.ready[limit:]
         return taken
 
-    async def release_worker(self, db: object, worker_id: str, keep: object) -> list[int]:
-        return []  # no orphans here
+    async def release(self, keep: object = ()) -> list[int]:
+        return []
+
+
+class FakeListener:
+    """A LISTEN connection that is up (or not); arming it runs ``on_arm``."""
+
+    def __init__(self, connected: bool, on_arm: Callable[[], Armed] = lambda: Armed.SLEEP) -> None:
+        self.connected = anyio.Event()
+        if connected:
+            self.connected.set()
+        self.on_arm = on_arm
+
+    async def arm(self) -> Armed:
+        return self.on_arm()
+
+
+def producer(
+    poll_interval: float, listener: FakeListener | None, claimer: FakeClaimer | None = None
+) -> Producer:
+    return Producer(
+        claimer=claimer or FakeClaimer(),  # type: ignore[arg-type]
+        claims=Claims(),
+        slots=Slots(5),
+        doorbell=Doorbell(),
+        stopping=anyio.Event(),
+        poll_interval=poll_interval,
+        batch_size=10,
+        listener=listener,  # type: ignore[arg-type]
+    )
+
+
+async def test_polls_without_notify_speed_up_while_they_find_jobs() -> None:
+    for listener in (None, FakeListener(connected=False)):
+        p = producer(poll_interval=1.6, listener=listener)
+        assert [p._next_poll_delay(claimed=1) for _ in range(6)] == [0.8, 0.4, 0.2, 0.1, 0.1, 0.1]
+        assert [p._next_poll_delay(claimed=0) for _ in range(6)] == [0.2, 0.4, 0.8, 1.6, 1.6, 1.6]
+
+
+async def test_polls_keep_the_interval_while_notify_rings() -> None:
+    p = producer(poll_interval=1.6, listener=FakeListener(connected=True))
+    assert {p._next_poll_delay(claimed=1) for _ in range(6)} == {1.6}
 
 
 @pytest.mark.parametrize("armed_now", [True, False])
 async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -> None:
-    store = ArmingStore()
+    claimer = FakeClaimer()
+    armed = False
 
-    async def arm() -> Armed:
+    def arm() -> Armed:
         # A job committed by a transaction whose insert ran before the locks were taken:
         # its trigger saw nobody waiting, so it will never ring.
-        if store.armed:
+        nonlocal armed
+        if armed:
             return Armed.SLEEP  # armed already, like the listener's arm()
-        store.armed = True
-        store.ready.append(claim(100))
+        armed = True
+        claimer.ready.append(claim(100))
         return Armed.LOOK if armed_now else Armed.SLEEP
 
-    handoff = Handoff()
-    p = Producer(
-        store=store,  # type: ignore[arg-type]
-        db=None,  # type: ignore[arg-type]
-        queues=["default"],
-        worker_id="w",
-        slots=Slots(5),
-        doorbell=Doorbell(),
-        claims=Claims(),
-        poll_interval=60.0,
-        batch_size=10,
-        stopping=anyio.Event(),
-        handoff=handoff,
-        listening=lambda: True,
-        arm=arm,
-    )
+    p = producer(60.0, FakeListener(connected=True, on_arm=arm), claimer)
     got = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(p.run)
         with anyio.move_on_after(2):
-            got = await handoff.get()
+            got = await p.handoff.get()
         p.stop()
     if armed_now:
         # Armed just now: the producer claimed again before sleeping and found the job.
@@ -174,4 +177,4 @@ async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -
         assert got.id == 100
     else:
         # Armed all along (every insert since rang): it sleeps until a ring or a poll.
-        assert store.claims == 1
+        assert claimer.claims == 1

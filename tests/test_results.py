@@ -1,4 +1,4 @@
-"""Results you can await and job progress (issue 12), against a real PostgreSQL."""
+"""Results you can await and job progress, against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -18,12 +18,10 @@ from waits import eventually, until_sql
 
 import aioq
 from aioq import results
-from aioq.maintenance import Pruner
-from aioq.store import Store
+from aioq.worker.maintenance import Pruner
 
 pytestmark = pytest.mark.anyio
 
-store = Store.for_schema("aioq")
 TYPING = Path(__file__).parent / "typing"
 
 # Backends whose last statement was a LISTEN on the results channel: the waiters' connections.
@@ -274,7 +272,12 @@ async def test_expired_results_raise_result_missing_and_are_pruned(
     with pytest.raises(aioq.ResultMissing, match="expired"):
         await aioq.result(conn, short[0])
     prune = Pruner(
-        store=store, db=conn, archive_retention=None, dead_retention=None, interval=1, batch_size=2
+        schema="aioq",
+        db=conn,
+        archive_retention=None,
+        dead_retention=None,
+        interval=1,
+        batch_size=2,
     )
     assert [await prune.run_once() for _ in range(3)] == [2, 1, 0]  # bounded batches
     with pytest.raises(aioq.ResultMissing, match="no result is stored"):

@@ -9,15 +9,14 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 import pytest
+import statements
 from waits import until_sql
 
 import aioq
-from aioq.maintenance import Pruner, Vacuumer
-from aioq.store import Store
+from aioq.job import OutcomeKind
+from aioq.worker.maintenance import Pruner, Vacuumer
 
 pytestmark = pytest.mark.anyio
-
-store = Store.for_schema("aioq")
 
 
 def pruner(
@@ -28,7 +27,7 @@ def pruner(
     interval: float = 3600.0,
 ) -> Pruner:
     return Pruner(
-        store=store,
+        schema="aioq",
         db=db,
         archive_retention=archive_retention,
         dead_retention=dead_retention,
@@ -88,10 +87,8 @@ async def test_dead_jobs_are_pruned_by_age_in_batches(
 
     for _ in range(25):
         await doomed.defer(conn)
-    claims = await store.claim(conn, ["default"], 25, "w")
-    buried = await store.bury(
-        conn, [c.id for c in claims], [c.attempt for c in claims], "w", errors=["x"] * 25
-    )
+    claims = await statements.claim(conn, ["default"], 25, "w")
+    buried = await statements.write(conn, "w", claims, OutcomeKind.BURY, error="x")
     assert len(buried) == 25
     pending = await doomed.defer(conn)  # never pruned, however old
     await conn.execute("UPDATE aioq.jobs SET run_at = now() - interval '2 hours'")
@@ -195,12 +192,12 @@ async def test_the_vacuumer_vacuums_the_jobs_table_past_its_threshold(
     async def work(i: int) -> None: ...
 
     await work.defer_many(conn, [{"i": i} for i in range(300)])
-    claims = await store.claim(conn, ["default"], 300, "w1")
-    await store.complete(conn, [c.id for c in claims], [c.attempt for c in claims], "w1")
+    claims = await statements.claim(conn, ["default"], 300, "w1")
+    await statements.write(conn, "w1", claims, OutcomeKind.COMPLETE)
     dead = await dead_tuples(conn)
     assert dead >= 300  # each claim and each delete left one
 
-    vacuumer = Vacuumer(store=store, db=conn, threshold=dead + 1, interval=3600)
+    vacuumer = Vacuumer(schema="aioq", db=conn, threshold=dead + 1, interval=3600)
     assert await vacuumer.run_once() is False  # below the threshold
     assert (
         await count(
@@ -231,7 +228,7 @@ async def test_the_vacuumer_leaves_a_table_it_does_not_own_to_autovacuum(
         await conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON aioq.jobs TO {role}")
         app = await asyncpg.connect(dsn, user=role)
         try:
-            vacuumer = Vacuumer(store=store, db=app, threshold=1, interval=3600)
+            vacuumer = Vacuumer(schema="aioq", db=app, threshold=1, interval=3600)
             with caplog.at_level(logging.INFO, logger="aioq"):
                 assert await vacuumer.run_once() is False
                 assert await vacuumer.run_once() is False

@@ -23,7 +23,6 @@ from waits import eventually
 
 import aioq
 from aioq.schedule import MAX_CATCH_UP_TICKS, MAX_SKIPPED_COUNT, Scheduler
-from aioq.store import Store
 
 HANG_GUARD = 60.0
 PARIS = "Europe/Paris"
@@ -34,7 +33,7 @@ def utc(*args: int) -> datetime:
 
 
 def scheduler(registry: aioq.Registry, db: asyncpg.Connection | asyncpg.Pool) -> Scheduler:
-    return Scheduler(store=Store(), db=db, schedules=list(registry.schedules.values()))
+    return Scheduler(schema="aioq", db=db, schedules=list(registry.schedules.values()))
 
 
 async def ticks_of(conn: asyncpg.Connection, task: str) -> list[datetime]:

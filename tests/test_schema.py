@@ -11,11 +11,12 @@ import anyio
 import asyncpg
 import orjson
 import pytest
+import statements
 
 import aioq
-from aioq import queries
 from aioq.migrate import migrations
-from aioq.store import Store
+from aioq.sql import Statement, channel_name
+from aioq.sql.jobs import CLAIM_ONE_QUEUE, CLAIM_QUEUES
 
 pytestmark = pytest.mark.anyio
 
@@ -89,9 +90,9 @@ async def test_other_schema_rings_its_own_channel(connect_empty: Connect) -> Non
         await aioq.install(conn, schema="other_q")
         listener = await connect_empty()
         try:
-            await listener.add_listener(queries.channel_name("other_q"), on_notify)
+            await listener.add_listener(channel_name("other_q"), on_notify)
             # As a worker about to sleep on "mail" does: inserts ring only for awaited queues.
-            await Store.for_schema("other_q").arm_doorbell(listener, ["mail"], 10)
+            await statements.arm(listener, ["mail"], schema="other_q")
             registry = aioq.Registry(schema="other_q")
 
             @registry.task(queue="mail")
@@ -134,7 +135,7 @@ async def test_invalid_schema_names_are_refused(conn: asyncpg.Connection, schema
     with pytest.raises(aioq.ConfigError):
         aioq.schema_sql(schema)
     with pytest.raises(aioq.ConfigError):
-        queries.render(queries.CLAIM_ONE_QUEUE, schema)
+        CLAIM_ONE_QUEUE.text(schema)
     assert not conn.is_in_transaction()
     schemas = await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%'")
     assert schemas == 3  # public, information_schema, aioq
@@ -159,14 +160,14 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     ("statement", "queues"),
-    [(queries.CLAIM_ONE_QUEUE, "default"), (queries.CLAIM_QUEUES, ["default", "other"])],
+    [(CLAIM_ONE_QUEUE, "default"), (CLAIM_QUEUES, ["default", "other"])],
     ids=["one queue", "two queues"],
 )
 # A prepared claim may run with a generic plan, which guesses LIMIT $2 at a tenth of the ready
 # rows: that plan must not scan the table either.
 @pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
 async def test_claim_plan_uses_the_partial_index(
-    conn: asyncpg.Connection, statement: str, queues: object, plan_cache_mode: str
+    conn: asyncpg.Connection, statement: Statement[Any], queues: object, plan_cache_mode: str
 ) -> None:
     registry = aioq.Registry()
 
@@ -180,7 +181,7 @@ async def test_claim_plan_uses_the_partial_index(
     await work.options(queue="other").defer_many(conn, [{"n": n} for n in range(2_000)])
     await conn.execute("VACUUM ANALYZE aioq.jobs")
 
-    sql = queries.render(statement, "aioq")
+    sql = statement.text("aioq")
     tx = conn.transaction()
     await tx.start()
     try:
@@ -229,10 +230,9 @@ async def test_a_claim_across_queues_takes_priority_then_fifo(conn: asyncpg.Conn
     high_q1 = await work.options(queue="q1", priority=5).defer(conn, n=0)
     await work.options(queue="q3", priority=9).defer(conn, n=0)  # not served
 
-    store = Store.for_schema("aioq")
-    claims = await store.claim(conn, ["q1", "q2"], 4, "w1")
+    claims = await statements.claim(conn, ["q1", "q2"], 4, "w1")
     assert [c.id for c in claims] == [high_q2_a, high_q2_b, high_q1, low[0]]
-    assert [c.id for c in await store.claim(conn, ["q1", "q2"], 4, "w1")] == low[1:]
+    assert [c.id for c in await statements.claim(conn, ["q1", "q2"], 4, "w1")] == low[1:]
     pending = await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'pending'")
     assert pending == 1  # q3's
 

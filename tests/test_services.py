@@ -9,12 +9,12 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq._service import Service
-from aioq.completer import Completer
-from aioq.lease import Heartbeat, Reaper
-from aioq.monitor import LoopLag
-from aioq.notifier import Listener
-from aioq.producer import Producer
+from aioq.service import Service
+from aioq.worker.completer import Completer
+from aioq.worker.lease import Heartbeat, Reaper
+from aioq.worker.monitor import LoopLag
+from aioq.worker.notifier import Listener
+from aioq.worker.producer import Producer
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +76,7 @@ async def test_services_are_built_from_one_list_and_signal_each_pass(
 ) -> None:
     worker = make_worker(reaper_interval=0.05, heartbeat_interval=0.05)
     async with worker:
-        kinds = [type(s) for s in worker.services]
+        kinds = [type(s) for s in worker.current.services]
         assert kinds[0] is Completer
         assert kinds[-1] is Producer
         assert {Listener, Heartbeat, Reaper, LoopLag} <= set(kinds)

@@ -16,7 +16,6 @@ import aioq
 import aioq.web
 from aioq.job import Claim, OutcomeKind
 from aioq.stats_history import BUCKETS, StatsRecorder, StatsWriter, bucket, percentile
-from aioq.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -85,12 +84,11 @@ def test_recorder_counts_outcomes_not_snoozes() -> None:
 async def test_writer_adds_up_a_minute_gives_back_on_failure_and_prunes(
     conn: asyncpg.Connection, dsn: str
 ) -> None:
-    store = Store.for_schema("aioq")
     recorder = StatsRecorder()
 
     def writer(db: asyncpg.Connection) -> StatsWriter:
         return StatsWriter(
-            store=store, db=db, recorder=recorder, worker_id="w1", queues=["q"], concurrency=4,
+            schema="aioq", db=db, recorder=recorder, worker_id="w1", queues=["q"], concurrency=4,
             retention=3600,
         )  # fmt: skip
 
@@ -132,7 +130,7 @@ async def test_a_cancel_never_interrupts_the_write(conn: asyncpg.Connection) -> 
     # (seen as 28 completions of 20 jobs when a stopping worker was cancelled mid-write).
     recorder = StatsRecorder()
     writer = StatsWriter(
-        store=Store.for_schema("aioq"), db=conn, recorder=recorder, worker_id="w1",
+        schema="aioq", db=conn, recorder=recorder, worker_id="w1",
         queues=["q"], concurrency=1,
     )  # fmt: skip
     recorder.observe(claim(), OutcomeKind.COMPLETE, 0.01)
@@ -272,7 +270,6 @@ async def rollup(conn: asyncpg.Connection | asyncpg.Pool, schema: str = "aioq") 
 
 
 async def test_workers_writing_at_once_add_up_in_the_rollup(dsn: str) -> None:
-    store = Store.for_schema("aioq")
     keys = [(f"q{i % 3}", f"t{i}") for i in range(12)]
     async with asyncpg.create_pool(dsn, min_size=4, max_size=4) as pool:
 
@@ -287,7 +284,7 @@ async def test_workers_writing_at_once_add_up_in_the_rollup(dsn: str) -> None:
                         kind = (OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.BURY)[i % 3]
                         recorder.observe(claim(queue, task, waited=i / 10), kind, round_ / 7)
                 writer = StatsWriter(
-                    store=store, db=pool, recorder=recorder, worker_id=f"w{n}", queues=["q"],
+                    schema="aioq", db=pool, recorder=recorder, worker_id=f"w{n}", queues=["q"],
                     concurrency=1,
                 )  # fmt: skip
                 await writer.run_once()
@@ -327,7 +324,7 @@ async def test_the_day_view_reads_the_rollup_and_the_hour_view_the_minutes(dsn: 
 
 async def test_the_upgrade_rolls_up_the_history_recorded_before_it(dsn: str) -> None:
     from aioq.migrate import migrations, schema_sql
-    from aioq.queries import RECORD_MIGRATION, render
+    from aioq.sql.schema import RECORD_MIGRATION
 
     schema = "upgraded"
     found = migrations(schema)
@@ -338,7 +335,7 @@ async def test_the_upgrade_rolls_up_the_history_recorded_before_it(dsn: str) -> 
         await conn.execute(text[: text.index("-- aioq:migration 1\n")])  # the prologue
         for migration in found[:before]:
             await conn.execute(migration.sql)
-            await conn.execute(render(RECORD_MIGRATION, schema), migration.version)
+            await RECORD_MIGRATION.run(conn, schema, migration.version)
         await conn.execute(
             f"INSERT INTO {schema}.stats_history"
             " SELECT now() - make_interval(mins => m), 'w' || w, 'q' || (m % 2), 't' || (m % 3),"

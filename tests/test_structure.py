@@ -81,7 +81,8 @@ def _is_core(module: str) -> bool:
 def test_the_graph_sees_the_package() -> None:
     graph = _graph()
     assert {"aioq", "aioq.worker", "aioq.cli", "aioq.dev.server"} <= graph.keys()
-    assert "aioq.store" in graph["aioq.worker"]
+    assert "aioq.worker.run" in graph["aioq.worker"]
+    assert "aioq.sql.jobs" in graph["aioq.worker.claimer"]
     assert "aioq.dev.server" in graph["aioq.cli.worker"]
 
 
@@ -201,3 +202,55 @@ def test_no_merge_conflict_markers_are_left_in_the_tree() -> None:
     marker = re.compile(r"^(<{7}|>{7}) ", re.MULTILINE)
     left = [f for f in files if marker.search((root / f).read_text(errors="replace"))]
     assert left == []
+
+
+# What a string of SQL starts with; prose in messages and docstrings does not match (upper case
+# keywords followed by what only SQL puts after them).
+_SQL = re.compile(
+    r"\b(SELECT\s+(\*|[\w.(]+\s*(,|FROM|AS\b)|1\b|EXISTS)|INSERT\s+INTO|UPDATE\s+\S+\s+SET"
+    r"|DELETE\s+FROM|WITH\s+\w+\s+AS\s*\(|CREATE\s+(TABLE|INDEX|SCHEMA|DATABASE|ROLE)"
+    r"|DROP\s+(TABLE|SCHEMA|DATABASE|ROLE)|ALTER\s+TABLE|VACUUM\s*\()"
+)
+# The statement modules, and the dashboard's own until it has its own module.
+STATEMENT_MODULES = ("aioq.sql", "aioq.web.sql", "aioq.queries")
+
+
+def test_no_sql_text_outside_the_statement_modules() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        if module.startswith(STATEMENT_MODULES):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and _SQL.search(node.value)
+            ):
+                offenders.append(f"{module}:{node.lineno}: {node.value[:60]!r}")
+    assert offenders == []
+
+
+def test_the_sql_check_sees_sql() -> None:
+    for text in (
+        "SELECT id FROM jobs",
+        "SELECT 1",
+        "WITH picked AS (",
+        "UPDATE aioq.jobs SET x = 1",
+        "DELETE FROM t",
+        'DROP SCHEMA "x" CASCADE',
+        "CREATE DATABASE x",
+    ):
+        assert _SQL.search(text), text
+    for prose in ("Select the jobs to retry", "an INSERT ring", "DELETE the row", "SELECT them"):
+        assert not _SQL.search(prose), prose

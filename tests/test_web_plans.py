@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from aioq import queries as q
+from aioq.sql.admin import GET_JOB
 
 pytestmark = pytest.mark.anyio
 
@@ -95,7 +96,7 @@ CASES: dict[str, tuple[str, tuple[Any, ...], int]] = {
         (None, WINDOW, "cancelled", None, None, None, PAGE),
         WINDOW,
     ),
-    "one job": (q.GET_JOB, (123456,), 1),
+    "one job": (GET_JOB.template, (123456,), 1),
 }
 
 

@@ -53,7 +53,7 @@ from aioq.errors import AioqError
 from aioq.job import JobStatus
 from aioq.limits import UNSET
 from aioq.logs import formatter
-from aioq.queries import DEFAULT_SCHEMA
+from aioq.sql import DEFAULT_SCHEMA
 
 _Handler = Callable[[argparse.Namespace], int]
 

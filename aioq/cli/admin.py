@@ -28,7 +28,7 @@ from aioq.cli.common import (
     with_db,
 )
 from aioq.codec import encode_args
-from aioq.store import Store
+from aioq.sql.admin import ARCHIVE_IN_USE
 from aioq.task import JobOptions, check_text, insert_job
 
 
@@ -230,7 +230,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 
 
 async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> str:
-    if await Store.for_schema(schema_from(args)).archive_in_use(conn):
+    if await ARCHIVE_IN_USE.row(conn, schema_from(args)):
         return (
             "it is not in the jobs table nor in the archive (pruned after archive_retention or"
             " dead_retention, finished on a worker without --keep-completed, or never existed)"
@@ -366,7 +366,7 @@ def cmd_defer(args: argparse.Namespace) -> int:
         encoded = encode_args(name, task.bind((), values))
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        job_id = await insert_job(Store.for_schema(schema), conn, name, opts, encoded)
+        job_id = await insert_job(schema, conn, name, opts, encoded)
         if args.target is None:  # once the job is written: a failure needs no note
             print(
                 f"aioq: note: no registry given, so the options of task {name!r} are unknown:"

@@ -17,7 +17,7 @@ import anyio
 import asyncpg
 
 from aioq.job import Job
-from aioq.queries import DEFAULT_SCHEMA
+from aioq.sql import DEFAULT_SCHEMA
 from aioq.task import Registry, default_registry
 
 EXIT_OK = 0
@@ -113,7 +113,7 @@ def job_dict(job: Job) -> dict[str, Any]:
     values = dataclasses.asdict(job)
     values["status"] = job.status.value
     values["args"] = json.loads(job.args)
-    if job.result is not None:  # jobcontrol: the stored return value, decoded like args
+    if job.result is not None:  # the stored return value, decoded like args
         values["result"] = json.loads(job.result)
     return values
 

@@ -3,31 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import asyncpg
 
 from aioq.cli.common import EXIT_OK, format_time, print_json, print_table, schema_from, with_db
-from aioq.store import Store
+from aioq.sql.schedules import LIST_SCHEDULES
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
     """List schedules: name, task, queue, schedule, last tick enqueued, next tick."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        rows = await Store.for_schema(schema_from(args)).list_schedules(conn)
+        rows = await LIST_SCHEDULES.rows(conn, schema_from(args))
         if args.json:
-            print_json([dict(row.items()) for row in rows])
+            print_json([dataclasses.asdict(row) for row in rows])
             return EXIT_OK
         print_table(
             ("NAME", "TASK", "QUEUE", "SCHEDULE", "LAST_TICK", "NEXT_TICK"),
             [
                 (
-                    row["name"],
-                    row["task"],
-                    row["queue"],
-                    row["spec"],
-                    format_time(row["last_tick"]),
-                    format_time(row["next_tick"]),
+                    row.name,
+                    row.task,
+                    row.queue,
+                    row.spec,
+                    format_time(row.last_tick),
+                    format_time(row.next_tick),
                 )
                 for row in rows
             ],

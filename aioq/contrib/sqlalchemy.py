@@ -16,6 +16,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from aioq.errors import ConfigError
+from aioq.sql import DEFAULT_SCHEMA
+from aioq.sql.admin import PING
 
 __all__ = ("executor",)
 
@@ -47,7 +49,7 @@ async def executor(target: AsyncSession | AsyncConnection) -> asyncpg.Connection
     if not driver.is_in_transaction():
         # Let SQLAlchemy begin (autobegin for a connection, BEGIN on the driver); in autocommit
         # isolation it begins nothing and the job commits at once, as the caller's own would.
-        await conn.execute(text("SELECT 1"))
+        await conn.execute(text(PING.text(DEFAULT_SCHEMA)))
     return driver
 
 

@@ -38,6 +38,7 @@ __all__ = (
     "Statement",
     "boolean",
     "channel_name",
+    "columns",
     "control_channel",
     "integer",
     "nothing",
@@ -152,6 +153,22 @@ class Statement(Generic[T]):
     ) -> None:
         """Run the statement for its effect."""
         await db.execute(self.text(schema), *args, timeout=within)
+
+
+class columns(Generic[T]):
+    """Build a row type (a dataclass) from a row by column name: its fields are the columns.
+
+    tests/test_sql.py prepares every statement built this way and checks that its columns are
+    exactly the fields, so the names never drift apart.
+    """
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls: type[T]) -> None:
+        self.cls = cls
+
+    def __call__(self, row: Row) -> T:
+        return self.cls(**dict(row.items()))
 
 
 def integer(row: Row) -> int:

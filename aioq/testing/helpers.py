@@ -12,9 +12,10 @@ import asyncpg
 
 from aioq import hooks
 from aioq.codec import decode_args
+from aioq.db import Target, executor
 from aioq.errors import AioqError
 from aioq.job import Claim
-from aioq.store import Store, Target, executor
+from aioq.sql.admin import READY_QUEUES, WAITING_JOBS
 from aioq.task import Registry, Task
 from aioq.worker import Worker
 
@@ -71,16 +72,16 @@ class DrainError(AioqError):
 
 async def deferred(conn: Target, task: Task[..., Any]) -> list[Waiting]:
     """Return the jobs ``task`` has waiting (pending, due or scheduled), oldest first."""
-    rows = await Store.for_schema(task.registry.schema).waiting(await executor(conn), task.name)
+    rows = await WAITING_JOBS.rows(await executor(conn), task.registry.schema, task.name)
     return [
         Waiting(
-            id=row["id"],
-            queue=row["queue"],
-            args=decode_args(row["args"]),
-            priority=row["priority"],
-            run_at=row["run_at"],
-            attempts=row["attempts"],
-            max_attempts=row["max_attempts"],
+            id=row.id,
+            queue=row.queue,
+            args=decode_args(row.args),
+            priority=row.priority,
+            run_at=row.run_at,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
         )
         for row in rows
     ]
@@ -139,8 +140,7 @@ async def drain(
     conn = await asyncpg.connect(dsn)
     ran: list[Ran] = []
     try:
-        store = Store.for_schema(registry.schema)
-        while queues := await store.ready_queues(conn):
+        while queues := await READY_QUEUES.rows(conn, registry.schema):
             # A fresh worker per pass: it serves the queues that are ready now.
             worker = Worker(dsn=dsn, registry=registry, queues=queues, **worker_options)
             recorder = _Recorder(worker, max_runs - len(ran))

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from aioq import queries
 from aioq.migrate import install
+from aioq.sql.schema import DROP_SCHEMA, create_database, drop_database
 from aioq.task import Registry, default_registry
 from aioq.testing.helpers import Drain, Ran, drain
 from aioq.worker import Worker
@@ -97,9 +97,9 @@ def aioq_server_dsn() -> Iterator[str]:
 def aioq_database(aioq_server_dsn: str) -> Iterator[str]:
     """A DSN of a database created for this test session, dropped at its end."""
     name = f"aioq_pytest_{secrets.token_hex(6)}"
-    _run(lambda: _execute(aioq_server_dsn, f'CREATE DATABASE "{name}"'))
+    _run(lambda: _execute(aioq_server_dsn, create_database(name)))
     yield _with_database(aioq_server_dsn, name)
-    _run(lambda: _execute(aioq_server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    _run(lambda: _execute(aioq_server_dsn, drop_database(name)))
 
 
 @pytest.fixture
@@ -115,9 +115,7 @@ def aioq_dsn(aioq_database: str, aioq_registry: Registry) -> str:
     async def fresh_schema() -> None:
         conn = await asyncpg.connect(aioq_database)
         try:
-            await conn.execute(
-                f"DROP SCHEMA IF EXISTS {queries.quote_schema(aioq_registry.schema)} CASCADE"
-            )
+            await DROP_SCHEMA.run(conn, aioq_registry.schema)
             await install(conn, schema=aioq_registry.schema)
         finally:
             await conn.close()

@@ -33,9 +33,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from aioq import admin
+from aioq.db import Connection
 from aioq.errors import ConfigError
-from aioq.queries import DEFAULT_SCHEMA, ROLLUP_STEP, quote_schema
-from aioq.store import Connection, Store
+from aioq.sql import DEFAULT_SCHEMA, quote_schema
+from aioq.sql.history import ROLLUP_STEP
+from aioq.store import Store
 from aioq.web import data
 from aioq.web.filters import environment
 

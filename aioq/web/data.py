@@ -8,12 +8,15 @@ table costs what it costs on an empty one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from aioq.job import JobStatus
-from aioq.queries import ROLLUP_STEP
+from aioq.sql.admin import TABLE_STATS
+from aioq.sql.history import ROLLUP_STEP
+from aioq.sql.limits import QUEUE_SETTINGS
 from aioq.stats_history import percentile
 from aioq.store import Connection, Store
 
@@ -109,11 +112,11 @@ async def load_overview(
         q.capped |= {state for state in STATE_COLUMNS if totals[state] >= cap}
     # The queues table holds one row per queue with settings (not the jobs' counts that
     # aioq.queues() adds with a scan of the jobs table).
-    for row in await store.queue_settings(conn):
-        q = queues.setdefault(row["name"], QueueRow(row["name"]))
-        q.max_running, q.paused = row["max_running"], row["paused"]
-        if row["rate_limit"] is not None:
-            q.rate = (row["rate_limit"], row["rate_period"])
+    for s in await QUEUE_SETTINGS.rows(conn, store.schema):
+        q = queues.setdefault(s.name, QueueRow(s.name))
+        q.max_running, q.paused = s.max_running, s.paused
+        if s.rate_limit is not None and s.rate_period is not None:
+            q.rate = (s.rate_limit, s.rate_period)
     workers = [
         WorkerRow(
             id=row["id"],
@@ -127,7 +130,8 @@ async def load_overview(
         )
         for row in await store.dash_workers(conn, cap, MAX_WORKERS)
     ]
-    table = dict((await store.table_stats(conn)).items())
+    figures = await TABLE_STATS.row(conn, store.schema)
+    table: dict[str, object] = dataclasses.asdict(figures) if figures is not None else {}
     return Overview(
         queues=sorted(queues.values(), key=lambda q: q.queue),
         workers=workers,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import statements
 from harness import (
     HANG_GUARD,
     RUNS_TABLE,
@@ -37,10 +38,10 @@ from procs import aioq_cli, assert_one_line_error
 from waits import eventually
 
 import aioq
-from aioq.limits import QueueGate
+from aioq.job import OutcomeKind
 from aioq.migrate import migrations
 from aioq.schedule import Scheduler
-from aioq.store import Store
+from aioq.sql.maintenance import PRUNE_ARCHIVE, PRUNE_RESULTS
 
 pytestmark = pytest.mark.chaos
 
@@ -203,35 +204,35 @@ def test_least_privileged_role_defers_and_runs_a_worker_process(
 def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> None:
     """Revoke each privilege in turn: some operation of defer or the worker then fails."""
     name, app_dsn = app
-    store = Store.for_schema("aioq")
     Op = Callable[[asyncpg.Connection], Awaitable[object]]
 
     async def claim_one(conn: asyncpg.Connection) -> aioq.job.Claim:
         await work.defer(conn, n=1)
-        [claimed] = await store.claim(conn, ["default"], 1, "w")
+        [claimed] = await statements.claim(conn, ["default"], 1, "w")
         return claimed
 
     async def defer(conn: asyncpg.Connection) -> object:
         return await work.defer(conn, n=1)
 
     async def claim(conn: asyncpg.Connection) -> object:
-        return await store.claim(conn, ["default"], 1, "w")
+        return await statements.claim(conn, ["default"], 1, "w")
 
     def complete(archive: bool) -> Op:
         async def run(conn: asyncpg.Connection) -> object:
             claimed = await claim_one(conn)
-            return await store.complete(conn, [claimed.id], [claimed.attempt], "w", archive=archive)
+            return await statements.write(
+                conn, "w", [claimed], OutcomeKind.COMPLETE, archive=archive
+            )
 
         return run
 
     async def prune(conn: asyncpg.Connection) -> object:
-        return await store.prune_archive(conn, 0.0, 10)
+        return await PRUNE_ARCHIVE.row(conn, "aioq", 0.0, 10)
 
     def claim_from(queue: str) -> Op:
         async def run(conn: asyncpg.Connection) -> object:
             await work.options(queue=queue).defer(conn, n=1)
-            gate = QueueGate(store=store, queues=[queue], ring=lambda: None)
-            return await gate.claim(conn, 1, "w")
+            return await statements.claim(conn, [queue], 1, "w")
 
         return run
 
@@ -246,19 +247,18 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         reg = aioq.Registry()
         name = f"app.beat{next(ticks)}"
         aioq.periodic(every=60)(reg.task(name=name)(beat))
-        scheduler = Scheduler(store=store, db=conn, schedules=list(reg.schedules.values()))
+        scheduler = Scheduler(schema="aioq", db=conn, schedules=list(reg.schedules.values()))
         await scheduler.run_once(start)
         return await scheduler.run_once(start + timedelta(minutes=1))
 
     async def keep_result(conn: asyncpg.Connection) -> object:
         claimed = await claim_one(conn)
-        ids, numbers = [claimed.id], [claimed.number]
-        return await store.complete_result(
-            conn, ids, numbers, "w", results=["1"], ttls=[0.0], archive=False
+        return await statements.write(
+            conn, "w", [claimed], OutcomeKind.COMPLETE, result="1", ttl=0.0
         )
 
     async def prune_results(conn: asyncpg.Connection) -> object:
-        return await store.prune_results(conn, 10)
+        return await PRUNE_RESULTS.row(conn, "aioq", 10)
 
     needed: list[tuple[str, Op]] = [
         ("USAGE ON SCHEMA aioq", defer),
@@ -300,7 +300,7 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
             await aioq.set_queue(owner, "limited", max_running=1000)
             await aioq.set_queue(owner, "rated", rate=(1000, 60.0))
             # Wait on "rung" as a sleeping worker does, so that its insert rings.
-            await Store.for_schema("aioq").arm_doorbell(owner, ["rung"], 10)
+            await statements.arm(owner, ["rung"])
             for privilege, operation in needed:
                 await operation(conn)  # works with every grant
                 await owner.execute(f"REVOKE {privilege} FROM {name}")

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+import statements
 from harness import (
     HANG_GUARD,
     RUNS_TABLE,
@@ -35,7 +36,6 @@ from harness import (
 from waits import eventually
 
 import aioq
-from aioq.store import Store
 
 pytestmark = pytest.mark.chaos
 
@@ -132,7 +132,7 @@ def test_defer_through_pgbouncer_is_transactional(dsn: str, bouncer: PgBouncer) 
         listener = await asyncpg.connect(dsn)  # direct: a pooler cannot hold a LISTEN
         await listener.add_listener("aioq:aioq", lambda *args: notified.append(args[-1]))
         # Wait on these queues as a sleeping worker does: only then do inserts ring.
-        await Store.for_schema("aioq").arm_doorbell(listener, ["kept", "gone", "sentinel"], 10)
+        await statements.arm(listener, ["kept", "gone", "sentinel"])
         conns = [await bounced(bouncer) for _ in range(clients)]
         try:
             results = await asyncio.gather(*(client(c) for c in conns))

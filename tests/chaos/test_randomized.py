@@ -1,4 +1,4 @@
-"""Scenario 12: a randomized run of the core's promises under mixed faults (issue 10).
+"""Scenario 12: a randomized run of the core's promises under mixed faults (docs/architecture.md).
 
 Three worker processes (``python -m aioq worker``, each its own process, restarted when it ends)
 serve jobs whose leases are drawn from the allowed range and whose durations straddle them: async

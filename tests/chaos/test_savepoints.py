@@ -18,6 +18,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import statements
 from harness import (
     HANG_GUARD,
     LONG,
@@ -35,7 +36,6 @@ from harness import (
 from waits import eventually
 
 import aioq
-from aioq.store import Store
 
 pytestmark = pytest.mark.chaos
 
@@ -151,7 +151,7 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
         listener = await asyncpg.connect(dsn)
         await listener.add_listener("aioq:aioq", lambda *args: notified.append(args[-1]))
         # Wait on the queue as a sleeping worker does: only then do inserts ring.
-        await Store.for_schema("aioq").arm_doorbell(listener, ["sp"], 10)
+        await statements.arm(listener, ["sp"])
         try:
             for i in range(rounds):
                 notified.clear()

@@ -6,7 +6,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,11 +14,13 @@ import anyio
 import asyncpg
 
 from aioq import hooks
-from aioq._service import STEP_BACKOFF, Service
 from aioq.backoff import Failures
-from aioq.claims import Claims
+from aioq.db import Executor
 from aioq.job import Claim, ClaimKey, OutcomeKind
-from aioq.store import Executor, Store
+from aioq.service import STEP_BACKOFF, Service
+from aioq.sql import results_channel
+from aioq.sql.outcomes import WRITE_OUTCOMES
+from aioq.worker.claims import Claims
 
 if TYPE_CHECKING:
     from aioq.metrics import Metrics
@@ -47,40 +49,44 @@ class Outcome:
     duration: float = 0.0
     delay: float = 0.0
     error: str | None = None
-    # jobcontrol: the task's result_ttl (None: it keeps no result, and nobody awaits the job)
+    # The task's result_ttl (None: it keeps no result, and nobody awaits the job)
     # and its return value as JSON text, for COMPLETE.
     result_ttl: float | None = None
     result: str | None = None
 
 
-class Completer(Service):
-    """Apply outcomes in as few statements as possible: one per kind per flush."""
+class Completer(Service[int]):
+    """Write outcomes in as few statements as possible: one per batch, whatever their kinds."""
 
     name = "completer"
 
     def __init__(
         self,
         *,
-        store: Store,
+        schema: str,
         db: Executor,
         worker_id: str,
         claims: Claims,
         keep_completed: bool,
         batch_size: int,
         max_pending: int,
+        metrics: Metrics | None = None,
+        history: StatsRecorder | None = None,
+        on_written: Callable[[Iterable[str]], None] | None = None,
     ) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
+        self.results_channel = results_channel(schema)
         self.db = db
         self.worker_id = worker_id
         self.claims = claims
         self.keep_completed = keep_completed
         self.batch_size = batch_size
         self.max_pending = max_pending
-        self.metrics: Metrics | None = None  # the worker sets it when metrics are on
-        self.history: StatsRecorder | None = None  # the worker sets it when history is on
-        # Called with each group of outcomes once written (queue limits: room again).
-        self.on_written: Callable[[list[Outcome]], None] | None = None
+        self.metrics = metrics
+        self.history = history  # the per-minute history: counted here, written by StatsWriter
+        # Called with the queues of each batch once written (queue limits: room again).
+        self.on_written = on_written
         self.pending: list[Outcome] = []
         self._unsure: set[ClaimKey] = set()  # claims whose write failed: maybe written
         self._dropped: set[ClaimKey] = set()  # outcomes the server refused, already logged
@@ -90,12 +96,16 @@ class Completer(Service):
         self._idle = anyio.Event()
         self._idle.set()
 
-    async def put(self, outcome: Outcome) -> None:
-        """Queue an outcome; wait while too many are unwritten (the database is behind)."""
+    async def wait_room(self) -> None:
+        """Return once fewer than ``max_pending`` outcomes wait to be written: consumers call
+        it before they take a job (the database is behind: take no more work)."""
         while len(self.pending) >= self.max_pending:
             if self._room.is_set():
                 self._room = anyio.Event()
             await self._room.wait()
+
+    def put(self, outcome: Outcome) -> None:
+        """Queue an outcome to be written; never waits, so no cancel can lose it."""
         self.claims.finish(outcome.claim)
         if not self.pending and self._idle.is_set():  # never set while outcomes are queued
             self._idle = anyio.Event()
@@ -118,47 +128,37 @@ class Completer(Service):
         await self._idle.wait()
 
     async def run_once(self) -> int:
-        """Write up to ``batch_size`` queued outcomes; return how many were written.
+        """Write up to ``batch_size`` queued outcomes in one statement; return how many.
 
-        One statement per kind of outcome. If one fails (the connection broke), the kinds
-        written before it leave the queue and only the rest is tried again: rewriting them
-        would find their rows gone and report leases as lost.
+        The statement is atomic: if it fails (the connection broke), the whole batch stays
+        queued and is tried again; it may have committed with only its reply lost, so rows
+        found gone on the retry are no proof of a lost lease.
         """
         async with self._lock:
             batch = self.pending[: self.batch_size]
             if not batch:
                 return 0
-            by_kind: dict[OutcomeKind, list[Outcome]] = defaultdict(list)
-            for outcome in batch:
-                by_kind[outcome.kind].append(outcome)
-            written: list[Outcome] = []
+            start_ns = time.time_ns() if hooks.observers else 0
             try:
-                for kind, group in by_kind.items():
-                    start_ns = time.time_ns() if hooks.observers else 0
-                    try:
-                        kept = await self._write_isolating(kind, group)
-                    except BaseException:
-                        # The statement may have committed with only its reply lost: when the
-                        # retry finds these rows gone, that is no proof of a lost lease.
-                        self._unsure.update(o.claim.key for o in group)
-                        raise
-                    written += group
-                    self._settle(group, kept)
-                    if hooks.observers:  # aioq.hooks: tracing, the test drain
-                        mine = [(o.claim, o.error) for o in group if o.claim.id in kept]
-                        hooks.settled(self.worker_id, kind.value, mine, start_ns, time.time_ns())
-                    if self.on_written is not None:
-                        self.on_written(group)
-            finally:
-                if len(written) == len(batch):
-                    del self.pending[: len(batch)]
-                elif written:
-                    done = {id(o) for o in written}
-                    self.pending[: len(batch)] = [o for o in batch if id(o) not in done]
-                if written:
-                    self._room.set()
-                if not self.pending:
-                    self._idle.set()
+                kept = await self._write_isolating(batch)
+            except BaseException:
+                self._unsure.update(o.claim.key for o in batch)
+                raise
+            del self.pending[: len(batch)]
+            self._room.set()
+            if not self.pending:
+                self._idle.set()
+            self._settle(batch, kept)
+            if hooks.observers:  # aioq.hooks: tracing, the test drain
+                end_ns = time.time_ns()
+                by_kind: dict[OutcomeKind, list[tuple[Claim, str | None]]] = defaultdict(list)
+                for o in batch:
+                    if o.claim.id in kept:
+                        by_kind[o.kind].append((o.claim, o.error))
+                for kind, mine in by_kind.items():
+                    hooks.settled(self.worker_id, kind.value, mine, start_ns, end_ns)
+            if self.on_written is not None:
+                self.on_written({o.claim.queue for o in batch})
         return len(batch)
 
     def _settle(self, outcomes: list[Outcome], kept: set[int]) -> None:
@@ -218,36 +218,34 @@ class Completer(Service):
                     extra=_extra(claim, "lease_lost", outcome.duration),
                 )
 
-    async def _write_isolating(self, kind: OutcomeKind, group: list[Outcome]) -> set[int]:
-        """Write outcomes of one kind; if the server refuses their data, write one by one.
+    async def _write_isolating(self, batch: list[Outcome]) -> set[int]:
+        """Write outcomes; if the server refuses their data, write them one by one.
 
         A refused completion is written without its archive copy; any other refused outcome
         is dropped, loudly: not lost work, since the claim is settled (no longer heartbeated),
-        its lease expires and the job runs again. Connection errors propagate, and the group
+        its lease expires and the job runs again. Connection errors propagate, and the batch
         is tried again later.
         """
         try:
-            return await self._write(kind, group)
+            return await self._write(batch, archive=self.keep_completed)
         except _REFUSED:
-            if len(group) == 1:
-                return await self._write_refused(kind, group[0])
+            if len(batch) == 1:
+                return await self._write_refused(batch[0])
         kept: set[int] = set()
-        for outcome in group:
-            kept |= await self._write_isolating(kind, [outcome])
+        for outcome in batch:
+            kept |= await self._write_isolating([outcome])
         return kept
 
-    async def _write_refused(self, kind: OutcomeKind, outcome: Outcome) -> set[int]:
+    async def _write_refused(self, outcome: Outcome) -> set[int]:
         claim = outcome.claim
-        if kind is OutcomeKind.COMPLETE and self.keep_completed:
+        if outcome.kind is OutcomeKind.COMPLETE and self.keep_completed:
             logger.exception(
                 "job %s %s: its archive row cannot be stored; completing it without one",
                 claim.id,
                 claim.task,
             )
             try:
-                return await self.store.complete(
-                    self.db, [claim.id], [claim.number], self.worker_id
-                )
+                return await self._write([outcome], archive=False)
             except _REFUSED:
                 pass
         logger.exception(
@@ -255,63 +253,29 @@ class Completer(Service):
             " its lease expires",
             claim.id,
             claim.task,
-            kind.value,
+            outcome.kind.value,
         )
         self._dropped.add(claim.key)
         return set()
 
-    async def _write(self, kind: OutcomeKind, group: list[Outcome]) -> set[int]:
-        store, db, me = self.store, self.db, self.worker_id
-        ids = [o.claim.id for o in group]
-        numbers = [o.claim.number for o in group]
-        if kind is OutcomeKind.COMPLETE:
-            if any(o.result_ttl is not None for o in group):  # jobcontrol: stored results
-                return await self._complete_results(group)
-            return await store.complete(db, ids, numbers, me, archive=self.keep_completed)
-        if kind is OutcomeKind.CANCEL:  # jobcontrol
-            awaited = [o.result_ttl is not None for o in group]
-            return await store.cancel_running(db, ids, numbers, me, awaited=awaited)
-        if kind is OutcomeKind.BURY:
-            kept = await store.bury(db, ids, numbers, me, errors=[o.error or "dead" for o in group])
-            # jobcontrol: wake whoever awaits these (a second statement, dead jobs only)
-            rung = sorted(kept.intersection(o.claim.id for o in group if o.result_ttl is not None))
-            if rung:
-                await store.ring_results(db, rung)
-            return kept
-        return await store.reschedule(
-            db,
-            ids,
-            numbers,
-            me,
-            delays=[o.delay for o in group],
-            errors=[o.error if kind is OutcomeKind.FAIL else None for o in group],
-            refunds=[kind is OutcomeKind.RELEASE] * len(group),
-            snoozes=[kind is OutcomeKind.SNOOZE] * len(group),
+    async def _write(self, batch: list[Outcome], *, archive: bool) -> set[int]:
+        """One fenced statement for every outcome of the batch (docs/architecture.md, "The
+        fence"); return the ids still ours."""
+        ids = await WRITE_OUTCOMES.rows(
+            self.db,
+            self.schema,
+            [o.claim.id for o in batch],
+            [o.claim.number for o in batch],
+            self.worker_id,
+            [o.kind.value for o in batch],
+            [o.delay for o in batch],
+            [o.error for o in batch],
+            [_kept_result(o) for o in batch],
+            [o.result_ttl for o in batch],
+            archive,
+            self.results_channel,
         )
-
-    async def _complete_results(self, group: list[Outcome]) -> set[int]:
-        """Write completions of a group where some keep their return value (jobcontrol)."""
-        store, db, me = self.store, self.db, self.worker_id
-        plain = [o for o in group if o.result_ttl is None]
-        kept: set[int] = set()
-        if plain:
-            kept = await store.complete(
-                db,
-                [o.claim.id for o in plain],
-                [o.claim.number for o in plain],
-                me,
-                archive=self.keep_completed,
-            )
-        stored = [o for o in group if o.result_ttl is not None]
-        return kept | await store.complete_result(
-            db,
-            [o.claim.id for o in stored],
-            [o.claim.number for o in stored],
-            me,
-            results=[o.result if o.result is not None else "null" for o in stored],
-            ttls=[o.result_ttl or 0.0 for o in stored],
-            archive=self.keep_completed,
-        )
+        return set(ids)
 
     @property
     def idle(self) -> bool:
@@ -322,7 +286,7 @@ class Completer(Service):
         """No clock: the completer waits for outcomes (see :meth:`wait`)."""
         return math.inf
 
-    def busy(self, result: object) -> bool:
+    def busy(self, result: int) -> bool:
         """More outcomes queued up during the last write: write them at once."""
         return bool(self.pending)
 
@@ -353,6 +317,13 @@ class Completer(Service):
                     )
                     return
                 await anyio.sleep(failures.next())
+
+
+def _kept_result(outcome: Outcome) -> str | None:
+    """The return value to keep: a completion's, when its task keeps results."""
+    if outcome.kind is not OutcomeKind.COMPLETE or outcome.result_ttl is None:
+        return None
+    return outcome.result if outcome.result is not None else "null"
 
 
 def _extra(claim: Claim, outcome: str, duration: float) -> dict[str, object]:

@@ -7,22 +7,21 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
 
 from aioq import hooks
-from aioq._service import Service
-from aioq.claims import Claims
-from aioq.completer import Completer, Outcome
 from aioq.job import Claim, OutcomeKind
-from aioq.notifier import Armed
-from aioq.store import Executor, Store
+from aioq.service import Service
+from aioq.worker.claimer import Claimer
+from aioq.worker.claims import Claims
+from aioq.worker.completer import Completer, Outcome
+from aioq.worker.notifier import Armed, Listener
 
 if TYPE_CHECKING:
-    from aioq.limits import QueueGate
     from aioq.metrics import Metrics
 
 __all__ = ("ClaimAhead", "Doorbell", "Handoff", "Producer", "Slots")
@@ -231,7 +230,7 @@ class Handoff:
                 n -= 1
 
 
-class Producer(Service):
+class Producer(Service[tuple[int, int]]):
     """Claims for the free slots and the claim-ahead in one statement; hands jobs to consumers."""
 
     name = "producer"
@@ -239,44 +238,35 @@ class Producer(Service):
     def __init__(
         self,
         *,
-        store: Store,
-        db: Executor,
-        queues: Sequence[str],
-        worker_id: str,
+        claimer: Claimer,
+        claims: Claims,
         slots: Slots,
         doorbell: Doorbell,
-        claims: Claims,
+        stopping: anyio.Event,
         poll_interval: float,
         batch_size: int,
-        stopping: anyio.Event,
-        handoff: Handoff | None = None,
-        listening: Callable[[], bool] = lambda: False,
-        arm: Callable[[], Awaitable[Armed]] | None = None,
         ahead: ClaimAhead | None = None,
         completer: Completer | None = None,
+        listener: Listener | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         super().__init__()
-        self.store = store
-        self.db = db
-        self.queues = list(queues)
-        self.worker_id = worker_id
+        self.claimer = claimer
+        self.claims = claims
         self.slots = slots
         self.doorbell = doorbell
-        self.claims = claims
-        self.handoff = handoff if handoff is not None else Handoff()
+        self.stopping = stopping
         self.poll_interval = poll_interval
-        self.listening = listening
-        self.arm = arm  # before sleeping: ask inserts to ring (the listener's arm())
+        self.batch_size = batch_size
+        self.ahead = ahead if ahead is not None else ClaimAhead(fixed=0, limit=0)
+        self.completer = completer  # writes the release of claims given back (auto claim-ahead)
+        self.listener = listener  # before sleeping: arm the doorbell (None: polling only)
+        self.metrics = metrics
+        self.handoff = Handoff()
         self._found_all = False  # the last claim took every ready job
         self._recheck = 0.0  # the pause before looking again for an insert in flight (wait())
         self._poll_delay = poll_interval
-        self.batch_size = batch_size
-        self.stopping = stopping
-        self.ahead = ahead if ahead is not None else ClaimAhead(fixed=0, limit=0)
-        self.completer = completer  # writes the release of claims given back (auto claim-ahead)
         self.last_claim_seconds = 0.0
-        self.metrics: Metrics | None = None  # the worker sets it when metrics are on
-        self.gate: QueueGate | None = None  # queue limits (aioq/limits.py); the worker sets it
         # Rows may be running under our id that we hold no claim for: a claim failed (it may
         # have committed with its reply lost), or, at start, a previous process with the same
         # worker id left them. The next pass releases them first.
@@ -294,22 +284,21 @@ class Producer(Service):
             return 0, 0
         if self.orphans:
             await self._release_orphans()
-        started = time.perf_counter()
+        # The lease of a claim runs from the statement's start: what a consumer checks before
+        # it starts the job (docs/architecture.md, "Leases").
+        sent = time.monotonic()
         start_ns = time.time_ns() if hooks.observers else 0
         self.orphans = True  # until the reply is in: a cancel or an error may lose it
-        if self.gate is not None:
-            claims = await self.gate.claim(self.db, asked, self.worker_id)
-        else:
-            claims = await self.store.claim(self.db, self.queues, asked, self.worker_id)
+        claims = await self.claimer.claim(asked)
         self.orphans = False
-        self.last_claim_seconds = time.perf_counter() - started
+        self.last_claim_seconds = time.monotonic() - sent
         self.ahead.observe(self.last_claim_seconds)
         if hooks.observers and claims:  # aioq.hooks: tracing, the test drain
-            hooks.claimed(self.worker_id, claims, start_ns, time.time_ns())
+            hooks.claimed(self.claimer.worker_id, claims, start_ns, time.time_ns())
         if self.metrics is not None:
             self.metrics.observe_claim(claims, self.last_claim_seconds)
         self.slots.take(len(claims))
-        self.claims.add(claims)
+        self.claims.add(claims, extended_at=sent)
         self.handoff.put(claims)
         self.last_pass = number
         return len(claims), asked
@@ -320,9 +309,7 @@ class Producer(Service):
         Only the producer adds claims, so between its passes the claims held are exactly the
         rows running under our id that we know of: any other is an orphan nobody heartbeats.
         """
-        released = await self.store.release_worker(
-            self.db, self.worker_id, keep=self.claims.held_ids()
-        )
+        released = await self.claimer.release(keep=self.claims.held_ids())
         self.orphans = False
         if released:
             logger.warning(
@@ -341,9 +328,9 @@ class Producer(Service):
         """Whether the worker stopped claiming."""
         return self.stopping.is_set()
 
-    def busy(self, result: object) -> bool:
+    def busy(self, result: tuple[int, int]) -> bool:
         """A claim got all it asked for: more may be ready, claim again once a slot is free."""
-        claimed, asked = result if isinstance(result, tuple) else (0, 0)
+        claimed, asked = result
         if claimed == asked and asked > 0:
             return True
         if asked:
@@ -356,15 +343,13 @@ class Producer(Service):
 
         Shorter when a rate-limited queue held jobs back: its window may open before the poll.
         """
-        if self.gate is not None:
-            return min(self._poll_delay, self.gate.wake_after)
-        return self._poll_delay
+        return min(self._poll_delay, self.claimer.wake_after)
 
     async def wait(self, seconds: float) -> None:
         """Wait for a free slot; then, if the last claim found nothing more, for a ring or a poll.
 
         The worker rings the doorbell to stop, a NOTIFY rings it for new jobs. Before sleeping
-        it arms the doorbell (invariant 15), and looks once more for what an insert that ran
+        it arms the doorbell (docs/architecture.md, "The doorbell"), and looks once more for what an insert that ran
         before could have left unrung; while such an insert is in flight, it looks again after
         pauses that double from a millisecond, and sleeps only once none is.
         """
@@ -372,11 +357,11 @@ class Producer(Service):
             await self._wait_free()
             return
         found_all, self._found_all = self._found_all, False
-        if found_all and self.arm is not None:
+        if found_all and self.listener is not None:
             if self._recheck and await self.doorbell.wait(self._recheck):
                 self._recheck = 0.0
                 return  # rung: claim
-            armed = await self.arm()
+            armed = await self.listener.arm()
             if armed is Armed.LOOK_AGAIN:
                 self._recheck = min(2 * self._recheck or _FIRST_RECHECK, seconds)
                 return
@@ -405,7 +390,7 @@ class Producer(Service):
         """Release the claims no consumer has taken (fenced, attempt refunded)."""
         claims = self.handoff.take()
         for claim in claims:
-            await completer.put(Outcome(claim, OutcomeKind.RELEASE))
+            completer.put(Outcome(claim, OutcomeKind.RELEASE))
             self.slots.give()
         self.ahead.gave_back(self.slots.given, time.monotonic())
         if claims:
@@ -429,7 +414,7 @@ class Producer(Service):
         polls find work the delay halves (down to 1/16), and each empty poll doubles it back,
         so an idle queue still costs one query per interval.
         """
-        if self.listening():
+        if self.listener is not None and self.listener.connected.is_set():
             self._poll_delay = self.poll_interval
         elif claimed:
             self._poll_delay = max(self._poll_delay / 2, self.poll_interval / _FASTEST_POLL)

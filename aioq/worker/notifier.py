@@ -10,22 +10,19 @@ from typing import Any
 import anyio
 import asyncpg
 
-from aioq._service import Service
 from aioq.backoff import Backoff
-from aioq.queries import LIMITS_CHANGED
-from aioq.store import Store
+from aioq.service import Service
+from aioq.sql import LIMITS_CHANGED, channel_name
+from aioq.sql import doorbell as sql
+from aioq.sql.admin import PING
 
 __all__ = ("Armed", "Listener")
 
 logger = logging.getLogger(__name__)
 
 
-class _Lost(Exception):
-    """The LISTEN connection ended (or stopped answering)."""
-
-
 class Armed(enum.Enum):
-    """What the producer does after :meth:`Listener.arm`, before it sleeps (invariant 15)."""
+    """What the producer does after :meth:`Listener.arm`, before it sleeps (docs/architecture.md, "The doorbell")."""
 
     SLEEP = "sleep"
     """Every insert into our queues rings (or none can: polling covers it): sleep."""
@@ -35,7 +32,7 @@ class Armed(enum.Enum):
     """As LOOK, and an insert that may not ring was in flight: look again after a pause."""
 
 
-class Listener(Service):
+class Listener(Service[None]):
     """LISTENs on the schema's channel and rings the doorbell for notifications of our queues.
 
     Notifications are only a hint: polling goes on while this connection is down, and the
@@ -46,27 +43,27 @@ class Listener(Service):
         self,
         *,
         connect: Callable[[], Any],
-        channel: str,
         queues: Collection[str],
         ring: Callable[[], None],
-        store: Store,
+        schema: str,
         keepalive: float = 5.0,
         control: Mapping[str, Callable[[str], None]] | None = None,
+        on_limits: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.connect = connect
-        self.store = store
+        self.schema = schema
         self.queues_list = sorted(set(queues))
-        self.channel = channel
+        self.channel = channel_name(schema)
         self.queues = frozenset(queues)
         self.ring = ring
         self.keepalive = keepalive
-        # jobcontrol: more channels on the same connection (the control channel), with the
+        # More channels on the same connection (the control channel, "Job control"), with the
         # handler each notification's payload goes to.
         self.control = dict(control or {})
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
-        self.on_limits: Callable[[], None] | None = None  # aioq.set_queue changed a queue
+        self.on_limits = on_limits  # aioq.set_queue changed a queue's limits
         self.arms = 0  # how many times the doorbell was armed (a statement each, tests aside)
         self._conn: asyncpg.Connection | None = None
         self._talk = anyio.Lock()  # one statement at a time on the connection
@@ -91,7 +88,7 @@ class Listener(Service):
             self.on_limits()
 
     async def arm(self) -> Armed:
-        """Make inserts into our queues ring, before the producer sleeps (invariant 15).
+        """Make inserts into our queues ring, before the producer sleeps ("The doorbell").
 
         An insert that ran before the doorbell was armed did not ring: the producer must look
         for it once more (LOOK) before it sleeps; if such an insert was still in flight (its
@@ -111,8 +108,10 @@ class Listener(Service):
                     # Never released since the last arm: every insert since has rung.
                     self._armed = True
                     return Armed.SLEEP
-                test = self.store.inserts_in_flight if self._held else self.store.arm_doorbell
-                in_flight = await test(conn, self.queues_list, self.keepalive)
+                test = sql.INSERTS_IN_FLIGHT if self._held else sql.ARM_DOORBELL
+                in_flight = bool(
+                    await test.row(conn, self.schema, self.queues_list, within=self.keepalive)
+                )
                 if self._conn is not conn:
                     return Armed.SLEEP  # lost meanwhile, and the locks with it
                 if not self._held:
@@ -130,7 +129,9 @@ class Listener(Service):
         self._wake.set()
 
     async def run_once(self) -> None:
-        """Connect, LISTEN, and raise once the connection is lost or stops answering."""
+        """One LISTEN session: connect, LISTEN, return once the connection is lost or stops
+        answering (the next session starts after :meth:`interval`; a failed connect raises
+        and is retried with backoff)."""
         conn: asyncpg.Connection = await self.connect()
         try:
             self._lost = False
@@ -153,12 +154,14 @@ class Listener(Service):
                 async with self._talk:
                     if self._held and not self._armed:
                         # Woken by a ring: further inserts need not ring until we sleep again.
-                        await self.store.disarm_doorbell(conn, self.queues_list, self.keepalive)
+                        await sql.DISARM_DOORBELL.run(
+                            conn, self.schema, self.queues_list, within=self.keepalive
+                        )
                         self._held = self._in_flight = False
                     elif idle.cancelled_caught:
                         # A cut network shows no termination: ask the server.
-                        await conn.execute("SELECT 1", timeout=self.keepalive)
-            raise _Lost
+                        await PING.run(conn, self.schema, within=self.keepalive)
+            logger.warning("LISTEN connection lost; reconnecting in %.2fs", self.interval())
         finally:
             self._conn = None
             self._armed = self._held = self._in_flight = False  # the locks went with the session
@@ -170,20 +173,17 @@ class Listener(Service):
                     conn.terminate()
 
     def interval(self) -> float:
-        """Never used: every session ends in a failure, retried with backoff."""
-        return 0.0
+        """Seconds before reconnecting after a session ended: the backoff's first step."""
+        return self.backoff.base
 
     def log_failure(self, exc: Exception, delay: float) -> None:
         """One warning line: polling goes on meanwhile."""
-        if isinstance(exc, _Lost):
-            logger.warning("LISTEN connection lost; reconnecting in %.2fs", delay)
-        else:
-            logger.warning(
-                "LISTEN connection failed (%s: %s); polling meanwhile, retrying in %.2fs",
-                type(exc).__name__,
-                exc,
-                delay,
-            )
+        logger.warning(
+            "LISTEN connection failed (%s: %s); polling meanwhile, retrying in %.2fs",
+            type(exc).__name__,
+            exc,
+            delay,
+        )
 
 
 def _payload_to(handler: Callable[[str], None]) -> Callable[[object, int, str, object], None]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
-from aioq._service import Service
-from aioq.claims import Claims
+from aioq.service import Service
+from aioq.worker.claims import Claims
 
 __all__ = ("LoopLag",)
 
@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_LAG_TICK = 0.25
 
 
-class LoopLag(Service):
+class LoopLag(Service[float]):
     """Measures how late each of its own wake-ups is; warns past ``threshold`` seconds.
 
     A task that blocks the event loop (``time.sleep`` in an ``async def``) stops every other

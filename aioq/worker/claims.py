@@ -28,7 +28,7 @@ class CancelReason(enum.Enum):
 
     LEASE_LOST = "lease lost"  # another worker owns the job now
     SHUTDOWN = "shutdown"  # the grace period of a stop ran out
-    CANCELLED = "cancel requested"  # aioq.cancel_jobs asked for it (jobcontrol)
+    CANCELLED = "cancel requested"  # aioq.cancel_jobs asked for it
 
 
 @dataclass(slots=True, eq=False)
@@ -40,11 +40,18 @@ class Running:
     finished: bool = False  # the outcome is with the completer
     cancel_reason: CancelReason | None = None
     in_thread: bool = False  # a plain def task's thread runs it: it cannot be interrupted
-    # jobcontrol: a cancel request reached this run (current_job().cancel_requested); the run
+    # A cancel request reached this run (current_job().cancel_requested); the run
     # ends `cancelled` whatever it does next.
     cancel_requested: bool = False
-    # When the lease was last extended (the claim counts), in time.monotonic() seconds.
+    # When the statement that last set the lease (the claim, then each beat) was sent, in
+    # time.monotonic() seconds: the database set the lease no earlier, so the lease holds at
+    # least until extended_at + lease on our clock.
     extended_at: float = field(default_factory=time.monotonic)
+
+    def lapsed(self, now: float) -> bool:
+        """Whether the lease may have run out by ``now`` (time.monotonic()): a job whose lease
+        may have lapsed is never started (docs/architecture.md, "Leases")."""
+        return now >= self.extended_at + self.claim.lease
 
     def cancel(self, reason: CancelReason) -> None:
         """Stop the local execution of this job (a thread runs on until it returns)."""
@@ -63,6 +70,8 @@ class Claims:
         # Since the last wait_added: when the first claim was added, the shortest lease.
         self._first_added = math.inf
         self._shortest_added = math.inf
+        self._threads = 0  # claims whose task runs in a thread now
+        self._no_threads = anyio.Event()
 
     def __len__(self) -> int:
         return len(self._running)
@@ -70,14 +79,17 @@ class Claims:
     def __contains__(self, claim: Claim) -> bool:
         return claim.key in self._running
 
-    def add(self, claims: Sequence[Claim]) -> None:
-        """Track newly claimed jobs (and wake whoever waits for new claims: the heartbeat)."""
+    def add(self, claims: Sequence[Claim], *, extended_at: float | None = None) -> None:
+        """Track newly claimed jobs (and wake whoever waits for new claims: the heartbeat).
+
+        ``extended_at``: when the claim statement was sent (time.monotonic()); now if None.
+        """
         if not claims:
             return
-        now = time.monotonic()  # no later than the new claims' extended_at
+        now = time.monotonic() if extended_at is None else extended_at
         shortest = self._shortest_added
         for claim in claims:
-            self._running[claim.key] = Running(claim)
+            self._running[claim.key] = Running(claim, extended_at=now)
             if claim.lease < shortest:
                 shortest = claim.lease
         self._shortest_added = shortest
@@ -112,7 +124,25 @@ class Claims:
 
     def threads(self) -> list[Running]:
         """Claims whose task runs in a thread now."""
-        return [r for r in self._running.values() if r.in_thread]
+        return [r for r in self._running.values() if r.in_thread] if self._threads else []
+
+    def enter_thread(self, running: Running) -> None:
+        """Note that a claim's task now runs in a thread (it cannot be interrupted)."""
+        running.in_thread = True
+        self._threads += 1
+
+    def leave_thread(self, running: Running) -> None:
+        """Note that a claim's thread returned."""
+        running.in_thread = False
+        self._threads -= 1
+        if not self._threads:
+            self._no_threads.set()
+            self._no_threads = anyio.Event()
+
+    async def wait_threads_done(self) -> None:
+        """Return once no claim's task runs in a thread."""
+        if self._threads:
+            await self._no_threads.wait()
 
     def cancel_all(self, reason: CancelReason) -> list[Running]:
         """Cancel the local run of every claim that has one; return those."""

@@ -9,7 +9,7 @@ loop. ``passed`` fires after each pass that succeeded, so tests wait on it inste
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
@@ -17,6 +17,8 @@ from anyio.abc import TaskStatus
 from aioq.backoff import Backoff, Failures, jittered
 
 __all__ = ("STEP_BACKOFF", "Service", "Signal")
+
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +44,11 @@ class Signal:
         await self._event.wait()
 
 
-class Service:
-    """A worker's background loop: subclasses give ``run_once`` and, if needed, the hooks."""
+class Service(Generic[R]):
+    """A worker's background loop: subclasses give ``run_once`` and, if needed, the hooks.
+
+    ``R`` is what one pass returns (what :meth:`busy` judges).
+    """
 
     name: ClassVar[str] = "service"
     backoff: ClassVar[Backoff] = STEP_BACKOFF
@@ -52,7 +57,7 @@ class Service:
         self.passed = Signal()
         self.failures = Failures(self.backoff)
 
-    async def run_once(self) -> object:
+    async def run_once(self) -> R:
         """Do one pass of work."""
         raise NotImplementedError
 
@@ -60,7 +65,7 @@ class Service:
         """Seconds between passes when the last one left nothing to do."""
         raise NotImplementedError
 
-    def busy(self, result: object) -> bool:
+    def busy(self, result: R) -> bool:
         """Whether to start the next pass at once (the last one filled a batch)."""
         return False
 

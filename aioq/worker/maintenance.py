@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import time
 
-from aioq._service import Service
-from aioq.store import Executor, Store
+from aioq.db import Executor
+from aioq.service import Service
+from aioq.sql import Statement
+from aioq.sql import maintenance as sql
 
 __all__ = ("Pruner", "Vacuumer")
 
 logger = logging.getLogger(__name__)
 
 
-class Pruner(Service):
+class Pruner(Service[int]):
     """Deletes archived, dead and cancelled jobs past their retention, and expired results.
 
     One bounded batch per kind per pass.
@@ -29,7 +31,7 @@ class Pruner(Service):
     def __init__(
         self,
         *,
-        store: Store,
+        schema: str,
         db: Executor,
         archive_retention: float | None,
         dead_retention: float | None,
@@ -37,7 +39,7 @@ class Pruner(Service):
         batch_size: int,
     ) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.archive_retention = archive_retention
         self.dead_retention = dead_retention
@@ -47,18 +49,16 @@ class Pruner(Service):
 
     async def run_once(self) -> int:
         """Delete up to one batch of each kind of expired row; return how many."""
+        db, schema, batch = self.db, self.schema, self.batch_size
         archived = dead = cancelled = 0
         if self.archive_retention is not None:
-            archived = await self.store.prune_archive(
-                self.db, self.archive_retention, self.batch_size
-            )
+            archived = await _count(sql.PRUNE_ARCHIVE, db, schema, self.archive_retention, batch)
         if self.dead_retention is not None:
-            dead = await self.store.prune_dead(self.db, self.dead_retention, self.batch_size)
-            # jobcontrol: cancelled jobs are kept like dead ones, for as long
-            cancelled = await self.store.prune_cancelled(
-                self.db, self.dead_retention, self.batch_size
-            )
-        results = await self.store.prune_results(self.db, self.batch_size)  # jobcontrol
+            ended = (self.dead_retention, batch)
+            dead = await _count(sql.PRUNE_ENDED, db, schema, *ended, "dead")
+            # Cancelled jobs are kept like dead ones, for as long.
+            cancelled = await _count(sql.PRUNE_ENDED, db, schema, *ended, "cancelled")
+        results = await _count(sql.PRUNE_RESULTS, db, schema, batch)
         self._full = max(archived, dead, cancelled, results) >= self.batch_size
         if archived or dead or cancelled or results:
             logger.info(
@@ -80,12 +80,17 @@ class Pruner(Service):
         """Seconds between passes."""
         return self.prune_interval
 
-    def busy(self, result: object) -> bool:
+    def busy(self, result: int) -> bool:
         """A batch came back full: more rows may be due."""
         return self._full
 
 
-class Vacuumer(Service):
+async def _count(statement: Statement[int], db: Executor, schema: str, *args: object) -> int:
+    """Run one prune; return the rows it deleted."""
+    return await statement.row(db, schema, *args) or 0
+
+
+class Vacuumer(Service[bool]):
     """Vacuums the jobs table once its dead tuples pass a threshold, without waiting for autovacuum.
 
     Every claim and every completion leaves a dead tuple, and the claim's index scan steps over
@@ -99,9 +104,9 @@ class Vacuumer(Service):
 
     name = "vacuumer"
 
-    def __init__(self, *, store: Store, db: Executor, threshold: int, interval: float) -> None:
+    def __init__(self, *, schema: str, db: Executor, threshold: int, interval: float) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.threshold = threshold
         self.check_interval = interval
@@ -109,22 +114,26 @@ class Vacuumer(Service):
 
     async def run_once(self) -> bool:
         """Vacuum the jobs table if it holds more dead tuples than the threshold; say if it did."""
-        dead, owner = await self.store.jobs_dead_tuples(self.db)
-        if not owner:
+        tuples = await sql.JOBS_DEAD_TUPLES.row(self.db, self.schema)
+        assert tuples is not None  # one row: the table exists
+        dead = tuples.dead
+        if not tuples.owner:
             if self.allowed:  # say it once
                 logger.info(
                     "vacuumer: this role does not own %s.jobs; autovacuum alone cleans it",
-                    self.store.schema,
+                    self.schema,
                 )
             self.allowed = False
             return False
         if dead < self.threshold:
             return False
         started = time.monotonic()
-        await self.store.vacuum_jobs(self.db)
+        # Not the pool's command timeout (meant for statements on a silent connection): a big
+        # table's VACUUM may take longer, and cancelled it would never finish.
+        await sql.VACUUM_JOBS.run(self.db, self.schema, within=sql.VACUUM_TIMEOUT)
         logger.info(
             "vacuumer: vacuumed %s.jobs (%d dead tuples) in %.2fs",
-            self.store.schema,
+            self.schema,
             dead,
             time.monotonic() - started,
             extra={"dead_tuples": dead},

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from aioq._service import Service
-from aioq.claims import CancelReason, Claims, Running
-from aioq.store import Executor, Store
+from aioq.db import Executor
+from aioq.service import Service
+from aioq.sql.control import CANCEL_REQUESTED, SET_PROGRESS
+from aioq.worker.claims import CancelReason, Claims, Running
 
 __all__ = ("CancelWatch", "RunHandle", "request_cancel")
 
@@ -41,7 +42,7 @@ def request_cancel(running: Running) -> bool:
     return True
 
 
-class CancelWatch(Service):
+class CancelWatch(Service[list[int]]):
     """Delivers cancel requests to this worker's running jobs.
 
     ``on_notify`` is the control channel's handler (immediate); ``run_once`` asks the database
@@ -51,10 +52,10 @@ class CancelWatch(Service):
     name = "cancel watch"
 
     def __init__(
-        self, *, store: Store, db: Executor, worker_id: str, claims: Claims, interval: float
+        self, *, schema: str, db: Executor, worker_id: str, claims: Claims, interval: float
     ) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.worker_id = worker_id
         self.claims = claims
@@ -82,18 +83,20 @@ class CancelWatch(Service):
             return []
         ids = [r.claim.id for r in held]
         numbers = [r.claim.number for r in held]
-        wanted = await self.store.cancel_requested(self.db, ids, numbers, self.worker_id)
+        wanted = set(
+            await CANCEL_REQUESTED.rows(self.db, self.schema, ids, numbers, self.worker_id)
+        )
         return [r.claim.id for r in held if r.claim.id in wanted and request_cancel(r)]
 
 
 class RunHandle:
     """The running job's side of ``current_job()``: its cancel flag and its progress writes."""
 
-    __slots__ = ("db", "running", "store", "worker_id")
+    __slots__ = ("db", "running", "schema", "worker_id")
 
-    def __init__(self, running: Running, store: Store, db: Executor, worker_id: str) -> None:
+    def __init__(self, running: Running, schema: str, db: Executor, worker_id: str) -> None:
         self.running = running
-        self.store = store
+        self.schema = schema
         self.db = db
         self.worker_id = worker_id
 
@@ -105,8 +108,8 @@ class RunHandle:
     async def set_progress(self, progress: float, note: str | None) -> None:
         """Store progress on the job's row, fenced on the claim (a lost claim writes nothing)."""
         claim = self.running.claim
-        ours = await self.store.set_progress(
-            self.db, claim.id, claim.number, self.worker_id, progress, note
+        ours = await SET_PROGRESS.row(
+            self.db, self.schema, claim.id, claim.number, self.worker_id, progress, note
         )
-        if not ours:
+        if ours is None:
             logger.debug("job %s: progress not stored, the claim is no longer ours", claim.id)

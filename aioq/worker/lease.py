@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import time
 
-from aioq._service import Service
-from aioq.claims import CancelReason, Claims
-from aioq.store import Executor, Store
+import anyio
+from anyio.abc import TaskStatus
+
+from aioq.db import Executor
+from aioq.service import Service
+from aioq.sql.outcomes import HEARTBEAT, REAP, Rescued
+from aioq.worker.claims import CancelReason, Claims
 
 __all__ = ("Heartbeat", "Reaper")
 
@@ -18,22 +22,22 @@ logger = logging.getLogger(__name__)
 BEAT_FRACTION = 1 / 3
 
 
-class Heartbeat(Service):
+class Heartbeat(Service[list[int]]):
     """Extends the leases of all this worker's claims in one fenced statement.
 
     The next beat is planned from the claims held: ``interval`` after the last beat, or a
     third of a claim's lease after its claim or last extension, whichever comes first. A new
     claim re-plans the wait, so a short lease claimed while the heartbeat sleeps is extended
-    in time whatever the interval (issue 10.1).
+    in time whatever the interval (docs/architecture.md, "Leases").
     """
 
     name = "heartbeat"
 
     def __init__(
-        self, *, store: Store, db: Executor, worker_id: str, claims: Claims, interval: float
+        self, *, schema: str, db: Executor, worker_id: str, claims: Claims, interval: float
     ) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.worker_id = worker_id
         self.claims = claims
@@ -61,6 +65,33 @@ class Heartbeat(Service):
                 first, shortest = added
                 deadline = min(deadline, first + shortest * BEAT_FRACTION)
 
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Beat until cancelled; then go on, shielded, while a task thread still runs.
+
+        A thread cannot be interrupted, so a cancel of the whole worker (not a graceful stop)
+        would otherwise leave its job unheartbeated: its lease would lapse and another worker
+        would run it beside the thread. Its claim is kept alive until it returns, and the
+        consumer hands its real outcome to the completer (docs/architecture.md, "Shutdown").
+        """
+        try:
+            await super().run(task_status=task_status)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._beat_for_threads()
+
+    async def _beat_for_threads(self) -> None:
+        while self.claims.threads():
+            try:
+                await self.run_once()
+            except Exception as exc:
+                delay = self.failures.next()
+                self.log_failure(exc, delay)
+                await anyio.sleep(delay)
+                continue
+            self.failures.reset()
+            with anyio.move_on_after(self.interval()):
+                await self.claims.wait_threads_done()
+
     async def run_once(self) -> list[int]:
         """Extend our leases; cancel the local run of each job whose lease was lost."""
         started = time.monotonic()
@@ -70,7 +101,7 @@ class Heartbeat(Service):
             return []
         ids = [r.claim.id for r in held]
         numbers = [r.claim.number for r in held]
-        alive = await self.store.heartbeat(self.db, ids, numbers, self.worker_id)
+        alive = set(await HEARTBEAT.rows(self.db, self.schema, ids, numbers, self.worker_id))
         lost = []
         for running in held:
             if running.claim.id in alive:
@@ -93,7 +124,7 @@ class Heartbeat(Service):
         return lost
 
 
-class Reaper(Service):
+class Reaper(Service[list[Rescued]]):
     """Returns expired claims to pending (or dead when attempts are spent), a batch per pass.
 
     It leaves its own worker's claims alone: those are heartbeated, and a late beat (an event
@@ -106,14 +137,14 @@ class Reaper(Service):
     def __init__(
         self,
         *,
-        store: Store,
+        schema: str,
         db: Executor,
         interval: float,
         batch_size: int,
         worker_id: str | None = None,
     ) -> None:
         super().__init__()
-        self.store = store
+        self.schema = schema
         self.db = db
         self.reap_interval = interval
         self.batch_size = batch_size
@@ -123,16 +154,16 @@ class Reaper(Service):
         """Seconds between passes that found less than a batch."""
         return self.reap_interval
 
-    def busy(self, result: object) -> bool:
+    def busy(self, result: list[Rescued]) -> bool:
         """A full batch: more may be expired."""
-        return isinstance(result, list) and len(result) >= self.batch_size
+        return len(result) >= self.batch_size
 
-    async def run_once(self) -> list[tuple[int, str]]:
+    async def run_once(self) -> list[Rescued]:
         """Rescue up to one batch of expired claims; return (id, new status) for each."""
-        rescued = await self.store.reap(self.db, self.batch_size, worker_id=self.worker_id)
+        rescued = await REAP.rows(self.db, self.schema, self.batch_size, self.worker_id)
         if rescued:
-            dead = sum(1 for _, status in rescued if status == "dead")
-            cancelled = sum(1 for _, status in rescued if status == "cancelled")  # jobcontrol
+            dead = sum(1 for r in rescued if r.status == "dead")
+            cancelled = sum(1 for r in rescued if r.status == "cancelled")
             logger.warning(
                 "reaper: %d expired leases rescued (%d to pending, %d dead, %d cancelled)",
                 len(rescued),

@@ -1,0 +1,299 @@
+"""Inspecting and steering jobs from outside a worker: the admin functions, the CLI, the tests.
+
+docs/architecture.md, "Tables" says where a job is in each state: pending, running, dead and
+cancelled jobs in ``jobs``; succeeded ones in ``results`` (tasks with a result_ttl) or the
+``archive`` (workers that keep completed jobs), or nowhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from aioq.job import Job
+from aioq.sql import Statement, boolean, columns, integer, nothing, text
+
+__all__ = (
+    "ARCHIVE_IN_USE",
+    "ARCHIVE_STATS",
+    "DELETE_JOBS",
+    "GET_ARCHIVED_JOB",
+    "GET_JOB",
+    "LIST_ARCHIVED_JOBS",
+    "LIST_JOBS",
+    "LIST_RESULT_JOBS",
+    "PING",
+    "QUEUE_STATS",
+    "READY_QUEUES",
+    "REPLAY_DEAD",
+    "TABLE_STATS",
+    "WAITING_JOBS",
+    "PendingJob",
+    "QueueCompleted",
+    "QueueCounts",
+    "Replayed",
+    "TableFigures",
+)
+
+# A statement that does nothing: a liveness probe, or what makes a driver begin its transaction.
+PING = Statement("SELECT 1", nothing)
+
+_JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
+       max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
+       lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
+       progress_note, NULL::text AS result, last_worker"""
+
+# A job that succeeded and stored a result has left the jobs table for results.
+GET_JOB = Statement(
+    f"""
+SELECT {_JOB_COLUMNS}, NULL::timestamptz AS finished_at
+FROM {{s}}.jobs WHERE id = $1
+UNION ALL
+SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
+       NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
+       result::text, worker, finished_at
+FROM {{s}}.results WHERE id = $1
+LIMIT 1
+""",
+    Job.from_row,
+)
+
+# $1 status, $2 task, $3 queue (NULL: any), $4 limit.
+LIST_JOBS = Statement(
+    f"""
+SELECT {_JOB_COLUMNS}
+FROM {{s}}.jobs
+WHERE ($1::text IS NULL OR status = $1)
+  AND ($2::text IS NULL OR task = $2)
+  AND ($3::text IS NULL OR queue = $3)
+ORDER BY id
+LIMIT $4
+""",
+    Job.from_row,
+)
+
+# Finished jobs in the archive, shaped as GET_JOB's rows, status 'succeeded'. The archive keeps
+# no run_at, lease, error or unique_key: run_at and locked_at are when the successful attempt
+# started.
+_ARCHIVED_JOB = """
+SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
+       attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
+       started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
+       NULL::text AS unique_key, created_at, finished_at, worker AS last_worker
+FROM {s}.archive
+"""
+
+GET_ARCHIVED_JOB = Statement(_ARCHIVED_JOB + "WHERE id = $1\n", Job.from_row)
+
+# $1 task, $2 queue (NULL: any), $3 limit.
+LIST_ARCHIVED_JOBS = Statement(
+    _ARCHIVED_JOB
+    + """WHERE ($1::text IS NULL OR task = $1)
+  AND ($2::text IS NULL OR queue = $2)
+ORDER BY id
+LIMIT $3
+""",
+    Job.from_row,
+)
+
+# Whether any worker keeps finished jobs: an empty archive means they are being deleted.
+ARCHIVE_IN_USE = Statement("SELECT EXISTS (SELECT FROM {s}.archive)", boolean)
+
+# Succeeded jobs that kept a result, shaped as GET_JOB's rows: for `jobs list --status
+# succeeded` beside the archive's. $1 task, $2 queue (NULL: any), $3 limit.
+LIST_RESULT_JOBS = Statement(
+    """
+SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
+       attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
+       started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
+       NULL::text AS unique_key, created_at, finished_at, progress, progress_note,
+       result::text AS result, worker AS last_worker
+FROM {s}.results
+WHERE ($1::text IS NULL OR task = $1)
+  AND ($2::text IS NULL OR queue = $2)
+  AND expires_at > now()
+ORDER BY id
+LIMIT $3
+""",
+    Job.from_row,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """A dead job a replay matched: whether it was made pending again, and if not, why."""
+
+    id: int
+    unique_key: str | None
+    replayed: bool
+    live_id: int | None  # the live job holding its unique_key
+    newest: int  # the dead job of its unique_key that was chosen
+
+
+# Dead jobs back to pending with fresh attempts ($1 ids, $2 task, $3 queue; NULL: any).
+# unique_key is unique among live jobs, so of the dead jobs sharing a key only the newest comes
+# back, and none while a live job holds the key; every matching dead job is returned with what
+# happened to it, so the caller can say why one was left. `newest` is a window over `locked`
+# because FOR UPDATE and window functions cannot share a SELECT. The final WHERE only forces
+# `rang` (and its NOTIFY) to run.
+REPLAY_DEAD = Statement(
+    """
+WITH locked AS (
+    SELECT j.id, j.queue, j.unique_key FROM {s}.jobs AS j
+    WHERE j.status = 'dead'
+      AND ($1::bigint[] IS NULL OR j.id = ANY($1))
+      AND ($2::text IS NULL OR j.task = $2)
+      AND ($3::text IS NULL OR j.queue = $3)
+    FOR UPDATE
+),
+matching AS (
+    SELECT l.id, l.unique_key, max(l.id) OVER (PARTITION BY l.unique_key) AS newest,
+           (SELECT live.id FROM {s}.jobs AS live
+            WHERE live.unique_key = l.unique_key AND live.status IN ('pending', 'running')
+            LIMIT 1) AS live_id
+    FROM locked AS l
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = 'pending', attempts = 0, run_at = now(),
+        cancel_requested_at = NULL  -- a request that came too late ended with the run
+    FROM matching AS m
+    WHERE j.id = m.id AND (m.unique_key IS NULL OR (m.live_id IS NULL AND m.id = m.newest))
+    RETURNING j.id, j.queue
+),
+rang AS (
+    SELECT pg_notify({channel}, queue) FROM changed GROUP BY queue
+)
+SELECT m.id, m.unique_key, c.id IS NOT NULL AS replayed, m.live_id, m.newest
+FROM matching AS m
+LEFT JOIN changed AS c ON c.id = m.id
+WHERE (SELECT count(*) FROM rang) >= 0
+ORDER BY m.id
+""",
+    columns(Replayed),
+)
+
+# Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it
+# first); return the ids.
+DELETE_JOBS = Statement(
+    """
+DELETE FROM {s}.jobs
+WHERE id = ANY($1::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
+RETURNING id
+""",
+    integer,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """What one queue holds now (ages in seconds of database time)."""
+
+    queue: str
+    ready: int
+    scheduled: int
+    running: int
+    dead: int
+    cancelled: int
+    expired: int
+    oldest_ready_age: float
+
+
+# Per queue: what `aioq stats`, aioq.queues() and the metrics gauges show. One scan of the hot
+# table (the backlog plus dead jobs), so the metrics sample it on an interval, never per scrape.
+QUEUE_STATS = Statement(
+    """
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS ready,
+       count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now()) AS expired,
+       coalesce(extract(epoch FROM now() - min(run_at)
+                FILTER (WHERE status = 'pending' AND run_at <= now())), 0)::float8
+           AS oldest_ready_age
+FROM {s}.jobs
+GROUP BY queue
+ORDER BY queue
+""",
+    columns(QueueCounts),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCompleted:
+    """Jobs of a queue archived in the last minute."""
+
+    queue: str
+    completed: int
+
+
+# Completions in the last minute, per queue; no rows at all when the archive is empty
+# (completed jobs are deleted unless a worker keeps them, so an empty archive says nothing).
+ARCHIVE_STATS = Statement(
+    """
+SELECT a.queue, count(*) FILTER (WHERE a.finished_at > now() - interval '1 minute') AS completed
+FROM {s}.archive AS a
+WHERE EXISTS (SELECT FROM {s}.archive)
+GROUP BY a.queue
+""",
+    columns(QueueCompleted),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TableFigures:
+    """Size (bytes) and vacuum figures of the jobs table, from the statistics collector."""
+
+    table_bytes: int
+    index_bytes: int
+    n_live_tup: int | None
+    n_dead_tup: int | None
+    last_autovacuum: datetime | None
+    last_vacuum: datetime | None
+    last_autoanalyze: datetime | None
+
+
+TABLE_STATS = Statement(
+    """
+SELECT pg_table_size(c.oid) AS table_bytes, pg_indexes_size(c.oid) AS index_bytes,
+       s.n_live_tup, s.n_dead_tup, s.last_autovacuum, s.last_vacuum, s.last_autoanalyze
+FROM pg_class AS c
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = '{s}.jobs'::regclass
+""",
+    columns(TableFigures),
+)
+
+# The queues that hold a job ready to run now: the test drain (aioq.testing) serves these.
+READY_QUEUES = Statement(
+    """
+SELECT DISTINCT queue FROM {s}.jobs WHERE status = 'pending' AND run_at <= now() ORDER BY queue
+""",
+    text,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A pending job, for assertions in tests (aioq.testing.deferred)."""
+
+    id: int
+    queue: str
+    args: str
+    priority: int
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+
+
+# A task's waiting jobs ($1 the task; due or scheduled), oldest first.
+WAITING_JOBS = Statement(
+    """
+SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts
+FROM {s}.jobs WHERE status = 'pending' AND task = $1
+ORDER BY run_at, id
+""",
+    columns(PendingJob),
+)

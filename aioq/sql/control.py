@@ -1,0 +1,125 @@
+"""Job control from outside a worker and inside it: cancel requests, progress, awaited results.
+
+docs/architecture.md, "Job control".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aioq.sql import Statement, columns, integer
+from aioq.sql.outcomes import FENCE
+
+__all__ = (
+    "CANCEL_JOBS",
+    "CANCEL_REQUESTED",
+    "RESULT_STATE",
+    "SET_PROGRESS",
+    "CancelState",
+    "ResultState",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelState:
+    """What a cancel request found a job in: cancelled, cancelling, dead, finished, missing,
+    or raced (it changed while the statement ran: ask again)."""
+
+    id: int
+    state: str
+
+
+# Pending (ready or scheduled) jobs become cancelled at once; running ones get a cancel request
+# that their worker acts on (a NOTIFY on the control channel now, its cancel watch within a
+# heartbeat interval otherwise). One UPDATE for both, so a job claimed while this statement
+# waits for its row lock is re-checked as running and still gets its request.
+# $1 ids, $2 control channel, $3 results channel (waiters of a job cancelled while pending).
+# A row that was live in this statement's snapshot but that the UPDATE did not change ended
+# (or changed hands) concurrently: 'raced', and the caller asks again with a fresh snapshot.
+CANCEL_JOBS = Statement(
+    """
+WITH wanted AS (
+    SELECT DISTINCT id FROM unnest($1::bigint[]) AS w(id)
+),
+locked AS (  -- in id order, like the fenced writes: two statements never deadlock
+    SELECT j.id FROM {s}.jobs AS j
+    WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'running')
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+changed AS (
+    UPDATE {s}.jobs AS j
+    SET status = CASE WHEN j.status = 'pending' THEN 'cancelled' ELSE j.status END,
+        run_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.run_at END,
+        cancel_requested_at = coalesce(j.cancel_requested_at, now())
+    FROM locked
+    WHERE j.id = locked.id AND j.status IN ('pending', 'running')
+    RETURNING j.id, j.status
+),
+rang AS (
+    SELECT pg_notify(CASE WHEN status = 'running' THEN $2 ELSE $3 END, id::text) FROM changed
+)
+SELECT w.id,
+       CASE WHEN c.status = 'cancelled' THEN 'cancelled'
+            WHEN c.status = 'running' THEN 'cancelling'
+            WHEN j.status IN ('dead', 'cancelled') THEN j.status
+            WHEN j.status IS NOT NULL THEN 'raced'
+            WHEN EXISTS (SELECT FROM {s}.results AS r WHERE r.id = w.id)
+              OR EXISTS (SELECT FROM {s}.archive AS a WHERE a.id = w.id) THEN 'finished'
+            ELSE 'missing'
+       END AS state
+FROM wanted AS w
+LEFT JOIN changed AS c ON c.id = w.id
+LEFT JOIN {s}.jobs AS j ON j.id = w.id
+WHERE (SELECT count(*) FROM rang) >= 0
+ORDER BY w.id
+""",
+    columns(CancelState),
+)
+
+# Our running jobs that someone asked to cancel: what the cancel watch delivers when the
+# control channel's notification was missed. $1 ids, $2 claim numbers, $3 worker id. A read:
+# no row lock, so it never waits on (or for) the fenced writes.
+CANCEL_REQUESTED = Statement(
+    f"""
+SELECT j.id FROM {{s}}.jobs AS j
+JOIN unnest($1::bigint[], $2::integer[]) AS f(id, claim) ON j.id = f.id
+WHERE {FENCE} AND j.cancel_requested_at IS NOT NULL
+""",
+    integer,
+)
+
+# A task reports how far it is ($4, $5 a note); fenced on the claim ($1 id, $2 claim number,
+# $3 worker), so a run that lost its claim changes nothing.
+SET_PROGRESS = Statement(
+    f"""
+UPDATE {{s}}.jobs AS j
+SET progress = $4, progress_note = $5
+FROM (SELECT $1::bigint AS id, $2::integer AS claim) AS f
+WHERE j.id = f.id AND {FENCE}
+RETURNING j.id
+""",
+    integer,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultState:
+    """What a waiter needs of a job: its status, and its error or stored result."""
+
+    status: str
+    last_error: str | None
+    result: str | None  # JSON text, for a succeeded job whose task keeps results
+    expired: bool
+
+
+# The live or kept job's state, or its stored result.
+RESULT_STATE = Statement(
+    """
+SELECT status, last_error, NULL::text AS result, false AS expired FROM {s}.jobs WHERE id = $1
+UNION ALL
+SELECT 'succeeded', NULL, result::text, expires_at <= now() FROM {s}.results WHERE id = $1
+LIMIT 1
+""",
+    columns(ResultState),
+)

@@ -1,0 +1,221 @@
+"""Every write after the claim, fenced on it: outcomes, heartbeat, release, the reaper.
+
+docs/architecture.md, "The fence": a write after the claim names the claim it belongs to,
+``(id, claims)``, and this worker (``locked_by``), and applies only while the job is
+``running``. ``claims`` only grows, so a worker that lost its lease, or retries a write whose
+reply it never saw, changes nothing. The fenced writes take ``$1`` the job ids and ``$2`` their
+claim numbers (Claim.key, as two arrays) and ``$3`` the worker, and first lock their rows in one
+order (``ORDER BY id``) so that the heartbeat, the completer and a release never wait on each
+other in opposite orders (a deadlock). The claim and the reaper take rows with SKIP LOCKED:
+they never wait, so they cannot take part in one.
+
+A NOTIFY per queue whose rows became ready goes out at commit from a ``rang`` CTE. PostgreSQL
+runs a CTE that is not data-modifying only if the statement reads it, hence the
+``WHERE (SELECT count(*) FROM rang) >= 0``: always true, it makes the statement read ``rang``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aioq.sql import Statement, columns, integer
+
+__all__ = (
+    "FENCE",
+    "HEARTBEAT",
+    "REAP",
+    "RELEASE_WORKER",
+    "WRITE_OUTCOMES",
+    "Rescued",
+    "fenced",
+)
+
+FENCE = "j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'"
+"""The fence: row ``j`` is still held by the claim ``f.claim`` of worker ``$3``."""
+
+
+def fenced(extra_columns: str = "", extra_arrays: str = "", extra_names: str = "") -> str:
+    """The ``mine`` CTE: the rows of ``$1``/``$2`` (ids, claim numbers) still held under the
+    fence, locked in id order, with per-job values from more arrays beside them."""
+    return f"""mine AS (
+    SELECT j.id{extra_columns} FROM {{s}}.jobs AS j
+    JOIN unnest($1::bigint[], $2::integer[]{extra_arrays}) AS f(id, claim{extra_names})
+         ON j.id = f.id
+    WHERE {FENCE}
+    ORDER BY j.id
+    FOR UPDATE OF j
+)"""
+
+
+# The columns that end a claim without deleting the row (retried, dead, cancelled, released,
+# rescued); last_worker keeps where it last ran.
+CLEAR_CLAIM = """last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
+        lease_expires_at = NULL"""
+
+# Where a job goes when it leaves `running` for another run: pending, unless a cancel was
+# requested (docs/architecture.md, "Job control"): then it is cancelled and never runs again.
+AGAIN = "CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END"
+
+# The outcomes of a batch of attempts, of every kind, in one statement. Per job: $4 the kind
+# (OutcomeKind's value), $5 the delay before it is pending again (seconds), $6 the error to
+# record, $7 the return value to keep (JSON text), $8 how long to keep it (NULL: the task keeps
+# no result, and nobody awaits the job). $9: keep succeeded jobs in the archive. $10: the
+# results channel, rung for every awaited job that ended (succeeded, dead or cancelled).
+# - succeeded: the row leaves the table (into results and the archive when asked);
+# - retried: pending after the delay, the error recorded; snoozed (aioq.Retry): pending after
+#   the delay, and one more attempt allowed (max_attempts + 1), so that snoozing never spends
+#   the failure budget; released: pending now, the attempt refunded;
+# - dead: the error recorded; cancelled: kept as cancelled. Both set run_at to now, the
+#   pruner's clock.
+# Returns the ids written: a job missing from them was no longer held by the claim.
+WRITE_OUTCOMES = Statement(
+    "WITH "
+    + fenced(
+        ", f.kind, f.delay, f.error, f.result, f.ttl",
+        ", $4::text[], $5::float8[], $6::text[], $7::text[], $8::float8[]",
+        ", kind, delay, error, result, ttl",
+    )
+    + f""",
+done AS (
+    DELETE FROM {{s}}.jobs AS j
+    USING mine AS m
+    WHERE j.id = m.id AND m.kind = 'succeeded'
+    RETURNING j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts,
+              j.locked_by, j.locked_at, j.created_at, j.progress, j.progress_note,
+              m.result, m.ttl
+),
+kept AS (
+    INSERT INTO {{s}}.results (id, queue, task, args, priority, attempts, max_attempts, worker,
+                             progress, progress_note, created_at, started_at, finished_at,
+                             expires_at, result)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by, progress,
+           progress_note, created_at, locked_at, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => ttl), result::jsonb
+    FROM done WHERE ttl IS NOT NULL
+    RETURNING id
+),
+archived AS (
+    INSERT INTO {{s}}.archive (id, queue, task, args, priority, attempts, max_attempts, worker,
+                             created_at, started_at, finished_at)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by,
+           created_at, locked_at, clock_timestamp()
+    FROM done WHERE $9::boolean
+),
+changed AS (
+    UPDATE {{s}}.jobs AS j
+    SET status = CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
+                 ELSE {AGAIN} END,
+        run_at = now() + make_interval(secs => m.delay),
+        last_error = CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
+                     ELSE j.last_error END,
+        attempts = j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+        max_attempts = j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+        snoozes = j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+        cancel_requested_at = CASE WHEN m.kind = 'cancelled'
+                              THEN coalesce(j.cancel_requested_at, now())
+                              ELSE j.cancel_requested_at END,
+        {CLEAR_CLAIM}
+    FROM mine AS m
+    WHERE j.id = m.id AND m.kind <> 'succeeded'
+    RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
+),
+rang AS (
+    SELECT pg_notify({{channel}}, queue) FROM changed
+    WHERE status = 'pending' AND delay = 0
+    GROUP BY queue
+),
+told AS (
+    SELECT pg_notify($10, id::text) FROM kept
+    UNION ALL
+    SELECT pg_notify($10, id::text) FROM changed WHERE awaited AND status <> 'pending'
+)
+SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
+WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0
+""",
+    integer,
+)
+
+HEARTBEAT = Statement(
+    "WITH "
+    + fenced()
+    + """
+UPDATE {s}.jobs AS j
+SET lease_expires_at = now() + j.lease
+FROM mine
+WHERE j.id = mine.id
+RETURNING j.id
+""",
+    integer,
+)
+
+# Every row still running under this worker's id ($1) goes back to pending with its attempt
+# refunded, except the jobs in $2 (the claims it holds). On shutdown (keeping only jobs whose
+# thread still runs), and after a claim whose reply was lost: this covers the claims the
+# worker never saw.
+RELEASE_WORKER = Statement(
+    f"""
+WITH mine AS (
+    SELECT id FROM {{s}}.jobs
+    WHERE locked_by = $1 AND status = 'running' AND id <> ALL($2::bigint[])
+    ORDER BY id
+    FOR UPDATE
+),
+changed AS (
+    UPDATE {{s}}.jobs AS j
+    SET status = {AGAIN}, run_at = now(), attempts = greatest(j.attempts - 1, 0),
+        {CLEAR_CLAIM}
+    FROM mine
+    WHERE j.id = mine.id
+    RETURNING j.id, j.queue
+),
+rang AS (
+    SELECT pg_notify({{channel}}, queue) FROM changed GROUP BY queue
+)
+SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+""",
+    integer,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rescued:
+    """A job the reaper took back from an expired claim, and the status it got."""
+
+    id: int
+    status: str
+
+
+# Expired leases: back to pending, or dead when the attempts are spent. At most $1 per pass.
+# $2: the reaping worker, whose own claims are left alone: a late heartbeat (an event loop
+# blocked by a task) must not make a worker rescue the jobs it is running, and a list of the
+# claims it holds would be stale by the time the statement runs. Other workers rescue them
+# if it is really gone; its own orphans (a claim whose reply was lost) it releases itself.
+REAP = Statement(
+    f"""
+WITH expired AS (
+    SELECT id FROM {{s}}.jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+      AND locked_by IS DISTINCT FROM $2::text
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+changed AS (
+    UPDATE {{s}}.jobs AS j
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+        run_at = now(),
+        last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
+                            j.attempts),
+        {CLEAR_CLAIM}
+    FROM expired
+    WHERE j.id = expired.id
+    RETURNING j.id, j.queue, j.status
+),
+rang AS (
+    SELECT pg_notify({{channel}}, queue) FROM changed WHERE status = 'pending' GROUP BY queue
+)
+SELECT id, status FROM changed WHERE (SELECT count(*) FROM rang) >= 0
+""",
+    columns(Rescued),
+)

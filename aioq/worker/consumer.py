@@ -1,0 +1,331 @@
+"""Run one claimed job: resolve the task, decode and bind its arguments, run it; then judge
+what the run means for the job (:func:`judge`, no I/O) and hand that to the completer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import math
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+from aioq import hooks
+from aioq.codec import decode_args, encode_result
+from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
+from aioq.job import Claim, JobContext, OutcomeKind, _current
+from aioq.task import Backoff, Registry, Task
+from aioq.worker.claims import CancelReason, Claims, Running
+from aioq.worker.completer import Completer, Outcome
+from aioq.worker.control import RunHandle
+
+if TYPE_CHECKING:
+    from aioq.worker.producer import Handoff
+
+__all__ = ("Attempt", "Consumer", "format_error", "judge")
+
+logger = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 4000
+_NO_HOOK = contextlib.nullcontext()
+_DEFAULT_RETRY = Backoff()
+
+
+def format_error(exc: BaseException, *, with_traceback: bool = True) -> str:
+    """Describe an exception as ``Type: message`` plus a bounded traceback."""
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not take the worker down
+        message = "<str() failed>"
+    head = _storable(f"{type(exc).__qualname__}: {message}")
+    if not with_traceback or exc.__traceback__ is None:
+        return head[:MAX_ERROR_CHARS]
+    tb = _storable("".join(traceback.format_exception(exc)))
+    room = MAX_ERROR_CHARS - len(head) - 1
+    if room <= 0:
+        return head[:MAX_ERROR_CHARS]
+    if len(tb) > room:
+        tb = "...\n" + tb[-(room - 4) :]
+    return f"{head}\n{tb}"
+
+
+def _storable(text: str) -> str:
+    """Escape what a PostgreSQL text column refuses (NUL, lone surrogates)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _cancel_requested() -> bool:
+    """Whether this task is being cancelled (by a scope of ours or of a caller)."""
+    current = asyncio.current_task()
+    return current is None or current.cancelling() > 0
+
+
+@functools.cache
+def _scope_class() -> type[anyio.CancelScope]:
+    """The event loop's own CancelScope class, to make one scope per job directly.
+
+    ``anyio.CancelScope()`` looks up the running backend on every call: per job, that lookup
+    cost as much as the scope itself. aioq runs on asyncio only, so the class never changes.
+    """
+    return type(anyio.CancelScope())
+
+
+@dataclass(slots=True)
+class Attempt:
+    """How one call of a task went: what :func:`judge` decides the outcome from."""
+
+    started: float  # time.monotonic() when the attempt began
+    value: object = None  # what the task returned
+    error: BaseException | None = None  # what the task raised (never a cancellation of ours)
+    # Our scope stopped it (timeout, lost lease, shutdown, a cancel request); for a thread,
+    # which cannot be stopped: the scope was cancelled while it ran.
+    interrupted: bool = False
+    returned: bool = False  # a plain def task's thread ran to its end
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the start of the attempt to now."""
+        return time.monotonic() - self.started
+
+
+def _failed(claim: Claim, retry: Backoff, ttl: float | None, started: float, error: str) -> Outcome:
+    """The outcome of a failed attempt: retried after a backoff, or dead on its last attempt."""
+    duration = time.monotonic() - started
+    if claim.attempt >= claim.max_attempts:
+        return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
+    delay = retry.delay(claim.attempt)
+    return Outcome(claim, OutcomeKind.FAIL, duration, delay=delay, error=error, result_ttl=ttl)
+
+
+def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt) -> Outcome | None:
+    """Decide what one attempt means for its job (None: the lease is lost, write nothing).
+
+    No I/O: :meth:`Consumer.handle` writes what this returns. A cancel request that reached the
+    run turns any outcome into ``cancelled`` there.
+    """
+    ttl = task.result_ttl
+    error = attempt.error
+    if isinstance(error, Retry):
+        return Outcome(
+            claim, OutcomeKind.SNOOZE, attempt.duration, delay=error.delay, result_ttl=ttl
+        )
+    if isinstance(error, Fail):
+        return Outcome(
+            claim, OutcomeKind.BURY, attempt.duration, error=format_error(error), result_ttl=ttl
+        )
+    if error is not None:
+        # SystemExit, KeyboardInterrupt, ... raised by the task's own code too: a failure like
+        # any other, never the end of the worker or of the batch-mates.
+        return _failed(claim, task.retry, ttl, attempt.started, format_error(error))
+    if running.cancel_requested:
+        if running.cancel_reason is CancelReason.LEASE_LOST:
+            return None  # the reaper wrote the requested cancel
+        return Outcome(claim, OutcomeKind.CANCEL, attempt.duration, result_ttl=ttl)
+    if not attempt.interrupted:
+        if ttl is None:
+            return Outcome(claim, OutcomeKind.COMPLETE, attempt.duration)
+        try:  # a value that cannot be stored fails the attempt
+            result = encode_result(claim.task, claim.id, attempt.value)
+        except ResultError as exc:
+            return _failed(
+                claim, task.retry, ttl, attempt.started, format_error(exc, with_traceback=False)
+            )
+        return Outcome(claim, OutcomeKind.COMPLETE, attempt.duration, result_ttl=ttl, result=result)
+    if running.cancel_reason is CancelReason.SHUTDOWN:
+        # A thread that ran to its end after the stop: its work is done, record it.
+        kind = OutcomeKind.COMPLETE if attempt.returned else OutcomeKind.RELEASE
+        return Outcome(claim, kind, attempt.duration)
+    if running.cancel_reason is not None:
+        return None  # the lease is lost
+    if attempt.returned:
+        logger.warning(
+            "job %s %s: its thread overstayed the %gs timeout (ran %.1fs); the job stayed"
+            " claimed until it returned",
+            claim.id,
+            claim.task,
+            task.timeout,
+            attempt.duration,
+        )
+    error_text = f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s"
+    return _failed(claim, task.retry, ttl, attempt.started, error_text)
+
+
+class Consumer:
+    """Runs the jobs the producer hands over: the worker starts ``concurrency`` of its loops."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        worker_id: str,
+        claims: Claims,
+        completer: Completer,
+        stopping: anyio.Event,
+        threads: anyio.CapacityLimiter,
+    ) -> None:
+        self.registry = registry
+        self.worker_id = worker_id
+        self.claims = claims
+        self.completer = completer
+        self.stopping = stopping
+        self.threads = threads
+
+    async def run(self, handoff: Handoff, on_done: Callable[[], None]) -> None:
+        """Run claims from the handoff until it closes; call ``on_done`` after each.
+
+        Room for the outcome is awaited before a job is taken, never after it ran: a finished
+        attempt's outcome is handed to the completer at once, whatever cancels the worker.
+        """
+        while True:
+            await self.completer.wait_room()
+            claim = await handoff.get()
+            if claim is None:
+                return
+            try:
+                await self.handle(claim)
+            finally:
+                on_done()
+
+    async def handle(self, claim: Claim) -> None:
+        """Run one claim (or give it back) and hand its outcome to the completer."""
+        running = self.claims.get(claim)
+        if running is None or running.cancel_reason is CancelReason.LEASE_LOST:
+            self.completer.lost(claim)
+            return
+        if self.stopping.is_set():
+            outcome: Outcome | None = Outcome(claim, OutcomeKind.RELEASE)
+        elif running.lapsed(time.monotonic()):
+            # It waited past its lease since the claim or the last beat (the event loop was
+            # blocked): another worker may run it already. Never started; given back, fenced.
+            logger.warning(
+                "job %s %s: not started, its lease may have lapsed while it waited; released",
+                claim.id,
+                claim.task,
+                extra={"job_id": claim.id, "task": claim.task, "queue": claim.queue},
+            )
+            outcome = Outcome(claim, OutcomeKind.RELEASE)
+        else:
+            outcome = await self.run_one(claim, running)
+            # Once a cancel request reached the run, the job ends cancelled whatever the task
+            # did next (a sync task returns when it sees the flag).
+            if running.cancel_requested and outcome is not None:
+                outcome = Outcome(
+                    claim, OutcomeKind.CANCEL, outcome.duration, result_ttl=outcome.result_ttl
+                )
+        if outcome is None:
+            self.completer.lost(claim)
+        else:
+            self.completer.put(outcome)
+
+    async def run_one(self, claim: Claim, running: Running) -> Outcome | None:
+        """Run one attempt and return its outcome (None: lease lost); task faults never raise."""
+        started = time.monotonic()
+        task = self.registry.get(claim.task)
+        if task is None:
+            unknown = UnknownTaskError(
+                claim.task, claim.id, f"no task named {claim.task!r} is registered in this worker"
+            )
+            error = format_error(unknown, with_traceback=False)
+            return _failed(claim, _DEFAULT_RETRY, None, started, error)
+        try:
+            kwargs = decode_args(claim.args)
+            task.check_arguments(kwargs)
+        except (ValueError, TypeError) as exc:
+            err = PayloadError(
+                claim.task, claim.id, f"cannot call {claim.task!r} with its stored arguments: {exc}"
+            )
+            error = format_error(err, with_traceback=False)
+            return _failed(claim, task.retry, task.result_ttl, started, error)
+        if running.cancel_requested:  # cancelled before it started
+            return Outcome(claim, OutcomeKind.CANCEL, result_ttl=task.result_ttl)
+        # Built only if the task asks for it (current_job()): most never do.
+        token = _current.set(functools.partial(self._context, claim, running))
+        try:
+            attempt = await self._call(task, kwargs, running, started)
+        finally:
+            running.scope = None
+            _current.reset(token)
+        return judge(claim, task, running, attempt)
+
+    def _context(self, claim: Claim, running: Running) -> JobContext:
+        """What ``current_job()`` returns in the task; its handle reaches this run."""
+        return JobContext(
+            id=claim.id,
+            attempt=claim.attempt,
+            max_attempts=claim.max_attempts,
+            task=claim.task,
+            queue=claim.queue,
+            worker_id=self.worker_id,
+            snoozes=claim.snoozes,
+            scheduled_at=claim.scheduled_at,
+            handle=RunHandle(running, self.completer.schema, self.completer.db, self.worker_id),
+        )
+
+    async def _call(
+        self, task: Task[..., Any], kwargs: dict[str, Any], running: Running, started: float
+    ) -> Attempt:
+        """Call the task under one scope, which serves the timeout (its deadline), a lost lease,
+        a shutdown and a cancel request (each sets ``running.cancel_reason``, then cancels it).
+        """
+        deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
+        attempt = Attempt(started)
+        with _scope_class()(deadline=deadline) as scope:
+            running.scope = scope
+            if running.cancel_reason is not None:
+                scope.cancel()
+            try:
+                # aioq.hooks: an observer (tracing) wraps the run and sees its exception.
+                observed = (
+                    hooks.running(self.worker_id, running.claim) if hooks.observers else _NO_HOOK
+                )
+                with observed:
+                    if task.is_async:
+                        attempt.value = await task.fn(**kwargs)
+                    else:
+                        attempt.value = await self._in_thread(task, kwargs, running)
+                        attempt.returned = True
+            except asyncio.CancelledError as exc:
+                if _cancel_requested():
+                    raise  # ours (the scope's) or the worker's
+                # The task's own code raised it (it awaited a future cancelled elsewhere);
+                # nobody cancelled us. Letting it escape would end the consumer's task group
+                # and release the job, attempt refunded, forever.
+                attempt.error = RuntimeError(
+                    "the task raised CancelledError without being cancelled"
+                )
+                attempt.error.__cause__ = exc
+            except BaseException as exc:
+                attempt.error = exc
+                attempt.returned = not task.is_async
+        # A thread is never interrupted: whether the scope was cancelled while it attempt is what
+        # says the attempt overstayed (a timeout) or outlived its claim.
+        attempt.interrupted = scope.cancelled_caught or (not task.is_async and scope.cancel_called)
+        return attempt
+
+    async def _in_thread(
+        self, task: Task[..., Any], kwargs: dict[str, Any], running: Running
+    ) -> object:
+        """Run a plain def task in a thread and wait for it, whatever cancels the worker.
+
+        A thread cannot be interrupted: on a timeout, a lost lease, a shutdown, or a cancel of
+        the whole worker, the job stays claimed (the heartbeat extends it) until the thread
+        returns, and its outcome is recorded; abandoning it would let a retry run beside it
+        (docs/architecture.md, "Shutdown").
+        """
+        self.claims.enter_thread(running)
+        try:
+            return await anyio.to_thread.run_sync(
+                functools.partial(task.fn, **kwargs),
+                abandon_on_cancel=False,
+                limiter=self.threads,
+            )
+        finally:
+            self.claims.leave_thread(running)

@@ -19,6 +19,7 @@ import anyio
 import asyncpg
 
 from aioq.codec import decode_result
+from aioq.db import Row
 from aioq.errors import (
     ConfigError,
     JobCancelled,
@@ -196,7 +197,7 @@ async def result(
                 await hub.close()
 
 
-def _judge(job_id: int, row: asyncpg.Record | None) -> str | None:
+def _judge(job_id: int, row: Row | None) -> str | None:
     """Return None when the row holds the result, the status to wait on, or raise."""
     if row is None:
         raise ResultMissing(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
@@ -16,10 +16,16 @@ from aioq import hooks, queries
 from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
+from aioq.dbapi import row as sync_row
+from aioq.dbapi import rows as sync_rows
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
 from aioq.schedule import Schedule
+from aioq.sql import Statement
+from aioq.sql.jobs import INSERT_DEFAULT_JOB, INSERT_JOB, INSERT_JOBS, INSERT_UNIQUE_JOB
 from aioq.store import TABLE_DEFAULTS, Executor, Store, Target, executor
 
 __all__ = (
@@ -292,6 +298,17 @@ class Task(Generic[P, R]):
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         return await self._call.defer_many(conn, calls)
 
+    def defer_sync(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call from synchronous code, inside the transaction of ``conn`` (psycopg,
+        Django's connection, a SQLAlchemy Session or Connection); return the job id."""
+        return self._call.defer_sync(conn, *args, **kwargs)
+
+    def defer_many_sync(
+        self, conn: SyncTarget, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls from synchronous code in one statement; return their ids."""
+        return self._call.defer_many_sync(conn, calls)
+
     # An async task's R is the coroutine: the first overload unwraps it to what it returns.
     @overload
     async def result(
@@ -329,6 +346,50 @@ class Task(Generic[P, R]):
         return await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
 
 
+Insert = tuple[Statement[int], tuple[object, ...]]
+"""A statement that inserts jobs, and its values."""
+
+UNIQUE_TRIES = 10
+"""Times an insert with a unique_key is tried while the live job holding the key keeps ending."""
+
+
+def job_inserts(
+    name: str, opts: JobOptions, encoded: str, traceparent: str | None = None
+) -> Iterator[Insert]:
+    """Yield the insert of one job of task ``name``, as many times as the caller may run it.
+
+    The caller runs each until one returns an id, else raises :func:`key_kept_moving`. Only the
+    insert with a unique_key can return none: the live job holding the key ended between the
+    conflict and the read, and the next try sees that. Both ``defer`` and ``defer_sync`` run
+    these, so a job is written the same way whatever the connection.
+    """
+    if opts.at_defaults and traceparent is None:  # the common case: no option to send
+        yield INSERT_DEFAULT_JOB, (opts.queue, name, encoded)
+        return
+    values: tuple[object, ...] = (opts.queue, name, encoded, opts.priority, opts.run_at)
+    values += (opts.delay, opts.max_attempts, opts.lease, traceparent)
+    if opts.unique_key is None:
+        yield INSERT_JOB, values
+        return
+    for _ in range(UNIQUE_TRIES):
+        yield INSERT_UNIQUE_JOB, (*values, opts.unique_key)
+
+
+def key_kept_moving(name: str, opts: JobOptions) -> DeferError:
+    """The error of a unique_key whose live job ended at every try of :func:`job_inserts`."""
+    return DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+
+
+def jobs_insert(
+    name: str, opts: JobOptions, encoded: Sequence[str], traceparent: str | None = None
+) -> Insert:
+    """The one statement that inserts many jobs of task ``name``; its ids come back in order."""
+    if opts.unique_key is not None:
+        raise DeferError(name, "unique_key applies to one job; defer_many cannot use it")
+    values = (opts.queue, name, opts.priority, opts.run_at, opts.delay, opts.max_attempts)
+    return INSERT_JOBS, (*values, opts.lease, list(encoded), traceparent)
+
+
 async def insert_job(
     store: Store,
     conn: Executor,
@@ -339,24 +400,11 @@ async def insert_job(
 ) -> int:
     """Insert one job of task ``name`` with these options and return its id (with a
     unique_key: the live job's)."""
-    for _ in range(10):
-        job_id = await store.insert(
-            conn,
-            queue=opts.queue,
-            task=name,
-            args=encoded,
-            priority=opts.priority,
-            run_at=opts.run_at,
-            delay=opts.delay,
-            max_attempts=opts.max_attempts,
-            lease=opts.lease,
-            unique_key=opts.unique_key,
-            traceparent=traceparent,
-        )
+    for statement, values in job_inserts(name, opts, encoded, traceparent):
+        job_id: int | None = await conn.fetchval(statement.text(store.schema), *values)
         if job_id is not None:
             return job_id
-        # The live job holding our unique_key finished between the conflict and the read.
-    raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+    raise key_kept_moving(name, opts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,46 +419,59 @@ class TaskCall(Generic[P]):
         task, opts = self.task, self.opts
         encoded = encode_args(task.name, task.bind(args, kwargs))
         conn = await executor(conn)
+        store = Store.for_schema(task.registry.schema)
         if not hooks.observers:
-            if opts.at_defaults:  # the common case: no option to send
-                store = Store.for_schema(task.registry.schema)
-                return await store.insert_default(
-                    conn, queue=opts.queue, task=task.name, args=encoded
-                )
-            return await self._insert(conn, encoded, None)
+            return await insert_job(store, conn, task.name, opts, encoded)
         deferral = hooks.Deferral(task.name, opts.queue, 1)
         with hooks.deferring(deferral):
-            job_id = await self._insert(conn, encoded, deferral.traceparent)
+            job_id = await insert_job(store, conn, task.name, opts, encoded, deferral.traceparent)
             deferral.ids = (job_id,)
             return job_id
-
-    async def _insert(self, conn: Executor, encoded: str, traceparent: str | None) -> int:
-        store = Store.for_schema(self.task.registry.schema)
-        return await insert_job(store, conn, self.task.name, self.opts, encoded, traceparent)
 
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         task, opts = self.task, self.opts
-        if opts.unique_key is not None:
-            raise DeferError(task.name, "unique_key applies to one job; defer_many cannot use it")
+        jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
         encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
         if not encoded:
             return []
         conn = await executor(conn)
         deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            deferral.ids = await Store.for_schema(task.registry.schema).insert_many(
-                conn,
-                queue=opts.queue,
-                task=task.name,
-                args=encoded,
-                priority=opts.priority,
-                run_at=opts.run_at,
-                delay=opts.delay,
-                max_attempts=opts.max_attempts,
-                lease=opts.lease,
-                traceparent=deferral.traceparent,
-            )
+            statement, values = jobs_insert(task.name, opts, encoded, deferral.traceparent)
+            found = await conn.fetch(statement.text(task.registry.schema), *values)
+            deferral.ids = [r[0] for r in found]
+            return list(deferral.ids)
+
+    def defer_sync(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call from synchronous code, inside the transaction of ``conn``; return the
+        job id (see :data:`aioq.sync.SyncTarget` for the connections it takes)."""
+        task, opts = self.task, self.opts
+        encoded = encode_args(task.name, task.bind(args, kwargs))
+        db = sync_executor(conn)
+        deferral = hooks.Deferral(task.name, opts.queue, 1)
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            for statement, values in job_inserts(task.name, opts, encoded, deferral.traceparent):
+                job_id = sync_row(statement, db, task.registry.schema, *values)
+                if job_id is not None:
+                    deferral.ids = (job_id,)
+                    return job_id
+            raise key_kept_moving(task.name, opts)
+
+    def defer_many_sync(
+        self, conn: SyncTarget, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls from synchronous code in one statement; return their ids."""
+        task, opts = self.task, self.opts
+        jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
+        encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
+        if not encoded:
+            return []
+        db = sync_executor(conn)
+        deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            statement, values = jobs_insert(task.name, opts, encoded, deferral.traceparent)
+            deferral.ids = sync_rows(statement, db, task.registry.schema, *values)
             return list(deferral.ids)
 
 

@@ -89,7 +89,8 @@ def named_rows(names: Sequence[str], values: Sequence[Sequence[object]]) -> list
 
 
 class _Cursor(Protocol):
-    description: Sequence[Sequence[Any]] | None
+    @property
+    def description(self) -> Sequence[Any] | None: ...
 
     def execute(self, query: str, params: Mapping[str, object], /) -> object: ...
 

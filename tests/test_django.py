@@ -27,7 +27,6 @@ django = pytest.importorskip(
 
 import asyncpg  # noqa: E402
 import orjson  # noqa: E402
-import psycopg  # noqa: E402
 from db import run_sql, with_database  # noqa: E402
 from procs import AIOQ, kill_tree  # noqa: E402
 from waits import wait_for  # noqa: E402
@@ -103,9 +102,15 @@ def project(admin_dsn: str, django_template: dict[str, str]) -> Iterator[dict[st
 
 def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
     """Run a statement on a connection of its own (outside Django), committed."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(query, params or None)
-        return cur.fetchall() if cur.description else []
+
+    async def fetch() -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return [tuple(r) for r in await conn.fetch(query, *params)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(fetch())
 
 
 @contextmanager
@@ -390,7 +395,7 @@ def test_a_django_worker_runs_every_kind_of_task_and_reports_through_get_result(
     assert set(dead) == {"shop.tasks.not_a_task", "shop.missing.task", "shop.tasks.charge"}
     # The native aioq task (autodiscovered in shop.tasks) ran in the same worker.
     assert t.Order.objects.get(id=1).notified == 1
-    assert sql(dsn, "SELECT id FROM aioq.jobs WHERE id = %s", native) == []
+    assert sql(dsn, "SELECT id FROM aioq.jobs WHERE id = $1", native) == []
 
 
 def test_priority_decides_the_order_on_one_queue(project: dict[str, str], tmp_path: Path) -> None:

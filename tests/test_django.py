@@ -13,8 +13,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -503,3 +503,32 @@ def test_manage_py_runs_aioq_commands_with_the_projects_settings(
     )
     assert status.returncode == 0, status.stderr
     assert JOBS_SCHEMA in status.stdout
+
+
+def test_the_dashboard_mounted_beside_django_in_one_asgi_app(project: dict[str, str]) -> None:
+    testclient = pytest.importorskip("starlette.testclient", reason="needs aioq-pg[web]")
+    from django.core.asgi import get_asgi_application
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    import aioq.web
+
+    # docs/django.md's recipe: asgi.py routes /aioq/ to the dashboard, the rest to Django.
+    dashboard = aioq.web.app(dsn=project["AIOQ_TEST_DJANGO_DSN"])
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await dashboard.state.aioq_database.close()  # a mounted app gets no lifespan of its own
+
+    application = Starlette(
+        routes=[Mount("/aioq", app=dashboard), Mount("/", app=get_asgi_application())],
+        lifespan=lifespan,
+    )
+    with testclient.TestClient(application) as client:
+        paid = client.post("/orders/7/pay")
+        assert paid.status_code == 200, paid.text
+        page = client.get("/aioq/jobs?queue=default")
+        assert page.status_code == 200
+        assert "shop.tasks.charge" in page.text
+        assert 'href="/aioq/' in page.text  # its links stay under the mount

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
@@ -17,11 +17,13 @@ from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
 from aioq.db import Executor, Target, executor
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
 from aioq.schedule import Schedule
-from aioq.sql import DEFAULT_SCHEMA, quote_schema
+from aioq.sql import DEFAULT_SCHEMA, Statement, quote_schema
 from aioq.sql import jobs as sql
 
 __all__ = (
@@ -311,6 +313,17 @@ class Task(Generic[P, R]):
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         return await self._call.defer_many(conn, calls)
 
+    def defer_sync(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call from synchronous code, inside the transaction of ``conn`` (psycopg,
+        Django's connection, a SQLAlchemy Session or Connection); return the job id."""
+        return self._call.defer_sync(conn, *args, **kwargs)
+
+    def defer_many_sync(
+        self, conn: SyncTarget, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls from synchronous code in one statement; return their ids."""
+        return self._call.defer_many_sync(conn, calls)
+
     # An async task's R is the coroutine: the first overload unwraps it to what it returns.
     @overload
     async def result(
@@ -348,27 +361,48 @@ class Task(Generic[P, R]):
         return await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
 
 
-def insert_values(
-    name: str, opts: JobOptions, encoded: str, traceparent: str | None = None
-) -> tuple[object, ...]:
-    """The parameters of INSERT_JOB (and, with the unique key, INSERT_UNIQUE_JOB) for one job."""
-    values = (
-        opts.queue,
-        name,
-        encoded,
-        opts.priority,
-        opts.run_at,
-        opts.delay,
-        opts.max_attempts,
-        opts.lease,
-        traceparent,
-    )
-    return values if opts.unique_key is None else (*values, opts.unique_key)
-
+Insert = tuple[Statement[int], tuple[object, ...]]
+"""A statement that inserts jobs, and its values."""
 
 UNIQUE_TRIES = 10
-"""Times a defer with a unique_key asks again when the live job holding the key ended between
-its insert's conflict and its read (the statement then returns no id)."""
+"""Times an insert with a unique_key is tried while the live job holding the key keeps ending."""
+
+
+def job_inserts(
+    name: str, opts: JobOptions, encoded: str, traceparent: str | None = None
+) -> Iterator[Insert]:
+    """Yield the insert of one job of task ``name``, as many times as the caller may run it.
+
+    The caller runs each until one returns an id, else raises :func:`key_kept_moving`. Only the
+    insert with a unique_key can return none: the live job holding the key ended between the
+    conflict and the read, and the next try sees that. Both ``defer`` and ``defer_sync`` run
+    these, so a job is written the same way whatever the connection.
+    """
+    if opts.at_defaults and traceparent is None:  # the common case: no option to send
+        yield sql.INSERT_DEFAULT_JOB, (opts.queue, name, encoded)
+        return
+    values: tuple[object, ...] = (opts.queue, name, encoded, opts.priority, opts.run_at)
+    values += (opts.delay, opts.max_attempts, opts.lease, traceparent)
+    if opts.unique_key is None:
+        yield sql.INSERT_JOB, values
+        return
+    for _ in range(UNIQUE_TRIES):
+        yield sql.INSERT_UNIQUE_JOB, (*values, opts.unique_key)
+
+
+def key_kept_moving(name: str, opts: JobOptions) -> DeferError:
+    """The error of a unique_key whose live job ended at every try of :func:`job_inserts`."""
+    return DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+
+
+def jobs_insert(
+    name: str, opts: JobOptions, encoded: Sequence[str], traceparent: str | None = None
+) -> Insert:
+    """The one statement that inserts many jobs of task ``name``; its ids come back in order."""
+    if opts.unique_key is not None:
+        raise DeferError(name, "unique_key applies to one job; defer_many cannot use it")
+    values = (opts.queue, name, opts.priority, opts.run_at, opts.delay, opts.max_attempts)
+    return sql.INSERT_JOBS, (*values, opts.lease, list(encoded), traceparent)
 
 
 async def insert_job(
@@ -381,13 +415,11 @@ async def insert_job(
 ) -> int:
     """Insert one job of task ``name`` with these options and return its id (with a
     unique_key: the live job's)."""
-    statement = sql.INSERT_JOB if opts.unique_key is None else sql.INSERT_UNIQUE_JOB
-    values = insert_values(name, opts, encoded, traceparent)
-    for _ in range(UNIQUE_TRIES):
+    for statement, values in job_inserts(name, opts, encoded, traceparent):
         job_id = await statement.row(conn, schema, *values)
         if job_id is not None:
             return job_id
-    raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+    raise key_kept_moving(name, opts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,41 +434,58 @@ class TaskCall(Generic[P]):
         task, opts = self.task, self.opts
         encoded = encode_args(task.name, task.bind(args, kwargs))
         conn = await executor(conn)
+        schema = task.registry.schema
         if not hooks.observers:
-            if opts.at_defaults:  # the common case: no option to send
-                job_id = await sql.INSERT_DEFAULT_JOB.row(
-                    conn, task.registry.schema, opts.queue, task.name, encoded
-                )
-                assert job_id is not None  # an INSERT ... RETURNING without conflict
-                return job_id
-            return await self._insert(conn, encoded, None)
+            return await insert_job(schema, conn, task.name, opts, encoded)
         deferral = hooks.Deferral(task.name, opts.queue, 1)
         with hooks.deferring(deferral):
-            job_id = await self._insert(conn, encoded, deferral.traceparent)
+            job_id = await insert_job(schema, conn, task.name, opts, encoded, deferral.traceparent)
             deferral.ids = (job_id,)
             return job_id
-
-    async def _insert(self, conn: Executor, encoded: str, traceparent: str | None) -> int:
-        schema = self.task.registry.schema
-        return await insert_job(schema, conn, self.task.name, self.opts, encoded, traceparent)
 
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         task, opts = self.task, self.opts
-        if opts.unique_key is not None:
-            raise DeferError(task.name, "unique_key applies to one job; defer_many cannot use it")
+        jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
         encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
         if not encoded:
             return []
         conn = await executor(conn)
         deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            deferral.ids = await sql.INSERT_JOBS.rows(
-                conn,
-                task.registry.schema,
-                *(opts.queue, task.name, opts.priority, opts.run_at, opts.delay),
-                *(opts.max_attempts, opts.lease, encoded, deferral.traceparent),
-            )
+            statement, values = jobs_insert(task.name, opts, encoded, deferral.traceparent)
+            deferral.ids = await statement.rows(conn, task.registry.schema, *values)
+            return list(deferral.ids)
+
+    def defer_sync(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call from synchronous code, inside the transaction of ``conn``; return the
+        job id (see :data:`aioq.sync.SyncTarget` for the connections it takes)."""
+        task, opts = self.task, self.opts
+        encoded = encode_args(task.name, task.bind(args, kwargs))
+        db = sync_executor(conn)
+        deferral = hooks.Deferral(task.name, opts.queue, 1)
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            for statement, values in job_inserts(task.name, opts, encoded, deferral.traceparent):
+                job_id = statement.row_sync(db, task.registry.schema, *values)
+                if job_id is not None:
+                    deferral.ids = (job_id,)
+                    return job_id
+            raise key_kept_moving(task.name, opts)
+
+    def defer_many_sync(
+        self, conn: SyncTarget, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls from synchronous code in one statement; return their ids."""
+        task, opts = self.task, self.opts
+        jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
+        encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
+        if not encoded:
+            return []
+        db = sync_executor(conn)
+        deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            statement, values = jobs_insert(task.name, opts, encoded, deferral.traceparent)
+            deferral.ids = statement.rows_sync(db, task.registry.schema, *values)
             return list(deferral.ids)
 
 

@@ -1148,7 +1148,7 @@ SELECT DISTINCT queue FROM {s}.jobs WHERE status = 'pending' AND run_at <= now()
 
 # A task's waiting jobs (pending, due or scheduled), oldest first, for assertions in tests.
 WAITING_JOBS = """
-SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts
+SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts, unique_key
 FROM {s}.jobs WHERE status = 'pending' AND task = $1
 ORDER BY run_at, id
 """

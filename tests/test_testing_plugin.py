@@ -186,12 +186,14 @@ async def test_deferred_lists_waiting_jobs_with_arguments_on_any_target(
         pass
 
     now = await mail.defer(conn, to="a@x", tags=["welcome"])
-    later = await mail.options(delay=3600, priority=2).defer(conn, to="b@x", tags=[])
+    later = await mail.options(delay=3600, priority=2, unique_key="mail:b").defer(
+        conn, to="b@x", tags=[]
+    )
     await other.defer(conn)
     waiting = await aioq.testing.deferred(conn, mail)
-    assert [(w.id, w.args, w.priority, w.queue) for w in waiting] == [
-        (now, {"to": "a@x", "tags": ["welcome"]}, 0, "mail"),
-        (later, {"to": "b@x", "tags": []}, 2, "mail"),
+    assert [(w.id, w.args, w.priority, w.queue, w.unique_key) for w in waiting] == [
+        (now, {"to": "a@x", "tags": ["welcome"]}, 0, "mail", None),
+        (later, {"to": "b@x", "tags": []}, 2, "mail", "mail:b"),
     ]
     async with asyncpg.create_pool(dsn, min_size=1, max_size=1) as pool:
         assert await aioq.testing.deferred(pool, mail) == waiting

@@ -4,8 +4,6 @@ Run it with AIOQ_DSN set to a database aioq may install its schema into:
 `aioq dev` prints one of a throwaway PostgreSQL.
 """
 
-from __future__ import annotations
-
 import asyncio
 import os
 
@@ -15,24 +13,24 @@ import aioq
 
 
 @aioq.task(max_attempts=5)  # a failure is retried with backoff, 5 runs at most
-async def send_receipt(order_id: int) -> None:
+async def send_receipt(purchase_id: int) -> None:
     job = aioq.current_job()  # job.id: a stable idempotency key
-    print(f"receipt for order {order_id} sent by job {job.id} (attempt {job.attempt})")
+    print(f"receipt for purchase {purchase_id} sent by job {job.id} (attempt {job.attempt})")
 
 
-async def place_order(conn: asyncpg.Connection) -> int:
-    async with conn.transaction():  # the order and its job commit together, or neither does
-        order_id: int = await conn.fetchval("INSERT INTO orders DEFAULT VALUES RETURNING id")
-        await send_receipt.defer(conn, order_id=order_id)
-    return order_id
+async def purchase(conn: asyncpg.Connection) -> int:
+    async with conn.transaction():  # the purchase and its job commit together, or neither does
+        purchase_id: int = await conn.fetchval("INSERT INTO purchases DEFAULT VALUES RETURNING id")
+        await send_receipt.defer(conn, purchase_id=purchase_id)
+    return purchase_id
 
 
 async def main() -> None:
     dsn = os.environ["AIOQ_DSN"]
     conn = await asyncpg.connect(dsn)
     await aioq.install(conn)  # aioq's schema: idempotent, versioned
-    await conn.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY)")
-    await place_order(conn)
+    await conn.execute("CREATE TABLE IF NOT EXISTS purchases (id serial PRIMARY KEY)")
+    await purchase(conn)
     await conn.close()
     await aioq.Worker(dsn=dsn).run_until_idle()  # or run for ever: await worker.run()
 

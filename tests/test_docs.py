@@ -506,9 +506,9 @@ def run_python(script: Path, dsn: str, *args: str, cwd: Path = ROOT) -> str:
 @pytest.mark.timeout(150)
 def test_the_readmes_example_prints_what_the_readme_says(dsn: str) -> None:
     printed = run_python(ROOT / "examples" / "first_job.py", dsn)
-    assert printed == "receipt for order 1 sent by job 1 (attempt 1)\n"
+    assert printed == "receipt for purchase 1 sent by job 1 (attempt 1)\n"
     readme = prose(ROOT / "README.md")
-    assert f"prints `{printed.strip()}`" in readme
+    assert f"prints, on a new database, `{printed.strip()}`" in readme
 
 
 def jobs_left(dsn: str) -> int:

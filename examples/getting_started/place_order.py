@@ -17,11 +17,11 @@ async def place_order(email: str) -> None:
     conn = await asyncpg.connect(os.environ["AIOQ_DSN"])
     try:
         await conn.execute(
-            "CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, email text NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS shop_orders (id serial PRIMARY KEY, email text NOT NULL)"
         )
         async with conn.transaction():  # both commit, or neither does
             order_id = await conn.fetchval(
-                "INSERT INTO orders (email) VALUES ($1) RETURNING id", email
+                "INSERT INTO shop_orders (email) VALUES ($1) RETURNING id", email
             )
             job_id = await send_receipt.defer(conn, order_id=order_id, email=email)
         print(f"order {order_id} placed; its receipt is job {job_id}")

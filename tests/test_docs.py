@@ -158,18 +158,20 @@ def python_problems(source: str) -> list[str]:
     local: dict[str, list[str]] = {"aioq": ["aioq"]}  # names bound to aioq objects
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aioq":
+            module = str(node.module).split(".")
             for alias in node.names:
-                local[alias.asname or alias.name] = [*node.module.split("."), alias.name]  # type: ignore[union-attr]
+                local[alias.asname or alias.name] = [*module, alias.name]
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] == "aioq":
-                    local[alias.asname or "aioq"] = alias.name.split(".")[
-                        : 1 if not alias.asname else None
-                    ]
-                    try:
-                        resolve(alias.name.split("."))
-                    except AttributeError as exc:
-                        problems.append(f"import {alias.name}: {exc}")
+                parts = alias.name.split(".")
+                if parts[0] != "aioq":
+                    continue
+                # `import aioq.web` binds aioq; `import aioq.web as web` binds web to aioq.web.
+                local[alias.asname or "aioq"] = parts if alias.asname else ["aioq"]
+                try:
+                    resolve(parts)
+                except AttributeError as exc:
+                    problems.append(f"import {alias.name}: {exc}")
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aioq":
             for alias in node.names:
@@ -227,6 +229,10 @@ def test_the_python_check_catches_a_renamed_function_and_a_wrong_keyword() -> No
         ".options(dealy=...): not an option of Task.options"
     ]
     assert python_problems("from aioq.testing import jobcontext") != []
+    assert python_problems("import aioq.webb") == ["import aioq.webb: aioq has no 'webb'"]
+    assert python_problems("import aioq.testing as t\nt.job_context(idd=1)") == [
+        "t.job_context(idd=...): no such parameter"
+    ]
     with pytest.raises(SyntaxError):
         python_problems("async def f(:\n")
 

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint typecheck pytest django6 chaos bench dev clean pgbouncer chromium
+.PHONY: demo test lint typecheck pytest django6 docs chaos bench dev clean pgbouncer chromium
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -19,17 +19,21 @@ $(VENV)/.installed-base: pyproject.toml | $(PY)
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[dev]'
+	@touch $@ $(VENV)/.installed-base $(VENV)/.installed-docs
+
+$(VENV)/.installed-docs: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[docs]'
 	@touch $@ $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base
 	$(PY) examples/quickstart.py
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check aioq examples tests
-	$(VENV)/bin/ruff format --check aioq examples tests
+	$(VENV)/bin/ruff check aioq examples tests docs/hooks.py
+	$(VENV)/bin/ruff format --check aioq examples tests docs/hooks.py
 
 typecheck: $(VENV)/.installed-dev
-	$(VENV)/bin/mypy --strict aioq examples
+	$(VENV)/bin/mypy --strict aioq examples docs/hooks.py
 
 pytest: $(VENV)/.installed-dev pgbouncer chromium
 	$(PY) -m pytest
@@ -58,6 +62,11 @@ django6:
 		$(MAKE) --no-print-directory $(DJANGO6_VENV)/.installed && \
 		$(DJANGO6_VENV)/bin/python -m pytest tests/test_django.py -k "not two_thousand"; \
 	fi
+
+# The documentation site (docs/*.md, MkDocs) into site/; strict, as in `make test` (which runs
+# this build in tests/test_docs.py). `$(VENV)/bin/mkdocs serve` previews it while you write.
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/mkdocs build --strict
 
 # The reliability suite's long profile: longer runs, more faults (the quick one is in `make test`).
 chaos: $(VENV)/.installed-dev pgbouncer
@@ -118,4 +127,4 @@ dev: $(VENV)/.installed-base
 	$(VENV)/bin/aioq dev
 
 clean:
-	rm -rf $(VENV) $(DJANGO6_VENV) .mypy_cache .ruff_cache .pytest_cache dist build
+	rm -rf $(VENV) $(DJANGO6_VENV) .mypy_cache .ruff_cache .pytest_cache dist build site

@@ -116,7 +116,7 @@ async def check_installed(conn: Executor, schema: str = q.DEFAULT_SCHEMA) -> Non
 
     A worker calls it at start-up, so that a missing or outdated schema is one clear error
     that says what to run, instead of a loop of failing statements. A role that may not read
-    the migrations table (an application role with only the README's grants) is checked for
+    the migrations table (an application role with only the documented grants) is checked for
     the jobs table alone.
     """
     quoted = q.quote_schema(schema)

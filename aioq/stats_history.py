@@ -164,7 +164,8 @@ class StatsWriter(Service[int]):
             self.recorder.take()
             logger.warning(
                 "worker %s writes no stats history (%s): run `aioq schema apply` as the owner,"
-                " and grant the role the tables the README lists under Permissions",
+                " and grant the role the tables listed under Permissions in"
+                " docs/operations-and-cli.md",
                 self.worker_id,
                 exc,
             )

@@ -18,7 +18,10 @@ import pytest
 from procs import AIOQ, aioq_cli, assert_one_line_error, spawner
 from waits import wait_for
 
-README = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+# The operations guide, whose Troubleshooting section quotes messages as printed.
+TROUBLESHOOTING = " ".join(
+    (Path(__file__).parent.parent / "docs" / "operations-and-cli.md").read_text().split()
+)
 
 TASKS = textwrap.dedent(
     """
@@ -155,7 +158,7 @@ def test_defer_refuses_an_unknown_task_and_bad_arguments_and_writes_nothing(
         "cannot defer 'email.welcome': unexpected argument 'user';"
         " missing required argument 'user_id' (the task takes (user_id, lang='en'))",
     )
-    assert unexpected.removeprefix("aioq: error: ") in README  # quoted in Troubleshooting
+    assert unexpected.removeprefix("aioq: error: ") in TROUBLESHOOTING
     assert_one_line_error(defer("email.welcome", "--args", '{"user_id": "1"}'),
                           "argument 'user_id' must be int, got str '1'")  # fmt: skip
     assert_one_line_error(defer("email.welcome", "--args", "[1]"), "must be a JSON object")
@@ -201,7 +204,7 @@ def test_jobs_show_finds_a_succeeded_job_or_says_why_it_cannot(
         " the archive (aioq worker --keep-completed, Worker(keep_completed=True)) or keep a"
         " result (result_ttl); or it was pruned, or never existed\n"
     )
-    assert missing.stderr.strip().replace(f"job {first}", "job 22") in README
+    assert missing.stderr.strip().replace(f"job {first}", "job 22") in TROUBLESHOOTING
 
     kept = int(aioq_cli(dsn, "defer", "tasks", "plain", cwd=app).stdout)
     proc = worker("tasks", "--keep-completed")
@@ -266,8 +269,8 @@ def test_messages_point_the_right_way(dsn: str, app: Path) -> None:
     empty = aioq_cli(dsn, "jobs", "list", "--status", "dead")
     assert (empty.returncode, empty.stdout.splitlines()[-1]) == (0, "(none)")
     assert aioq_cli(dsn, "jobs", "list", "--json").stdout.strip() == "[]"
-    # The README's Troubleshooting quotes the first message of a database without the schema.
+    # Troubleshooting quotes the first message of a database without the schema.
     no_schema = assert_one_line_error(aioq_cli(dsn, "jobs", "list", "--schema", "elsewhere"))
-    assert no_schema.replace("elsewhere", "aioq") in README
+    assert no_schema.replace("elsewhere", "aioq") in TROUBLESHOOTING
     no_dsn = assert_one_line_error(aioq_cli(None, "jobs", "list"))
     assert no_dsn == "aioq: error: no database: pass --dsn or set AIOQ_DSN"

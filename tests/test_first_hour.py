@@ -120,13 +120,16 @@ async def test_a_worker_given_queues_warns_once_per_task_it_does_not_serve(
         if r.levelno == logging.WARNING
     ]
     assert sorted(warned) == ["charge", "mail", "refund"]
-    # The README's Troubleshooting section quotes this warning as printed.
+    # The troubleshooting guide quotes this warning as printed.
     mail_warning = next(m.getMessage() for m in caplog.records if "'mail'" in m.getMessage())
     quoted = mail_warning.replace(narrow.id, "...", 1)
-    assert quoted.replace("'mail'", "'email.welcome'") in README
+    assert quoted.replace("'mail'", "'email.welcome'") in TROUBLESHOOTING
 
 
-README = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+# The operations guide, whose Troubleshooting section quotes messages as printed.
+TROUBLESHOOTING = " ".join(
+    (Path(__file__).parent.parent / "docs" / "operations-and-cli.md").read_text().split()
+)
 
 
 # 5. Messages that name what is wrong ---------------------------------------------------------
@@ -397,7 +400,7 @@ def test_job_context_lets_a_sync_task_be_called_directly(registry: aioq.Registry
         "current_job() called outside a running aioq task (to call a task in a test,"
         " wrap the call in aioq.testing.job_context())"
     )
-    assert f"aioq.AioqError: {outside.value}" in README  # quoted in Troubleshooting
+    assert f"aioq.AioqError: {outside.value}" in TROUBLESHOOTING
     with pytest.raises(ValueError, match="attempt must be >= 1"), job_context(attempt=0):
         pass
 

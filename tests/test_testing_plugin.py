@@ -35,17 +35,19 @@ def run_pytest(
 
 
 @pytest.mark.timeout(300)
-def test_readme_example_passes_on_an_embedded_server_in_a_fresh_pytest() -> None:
-    # As a user runs it: nothing set but the plugin, installed through its entry point.
+def test_the_guides_examples_pass_together_on_an_embedded_server_in_a_fresh_pytest() -> None:
+    # As a user runs it: nothing set but the plugin, installed through its entry point. The
+    # folder mixes plain `def` tests, async tests, an async fixture of the app's and an HTTP
+    # client: they must run together.
     env = {k: v for k, v in os.environ.items() if k not in ("AIOQ_TEST_DSN", "AIOQ_DSN")}
-    result = run_pytest(ROOT / "examples" / "testing", "-W", "error", env=env)
+    result = run_pytest(ROOT / "examples" / "testing", "-W", "error", "-rA", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 passed" in result.stdout
-    # The README shows this very test file.
-    readme = (ROOT / "README.md").read_text()
-    example = (ROOT / "examples" / "testing" / "test_shop.py").read_text()
-    body = example.split('"""', 2)[2].strip()  # without the module docstring
-    assert body in readme
+    assert "6 passed" in result.stdout
+    assert "PASSED test_units.py::test_a_thumbnail_is_named_after_its_job" in result.stdout
+    # The testing guide quotes these very files (tests/test_docs.py checks the quotes match).
+    guide = (ROOT / "docs" / "testing.md").read_text()
+    for name in ("conftest.py", "test_shop.py", "test_units.py", "test_api.py"):
+        assert f"<!-- quote: examples/testing/{name} -->" in guide
 
 
 USER_TESTS = """
@@ -186,12 +188,14 @@ async def test_deferred_lists_waiting_jobs_with_arguments_on_any_target(
         pass
 
     now = await mail.defer(conn, to="a@x", tags=["welcome"])
-    later = await mail.options(delay=3600, priority=2).defer(conn, to="b@x", tags=[])
+    later = await mail.options(delay=3600, priority=2, unique_key="mail:b").defer(
+        conn, to="b@x", tags=[]
+    )
     await other.defer(conn)
     waiting = await aioq.testing.deferred(conn, mail)
-    assert [(w.id, w.args, w.priority, w.queue) for w in waiting] == [
-        (now, {"to": "a@x", "tags": ["welcome"]}, 0, "mail"),
-        (later, {"to": "b@x", "tags": []}, 2, "mail"),
+    assert [(w.id, w.args, w.priority, w.queue, w.unique_key) for w in waiting] == [
+        (now, {"to": "a@x", "tags": ["welcome"]}, 0, "mail", None),
+        (later, {"to": "b@x", "tags": []}, 2, "mail", "mail:b"),
     ]
     async with asyncpg.create_pool(dsn, min_size=1, max_size=1) as pool:
         assert await aioq.testing.deferred(pool, mail) == waiting

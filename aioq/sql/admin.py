@@ -286,12 +286,13 @@ class PendingJob:
     run_at: datetime
     attempts: int
     max_attempts: int
+    unique_key: str | None
 
 
 # A task's waiting jobs ($1 the task; due or scheduled), oldest first.
 WAITING_JOBS = Statement(
     """
-SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts
+SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts, unique_key
 FROM {s}.jobs WHERE status = 'pending' AND task = $1
 ORDER BY run_at, id
 """,

@@ -35,6 +35,7 @@ class Waiting:
     run_at: datetime
     attempts: int
     max_attempts: int
+    unique_key: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +83,7 @@ async def deferred(conn: Target, task: Task[..., Any]) -> list[Waiting]:
             run_at=row.run_at,
             attempts=row.attempts,
             max_attempts=row.max_attempts,
+            unique_key=row.unique_key,
         )
         for row in rows
     ]

@@ -14,13 +14,13 @@ def aioq_registry() -> aioq.Registry:
     return shop.registry
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 async def shop_database(aioq_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # aioq_dsn's database lives for the session and only aioq's schema is new for each test:
-    # the app's own tables are the app's to set up.
+    # Not autouse: plain `def` tests live in this folder too, and pytest refuses to give an
+    # async fixture to a sync test. The tests that need the app's tables ask for them.
     monkeypatch.setitem(shop.settings, "dsn", aioq_dsn)
     conn = await asyncpg.connect(aioq_dsn)
     try:
-        await conn.execute(shop.SCHEMA)
+        await conn.execute(shop.SCHEMA)  # only aioq's schema is new for each test
     finally:
         await conn.close()

@@ -29,6 +29,12 @@ async def audit(event: str) -> None:
     """Keep an audit line."""
 
 
+@registry.task(queue="images")
+def make_thumbnail(path: str) -> str:
+    """Write a thumbnail named after its job (a plain def runs in a worker thread)."""
+    return f"{path.removesuffix('.png')}-thumb-{aioq.current_job().id}.png"
+
+
 SCHEMA = "DROP TABLE IF EXISTS users; CREATE TABLE users (email text PRIMARY KEY)"
 
 
@@ -36,4 +42,5 @@ async def signup(conn: asyncpg.Connection, email: str) -> int:
     """Create a user and defer the welcome in the same transaction; return the job id."""
     async with conn.transaction():
         await conn.execute("INSERT INTO users VALUES ($1)", email)
-        return await send_welcome.defer(conn, email=email)
+        welcome = send_welcome.options(unique_key=f"welcome:{email}")  # one welcome per user
+        return await welcome.defer(conn, email=email)

@@ -1,4 +1,4 @@
-"""Testing a signup that defers a job, with the aioq pytest plugin (the README's example)."""
+"""Testing a signup that defers a job, with the aioq pytest plugin (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from shop import audit, send_welcome, signup
 import aioq
 import aioq.testing
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("shop_database")]
 
 
 async def test_signup_defers_a_welcome(aioq_conn: asyncpg.Connection) -> None:
-    await signup(aioq_conn, "ada@example.org")
+    job_id = await signup(aioq_conn, "ada@example.org")
     [job] = await aioq.testing.deferred(aioq_conn, send_welcome)
+    assert (job.id, job.queue) == (job_id, "email")
     assert job.args == {"email": "ada@example.org"}
-    assert job.queue == "email"
+    assert job.unique_key == "welcome:ada@example.org"
 
 
 async def test_the_welcome_runs_and_audits(

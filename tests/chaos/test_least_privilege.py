@@ -1,7 +1,7 @@
-"""Scenario 7: a role with only the grants of the README's "Permissions" runs everything.
+"""Scenario 7: a role with only the documented grants ("Permissions") runs everything.
 
-The grants are read from the README itself, so the documented set is the tested set. With
-them the role defers, runs a real worker process (claims, retries, burial, the reaper, the
+The grants are read from the operations guide itself, so the documented set is the tested set.
+With them the role defers, runs a real worker process (claims, retries, burial, the reaper, the
 archive and its pruning, LISTEN) and the admin commands; every grant in the set is needed by
 some operation; the role cannot alter or drop anything; ``aioq schema apply`` run as it fails
 with one line saying it needs the owner.
@@ -45,7 +45,7 @@ from aioq.sql.maintenance import PRUNE_ARCHIVE, PRUNE_RESULTS
 
 pytestmark = pytest.mark.chaos
 
-README = Path(__file__).parents[2] / "README.md"
+GUIDE = Path(__file__).parents[2] / "docs" / "operations-and-cli.md"
 
 TASKS = """
 registry = aioq.Registry()
@@ -90,11 +90,11 @@ async def beat() -> None: ...
 
 
 def documented_grants() -> list[str]:
-    """The GRANT statements of the README's Permissions subsection, for a role named ``app``."""
-    text = README.read_text()
-    section = text.split("### Permissions", 1)[1]
+    """The GRANT statements of the guide's Permissions section, for a role named ``app``."""
+    text = GUIDE.read_text()
+    section = text.split("## Permissions", 1)[1]
     block = re.search(r"```sql\n(.*?)```", section, re.DOTALL)
-    assert block, "README: no sql block under ### Permissions"
+    assert block, "docs/operations-and-cli.md: no sql block under ## Permissions"
     grants = [s.strip() for s in block.group(1).split(";") if s.strip()]
     assert grants
     assert all(g.startswith("GRANT ") and g.endswith(" TO app") for g in grants)

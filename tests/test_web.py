@@ -295,8 +295,9 @@ def test_read_only_shows_no_buttons_and_refuses_posts(dsn: str) -> None:
             html = client.get(path).text
             assert "<button name=" not in html
             assert 'name="ids"' not in html
-        token = CSRF.search(client.get("/jobs").text)
-        assert token is None
+        page = client.get("/jobs")
+        assert CSRF.search(page.text) is None
+        assert "set-cookie" not in page.headers  # no token, no cookie
         refused = client.post("/actions", data={"action": "retry", "ids": dead})
         assert refused.status_code == 403
         assert "read-only" in refused.text
@@ -715,8 +716,9 @@ def test_tokens_hold_across_processes_that_share_the_secret_and_nowhere_else(dsn
     assert status_of(dsn, dead) == "dead"
     assert retried_by(process(secret=secret), process(secret=secret)) == 303
     assert status_of(dsn, dead) == "pending"
-    with pytest.raises(ConfigError, match="secret"):
-        process(secret="short")
+    for bad in ("short", 12345):
+        with pytest.raises(ConfigError, match="secret"):
+            process(secret=bad)
 
 
 def test_a_cross_site_post_is_refused_even_with_a_valid_token(dsn: str, client: TestClient) -> None:

@@ -108,11 +108,13 @@ class DashboardConfig:
 
     def __post_init__(self) -> None:
         quote_schema(self.schema)
-        if self.secret is not None and len(_key(self.secret)) < MIN_SECRET:
+        if self.secret is not None and (
+            not isinstance(self.secret, str | bytes) or len(_key(self.secret)) < MIN_SECRET
+        ):
             raise ConfigError(
                 "secret",
-                f"must be at least {MIN_SECRET} bytes (e.g. secrets.token_urlsafe(32)), got"
-                f" {len(_key(self.secret))}",
+                f"must be a str or bytes of at least {MIN_SECRET} bytes (e.g."
+                " secrets.token_urlsafe(32))",
             )
         if not self.stale_after > 0:
             raise ConfigError("stale_after", f"must be > 0 seconds, got {self.stale_after!r}")
@@ -260,7 +262,7 @@ class _Pages:
 
     def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         cookie, session = self._session(request)
-        fresh = not session
+        fresh = self.config.actions and not session  # a read-only dashboard needs no token
         if fresh:
             session = secrets.token_urlsafe(32)
         context.setdefault("page", "")
@@ -268,7 +270,7 @@ class _Pages:
         html = template.render(
             request=request,
             config=self.config,
-            csrf=self._token(request, session),
+            csrf=self._token(request, session) if self.config.actions else "",
             statuses=data.LISTED_STATUSES,
             url=lambda route, **params: self._url(request, route, **params),
             message=_message(request.query_params.get("done")),

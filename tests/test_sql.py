@@ -19,18 +19,20 @@ pytestmark = pytest.mark.anyio
 
 
 def all_statements() -> dict[str, Statement[Any]]:
+    """Every statement of aioq/sql/ and of the dashboard (aioq/web/sql.py), by name."""
+    modules = [f"aioq.sql.{info.name}" for info in pkgutil.iter_modules(aioq.sql.__path__)]
     found: dict[str, Statement[Any]] = {}
-    for info in pkgutil.iter_modules(aioq.sql.__path__):
-        module = importlib.import_module(f"aioq.sql.{info.name}")
+    for module_name in [*modules, "aioq.web.sql"]:
+        module = importlib.import_module(module_name)
         for name, value in vars(module).items():
             if isinstance(value, Statement):
-                found[f"{info.name}.{name}"] = value
+                found[f"{module_name.removeprefix('aioq.')}.{name}"] = value
     return found
 
 
 def test_the_statements_are_found() -> None:
     names = set(all_statements())
-    assert {"jobs.CLAIM_ONE_QUEUE", "outcomes.WRITE_OUTCOMES", "limits.CLAIM_LIMITED"} <= names
+    assert {"sql.jobs.CLAIM_ONE_QUEUE", "sql.outcomes.WRITE_OUTCOMES", "web.sql.DASH_PAGE"} <= names
     assert len(names) >= 40
 
 
@@ -53,7 +55,7 @@ async def test_every_statement_prepares_and_its_row_type_matches_its_columns(
 
 
 def test_a_statement_is_rendered_once_per_schema_and_validates_it() -> None:
-    statement = all_statements()["jobs.INSERT_JOB"]
+    statement = all_statements()["sql.jobs.INSERT_JOB"]
     assert statement.text("aioq") is statement.text("aioq")
     assert '"other".jobs' in statement.text("other")
     with pytest.raises(aioq.ConfigError):

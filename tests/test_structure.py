@@ -223,8 +223,8 @@ _SQL = re.compile(
     r"|DELETE\s+FROM|WITH\s+\w+\s+AS\s*\(|CREATE\s+(TABLE|INDEX|SCHEMA|DATABASE|ROLE)"
     r"|DROP\s+(TABLE|SCHEMA|DATABASE|ROLE)|ALTER\s+TABLE|VACUUM\s*\()"
 )
-# The statement modules, and the dashboard's own until it has its own module.
-STATEMENT_MODULES = ("aioq.sql", "aioq.web.sql", "aioq.queries")
+# The statement modules: the core's and the dashboard's.
+STATEMENT_MODULES = ("aioq.sql", "aioq.web.sql")
 
 
 def test_no_sql_text_outside_the_statement_modules() -> None:

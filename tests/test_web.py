@@ -19,78 +19,29 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import anyio.to_thread
 import asyncpg
+import httpx2
 import pytest
-from procs import aioq_cli, assert_one_line_error
+from procs import aioq_cli, assert_one_line_error, spawner
 from starlette.applications import Starlette
+from starlette.routing import Mount
 from starlette.testclient import TestClient
-from waits import until_sql
+from waits import until_sql, wait_for
+from webpages import CSRF, add_jobs, bury, host_app, job_ids, queue_cells, sql, status_of
 
 import aioq
 import aioq.web
 from aioq.dev.pgbin import free_port
 from aioq.errors import ConfigError
-
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-
-
-def sql(dsn: str, statement: str, *args: Any) -> list[asyncpg.Record]:
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return await conn.fetch(statement, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
-
-
-def add_jobs(dsn: str, queue: str, count: int, **columns: Any) -> list[int]:
-    """Insert ``count`` jobs of task t.<queue> with extra column values; return their ids."""
-    names = ", ".join(columns)
-    values = ", ".join(f"${i + 3}" for i in range(len(columns)))
-    rows = sql(
-        dsn,
-        f"INSERT INTO aioq.jobs (queue, task{', ' + names if names else ''})"
-        f" SELECT $1, 't.' || $1{', ' + values if values else ''} FROM generate_series(1, $2)"
-        " RETURNING id",
-        queue,
-        count,
-        *columns.values(),
-    )
-    return [r["id"] for r in rows]
-
-
-def bury(dsn: str, ids: list[int], error: str) -> None:
-    sql(
-        dsn,
-        "UPDATE aioq.jobs SET status = 'dead', attempts = max_attempts, last_error = $2"
-        " WHERE id = ANY($1)",
-        ids,
-        error,
-    )
-
-
-def status_of(dsn: str, job_id: int) -> str | None:
-    rows = sql(dsn, "SELECT status FROM aioq.jobs WHERE id = $1", job_id)
-    return rows[0]["status"] if rows else None
-
-
-def queue_cells(html: str, queue: str) -> dict[str, str]:
-    """The overview's cells of one queue, as text."""
-    row = re.search(rf'<tr data-queue="{queue}">(.*?)</tr>', html, re.S)
-    assert row, f"queue {queue} not on the overview"
-    cells = re.findall(r'data-col="(\w+)">(.*?)</td>', row[1], re.S)
-    return {col: re.sub(r"<[^>]+>", "", text).strip() for col, text in cells}
-
-
-def job_ids(html: str) -> list[int]:
-    return [int(i) for i in re.findall(r'<td class="num mono"><a href="[^"]*">(\d+)</a>', html)]
+from aioq.stats_history import BUCKETS
 
 
 @pytest.fixture
 def client(dsn: str) -> Iterator[TestClient]:
     with TestClient(aioq.web.app(dsn=dsn, actions=True, page_size=5)) as client:
         yield client
+
+
+OLDEST = re.compile(r"1m (3\d|4\d|5\d)s")  # 90 s, and up to 30 s more
 
 
 def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> None:
@@ -116,23 +67,25 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
 
     page = client.get("/")
     assert page.status_code == 200
-    assert queue_cells(page.text, "mail") == {
+    mail = queue_cells(page.text, "mail")
+    # 90 s old when set; the page is drawn a moment later (seconds, on a loaded machine).
+    assert OLDEST.fullmatch(mail.pop("oldest")), page.text
+    assert mail == {
         "ready": "3",
         "scheduled": "2",
         "running": "0",
         "expired": "0",
         "dead": "2",
         "cancelled": "1",
-        "oldest": "1m 30s",
         "limits": "-",
     }
     img = queue_cells(page.text, "img")
     assert (img["ready"], img["running"], img["expired"], img["dead"]) == ("0", "2", "1", "0")
     tiles = dict(re.findall(r"<span>([\w ]+)</span><strong>([^<]*)</strong>", page.text))
-    assert tiles == {
-        "Ready": "3", "Running": "2", "Dead": "2", "Oldest ready": "1m 30s", "Workers alive": "0",
-    }  # fmt: skip
-    # The worker w1 has no row in workers, and still shows through the jobs it holds.
+    assert OLDEST.fullmatch(tiles.pop("Oldest ready"))
+    assert tiles == {"Ready": "3", "Running": "2", "Dead": "2", "Workers alive": "1"}
+    # The worker w1 has no row in workers, and still shows through the jobs it holds: alive,
+    # for one of its leases has not expired.
     assert '<td class="mono">w1</td>' in page.text
     assert "Jobs table" in page.text
     live = client.get("/live")
@@ -346,8 +299,9 @@ def test_read_only_shows_no_buttons_and_refuses_posts(dsn: str) -> None:
             html = client.get(path).text
             assert "<button name=" not in html
             assert 'name="ids"' not in html
-        token = CSRF.search(client.get("/jobs").text)
-        assert token is None
+        page = client.get("/jobs")
+        assert CSRF.search(page.text) is None
+        assert "set-cookie" not in page.headers  # no token, no cookie
         refused = client.post("/actions", data={"action": "retry", "ids": dead})
         assert refused.status_code == 403
         assert "read-only" in refused.text
@@ -365,9 +319,15 @@ def test_authorize_hook_guards_every_route(dsn: str, asynchronous: bool) -> None
     hook = allow_async if asynchronous else allow
     (job,) = add_jobs(dsn, "mail", 1)
     with TestClient(aioq.web.app(dsn=dsn, actions=True, authorize=hook)) as client:
-        for path in ("/", "/live", "/jobs", f"/jobs/{job}", "/throughput"):
+        paths = ("/", "/live", "/jobs", f"/jobs/{job}", "/throughput", "/static/app.js",
+                 "/static/style.css")  # fmt: skip
+        for path in paths:
             assert client.get(path).status_code == 403, path
             assert client.get(path, headers={"x-admin": "yes"}).status_code == 200, path
+        # Nothing answers before the hook: not even "no such page".
+        for path in ("/static/nothing.css", "/nowhere"):
+            assert client.get(path).status_code == 403, path
+            assert client.get(path, headers={"x-admin": "yes"}).status_code == 404, path
         refused = client.post("/actions", data={"action": "cancel", "ids": job})
         assert refused.status_code == 403
     assert status_of(dsn, job) == "pending"
@@ -667,3 +627,250 @@ def test_the_jobs_page_says_what_its_buttons_act_on(dsn: str, client: TestClient
     retried = aioq_cli(dsn, "jobs", "retry", "--dead", "--queue", "mail")
     assert retried.returncode == 0, retried
     assert {status_of(dsn, i) for i in dead} == {"pending"}
+
+
+# --- the trust boundary: the CSRF token, its cookie, the secret --------------------------------
+
+
+def set_cookies(response: Any) -> dict[str, list[str]]:
+    """The cookies a response sets: name -> its attributes, lowercased (value left out)."""
+    found = {}
+    for header in response.headers.get_list("set-cookie"):
+        first, *attributes = (part.strip() for part in header.split(";"))
+        found[first.split("=", 1)[0]] = sorted(a.lower() for a in attributes if a)
+    return found
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_planted_cookie_and_the_same_value_in_the_form_are_refused(dsn: str, scheme: str) -> None:
+    """Someone who can set a cookie for the dashboard's site (a sibling subdomain, a plain-http
+    page of it) cannot pick the token: it is signed with the dashboard's secret."""
+    (job,) = add_jobs(dsn, "mail", 1)
+    planted = secrets.token_urlsafe(32)
+    with TestClient(
+        aioq.web.app(dsn=dsn, actions=True), base_url=f"{scheme}://testserver"
+    ) as client:
+        for name in ("aioq_csrf", "__Host-aioq_csrf"):
+            client.cookies.set(name, planted)
+        form = {"csrf": planted, "action": "delete", "ids": str(job)}
+        forged = client.post("/actions", data=form, follow_redirects=False)
+        assert forged.status_code == 403
+        assert "CSRF" in forged.text
+    assert status_of(dsn, job) == "pending"
+
+
+def test_the_csrf_cookie_over_https_is_host_only_secure_and_strict(dsn: str) -> None:
+    (dead,) = add_jobs(dsn, "mail", 1)
+    bury(dsn, [dead], "boom")
+    dashboard = aioq.web.app(dsn=dsn, actions=True)
+    host = host_app([Mount("/aioq", dashboard)], dashboard)
+    with TestClient(host, base_url="https://testserver") as client:
+        page = client.get("/aioq/jobs?status=dead")
+        # __Host-: only a secure page of this very host may set it, for the whole host (Path=/).
+        assert set_cookies(page) == {
+            "__Host-aioq_csrf": ["httponly", "path=/", "samesite=strict", "secure"]
+        }
+        token = CSRF.search(page.text)
+        assert token
+        done = client.post(
+            "/aioq/actions",
+            data={"csrf": token[1], "action": "retry", "ids": str(dead)},
+            follow_redirects=False,
+        )
+        assert done.status_code == 303, done.text
+        assert set_cookies(client.get("/aioq/jobs")) == {}  # kept, not replaced
+    assert status_of(dsn, dead) == "pending"
+    with TestClient(host) as client:  # plain http (a local dashboard): no Secure, its own path
+        cookies = set_cookies(client.get("/aioq/jobs"))
+    assert cookies == {"aioq_csrf": ["httponly", "path=/aioq", "samesite=strict"]}
+
+
+def test_tokens_hold_across_processes_that_share_the_secret_and_nowhere_else(dsn: str) -> None:
+    """Two processes of one dashboard (two app instances here) accept each other's tokens when
+    given the same secret; without one each process has its own; another mount never does."""
+    (dead,) = add_jobs(dsn, "mail", 1)
+    bury(dsn, [dead], "boom")
+    secret = secrets.token_urlsafe(32)
+
+    def retried_by(first: Starlette, second: Starlette) -> int:
+        with TestClient(first) as one, TestClient(second) as two:
+            page = one.get(f"/jobs/{dead}")
+            token = CSRF.search(page.text)
+            assert token
+            two.cookies = one.cookies
+            form = {"csrf": token[1], "action": "retry", "ids": str(dead)}
+            return int(two.post("/actions", data=form, follow_redirects=False).status_code)
+
+    def process(**options: Any) -> Starlette:
+        return aioq.web.app(dsn=dsn, actions=True, **options)
+
+    assert retried_by(process(), process()) == 403  # a random secret of each
+    # The same secret, another mount: /a's token is no key to /b.
+    a, b = process(secret=secret), process(secret=secret)
+    with (
+        TestClient(host_app([Mount("/a", a)], a)) as one,
+        TestClient(host_app([Mount("/b", b)], b)) as two,
+    ):
+        token = CSRF.search(one.get(f"/a/jobs/{dead}").text)
+        assert token
+        for name, value in one.cookies.items():
+            two.cookies.set(name, value, path="/b")
+        form = {"csrf": token[1], "action": "retry", "ids": str(dead)}
+        assert two.post("/b/actions", data=form, follow_redirects=False).status_code == 403
+    assert status_of(dsn, dead) == "dead"
+    assert retried_by(process(secret=secret), process(secret=secret)) == 303
+    assert status_of(dsn, dead) == "pending"
+    for bad in ("short", 12345):
+        with pytest.raises(ConfigError, match="secret"):
+            process(secret=bad)
+
+
+def test_a_cross_site_post_is_refused_even_with_a_valid_token(dsn: str, client: TestClient) -> None:
+    (dead,) = add_jobs(dsn, "mail", 1)
+    bury(dsn, [dead], "boom")
+    token = CSRF.search(client.get("/jobs").text)
+    assert token
+    form = {"csrf": token[1], "action": "retry", "ids": str(dead)}
+    for site in ("cross-site", "same-site"):  # what the browser says of the page that posted
+        refused = client.post("/actions", data=form, headers={"sec-fetch-site": site})
+        assert refused.status_code == 403, site
+    assert status_of(dsn, dead) == "dead"
+    done = client.post(
+        "/actions", data=form, headers={"sec-fetch-site": "same-origin"}, follow_redirects=False
+    )
+    assert done.status_code == 303
+    assert status_of(dsn, dead) == "pending"
+
+
+def test_aioq_web_processes_given_one_secret_accept_each_others_tokens(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `aioq web` behind one address (a load balancer): AIOQ_WEB_SECRET makes a form served
+    by one good at the other."""
+    (dead,) = add_jobs(dsn, "mail", 1)
+    bury(dsn, [dead], "boom")
+    monkeypatch.setenv("AIOQ_WEB_SECRET", secrets.token_urlsafe(32))
+    ports = [free_port(), free_port()]
+    with spawner(dsn) as start:
+        for port in ports:
+            start("web", "--port", str(port), "--actions", cwd=tmp_path)
+        with httpx2.Client() as http:
+
+            def answers(port: int) -> bool:
+                try:
+                    return http.get(f"http://127.0.0.1:{port}/jobs").status_code == 200
+                except httpx2.TransportError:
+                    return False
+
+            for port in ports:
+                wait_for(lambda port=port: answers(port), f"aioq web on port {port}")
+            token = CSRF.search(http.get(f"http://127.0.0.1:{ports[0]}/jobs/{dead}").text)
+            assert token
+            done = http.post(
+                f"http://127.0.0.1:{ports[1]}/actions",
+                data={"csrf": token[1], "action": "retry", "ids": str(dead)},
+            )
+            assert done.status_code == 303, done.text
+    assert status_of(dsn, dead) == "pending"
+    monkeypatch.setenv("AIOQ_WEB_SECRET", "short")
+    assert_one_line_error(aioq_cli(dsn, "web"), "AIOQ_WEB_SECRET")
+
+
+# --- workers alive ------------------------------------------------------------------------------
+
+
+def worker_dots(html: str) -> dict[str, str]:
+    """Each worker of the overview and its dot: ok (alive) or gone."""
+    return dict(
+        (worker, dot)
+        for dot, worker in re.findall(
+            r'<span class="dot (\w+)"[^>]*></span></td>\s*<td class="mono">([^<]+)</td>', html
+        )
+    )
+
+
+def tiles(html: str) -> dict[str, str]:
+    return dict(re.findall(r"<span>([\w ]+)</span><strong>([^<]*)</strong>", html))
+
+
+def test_workers_alive_are_those_seen_lately_or_holding_a_live_lease(dsn: str) -> None:
+    """A worker writes its row every stats_interval (60 s): seen within stale_after (90 s, one
+    and a half intervals) it is alive; a worker that writes no row is alive while it holds a
+    lease that has not expired."""
+    sql(
+        dsn,
+        "INSERT INTO aioq.workers (id, host, pid, queues, concurrency, last_seen) VALUES"
+        " ('w-fresh', 'h', 1, '{default}', 4, now() - interval '10 seconds'),"
+        " ('w-late', 'h', 2, '{default}', 4, now() - interval '80 seconds'),"
+        " ('w-killed', 'h', 3, '{default}', 4, now() - interval '100 seconds'),"
+        " ('w-long-gone', 'h', 4, '{default}', 4, now() - interval '170 seconds')",
+    )
+    holders = {"w-killed": "-1 second", "w-leased": "20 seconds", "w-lapsed": "-1 second"}
+    for worker, lease_left in holders.items():
+        sql(
+            dsn,
+            "UPDATE aioq.jobs SET status = 'running', attempts = 1, locked_by = $2,"
+            " locked_at = now(), lease_expires_at = now() + $3::text::interval WHERE id = ANY($1)",
+            add_jobs(dsn, "mail", 1),
+            worker,
+            lease_left,
+        )
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        page = client.get("/").text
+    assert worker_dots(page) == {
+        "w-fresh": "ok", "w-late": "ok", "w-killed": "gone", "w-long-gone": "gone",
+        "w-leased": "ok", "w-lapsed": "gone",
+    }  # fmt: skip
+    assert tiles(page)["Workers alive"] == "3"
+
+
+def test_a_killed_worker_stops_counting_as_alive(dsn: str, tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "import aioq\n"
+        "worker = aioq.Worker(dsn=sys.argv[1], registry=aioq.Registry(), stats_interval=0.2)\n"
+        "asyncio.run(worker.run())\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script), dsn], stderr=subprocess.PIPE, text=True)
+    try:
+        with TestClient(aioq.web.app(dsn=dsn, stale_after=2.0)) as client:
+
+            def alive() -> str:
+                return tiles(client.get("/").text)["Workers alive"]
+
+            wait_for(lambda: alive() == "1", "the worker to show alive")
+            proc.kill()  # SIGKILL: no clean stop, its row stays behind
+            proc.communicate()
+            wait_for(lambda: alive() == "0", "the killed worker to show gone")
+            assert list(worker_dots(client.get("/").text).values()) == ["gone"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_a_read_only_dashboard_shows_the_command_that_retries_a_dead_filter(dsn: str) -> None:
+    bury(dsn, add_jobs(dsn, "mail", 2), "boom")
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        page = client.get("/jobs", params={"status": "dead", "queue": "mail"}).text
+    assert "<code>aioq jobs retry --dead --queue mail</code>" in page
+    assert "<button name=" not in page
+
+
+def test_waits_past_the_last_bucket_show_in_both_views(dsn: str) -> None:
+    """The history's sums read every bucket of the histograms the workers write."""
+    past_the_last = [0] * len(BUCKETS) + [5]  # five jobs waited more than BUCKETS[-1]
+    quick = [5] + [0] * len(BUCKETS)
+    for table, worker in (("stats_history", "'w', "), ("stats_rollup", "")):
+        sql(
+            dsn,
+            f"INSERT INTO aioq.{table} VALUES (now(), {worker}'mail', 'mail.send', 5, 0, 0, $1, $2)",
+            past_the_last,
+            quick,
+        )
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        for view in ("hour", "day"):
+            totals = client.get(f"/throughput?range={view}").text.split('id="totals"')[1]
+            cells = re.findall(r'<td class="num">([^<]*)</td>', totals)
+            assert cells[-4:] == ["&gt;1h", "&gt;1h", "5ms", "5ms"], (view, cells)

@@ -106,9 +106,11 @@ async def _sql(dsn: str, statement: str) -> None:
 
 
 @pytest.fixture
-def site(dsn: str) -> Iterator[str]:
-    """A real HTTP server: the dashboard with actions at /rw, read-only at /ro."""
+def site(dsn: str, tmp_path: Path) -> Iterator[str]:
+    """A real HTTP server: the dashboard read-only at /ro, with actions at /rw (mounted after
+    it, with a name), in a host app that serves static files of its own at /static."""
     import uvicorn
+    from starlette.staticfiles import StaticFiles
 
     rw = aioq.web.app(dsn=dsn, actions=True, refresh=1)
     ro = aioq.web.app(dsn=dsn)
@@ -119,9 +121,11 @@ def site(dsn: str) -> Iterator[str]:
         async with rw.router.lifespan_context(rw), ro.router.lifespan_context(ro):
             yield
 
+    (tmp_path / "style.css").write_text("/* the host's: none of the dashboard's rules */")
     host = Starlette(lifespan=lifespan)
-    host.mount("/rw", rw)
+    host.mount("/static", StaticFiles(directory=tmp_path), name="static")
     host.mount("/ro", ro)
+    host.mount("/rw", rw, name="rw")
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(host, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -156,8 +160,14 @@ def test_an_operator_finds_a_dead_job_reads_its_error_and_retries_it(
     flaky_ids = off_thread(lambda: _defer(dsn))
     drain(dsn)  # 5 sent, 3 dead, 1 scheduled for later
 
-    # The overview shows the counts, and refreshes them in place.
+    # The overview shows the counts, and refreshes them in place; the dashboard's own
+    # stylesheet and script are loaded (not the host's at /static, not the other dashboard's).
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
     page.goto(f"{site}/rw/")
+    assert page.evaluate("getComputedStyle(document.querySelector('header.top')).display") == "flex"
+    assert {f"{site}/rw/static/style.css", f"{site}/rw/static/app.js"} <= set(requested)
+    assert not [url for url in requested if url.startswith((f"{site}/static", f"{site}/ro"))]
     mail = page.locator('tr[data-queue="mail"]')
     expect(mail.locator('[data-col="dead"]')).to_have_text("3")
     expect(page.locator('tr[data-queue="later"] [data-col="scheduled"]')).to_have_text("1")

@@ -8,14 +8,17 @@ with EXPLAIN ANALYZE, the rows it reads from the jobs table stay within the caps
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import asyncpg
 import pytest
 
-from aioq import queries as q
+from aioq.sql import Statement
 from aioq.sql.admin import GET_JOB
+from aioq.stats_history import BUCKETS
+from aioq.web import sql as w
 
 pytestmark = pytest.mark.anyio
 
@@ -60,9 +63,10 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 async def _explain(
     conn: asyncpg.Connection, sql: str, args: tuple[Any, ...], mode: str
 ) -> list[dict[str, Any]]:
-    """The plan nodes of ``sql`` run as a prepared statement under ``plan_cache_mode``."""
+    """The plan nodes of ``sql`` (a rendered statement) run as a prepared statement under
+    ``plan_cache_mode``."""
     await conn.execute(f"SET plan_cache_mode = {mode}")
-    statement = f"EXPLAIN (ANALYZE, FORMAT JSON) {q.render(sql, 'aioq')}"
+    statement = f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"
     raw = await conn.fetchval(statement, *args)
     await conn.execute("RESET plan_cache_mode")
     return _nodes(json.loads(raw)[0]["Plan"])
@@ -85,18 +89,26 @@ PAGE_ARGS = {
 }
 
 CASES: dict[str, tuple[str, tuple[Any, ...], int]] = {
-    "per-queue pending": (q.DASH_PENDING, (200, CAP, 50), 2 * CAP + 10 + 2 * 50),
-    "states": (q.DASH_STATES, (CAP,), 4 * CAP),
-    "workers": (q.DASH_WORKERS, (CAP, 200), CAP),
-    **{f"page: {k}": (q.DASH_PAGE, v, WINDOW) for k, v in PAGE_ARGS.items()},
-    "dead page": (q.DASH_DEAD_PAGE, (None, WINDOW, "dead", "bulk", None, "Error", PAGE), WINDOW),
-    "dead page, later": (q.DASH_DEAD_PAGE, (5000, WINDOW, "dead", None, None, None, PAGE), WINDOW),
+    "per-queue pending": (w.DASH_PENDING.text("aioq"), (200, CAP, 50), 2 * CAP + 10 + 2 * 50),
+    "states": (w.DASH_STATES.text("aioq"), (CAP,), 4 * CAP),
+    "workers": (w.DASH_WORKERS.text("aioq"), (CAP, 200), CAP),
+    **{f"page: {k}": (w.DASH_PAGE.text("aioq"), v, WINDOW) for k, v in PAGE_ARGS.items()},
+    "dead page": (
+        w.DASH_DEAD_PAGE.text("aioq"),
+        (None, WINDOW, "dead", "bulk", None, "Error", PAGE),
+        WINDOW,
+    ),
+    "dead page, later": (
+        w.DASH_DEAD_PAGE.text("aioq"),
+        (5000, WINDOW, "dead", None, None, None, PAGE),
+        WINDOW,
+    ),
     "cancelled page": (
-        q.DASH_CANCELLED_PAGE,
+        w.DASH_CANCELLED_PAGE.text("aioq"),
         (None, WINDOW, "cancelled", None, None, None, PAGE),
         WINDOW,
     ),
-    "one job": (GET_JOB.template, (123456,), 1),
+    "one job": (GET_JOB.text("aioq"), (123456,), 1),
 }
 
 
@@ -115,13 +127,42 @@ async def test_dashboard_statements_use_indexes_and_read_a_bounded_number_of_row
 
 
 async def _the_bounded_statements_still_count_right(big: asyncpg.Connection) -> None:
-    pending = q.render(q.DASH_PENDING, "aioq")
-    rows = {r["queue"]: r for r in await big.fetch(pending, 200, CAP, 50)}
+    rows = {r.queue: r for r in await w.DASH_PENDING.rows(big, "aioq", 200, CAP, 50)}
     assert set(rows) == {"bulk", "small"}
-    assert (rows["small"]["ready"], rows["small"]["sampled"]) == (10, 10)
-    assert rows["bulk"]["sampled"] == CAP  # stopped at the cap: a lower bound
+    assert (rows["small"].ready, rows["small"].sampled) == (10, 10)
+    assert rows["bulk"].sampled == CAP  # stopped at the cap: a lower bound
     # The oldest ready job has a low priority, far behind the cap in claim order: still found.
-    assert 86_000 < rows["bulk"]["oldest_ready_age"] < 87_000
-    states = q.render(q.DASH_STATES, "aioq")
-    counts = {(r["queue"], r["state"]): r["n"] for r in await big.fetch(states, CAP)}
+    assert 86_000 < rows["bulk"].oldest_ready_age < 87_000
+    counts = {(r.queue, r.state): r.n for r in await w.DASH_STATES.rows(big, "aioq", CAP)}
     assert counts == {("bulk", "running"): 50, ("bulk", "dead"): CAP, ("bulk", "cancelled"): CAP}
+
+
+# Each statement of the dashboard, with the type of its rows.
+ROW_TYPES: dict[Statement[Any], type] = {
+    w.DASH_PENDING: w.PendingRow,
+    w.DASH_STATES: w.StateRow,
+    w.DASH_WORKERS: w.WorkerSeen,
+    w.DASH_PAGE: w.PageRow,
+    w.DASH_DEAD_PAGE: w.PageRow,
+    w.DASH_CANCELLED_PAGE: w.PageRow,
+    w.HISTORY_TOTALS: w.TotalsRow,
+    w.ROLLUP_TOTALS: w.TotalsRow,
+    w.HISTORY_SERIES: w.SeriesRow,
+    w.ROLLUP_SERIES: w.SeriesRow,
+}
+
+
+async def test_each_row_type_has_its_statements_columns_in_order(conn: asyncpg.Connection) -> None:
+    declared = {v for k, v in vars(w).items() if k.isupper() and isinstance(v, Statement)}
+    assert declared - set(ROW_TYPES) == {w.SET_STATEMENT_TIMEOUT}  # the one without rows
+    for statement, row_type in ROW_TYPES.items():
+        prepared = await conn.prepare(statement.text("aioq"))
+        names = [a.name for a in prepared.get_attributes()]
+        assert names == [f.name for f in dataclasses.fields(row_type)], statement
+
+
+def test_the_history_sums_every_bucket_of_the_histograms() -> None:
+    assert len(BUCKETS) + 1 == w.HIST_WIDTH
+    for statement in (w.HISTORY_TOTALS, w.ROLLUP_TOTALS):
+        assert f"wait_hist[{len(BUCKETS) + 1}]" in statement.template
+        assert f"wait_hist[{len(BUCKETS) + 2}]" not in statement.template

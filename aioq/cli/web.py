@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from aioq.cli.common import EXIT_OK, UsageError, dsn_from, schema_from
+from aioq.errors import ConfigError
 
 log = logging.getLogger("aioq.cli")
+
+SECRET_VARIABLE = "AIOQ_WEB_SECRET"
+"""The secret that signs the dashboard's CSRF tokens: the same in every ``aioq web`` serving
+one address (behind a load balancer); unset, each process makes a random one."""
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -24,9 +30,19 @@ def cmd_web(args: argparse.Namespace) -> int:
         raise UsageError(
             f"aioq web needs the web extra ({exc.name} is missing): pip install 'aioq-pg[web]'"
         ) from None
-    dashboard = aioq.web.app(
-        dsn=dsn, schema=schema_from(args), actions=args.actions, refresh=args.refresh
-    )
+    secret = os.environ.get(SECRET_VARIABLE) or None
+    try:
+        dashboard = aioq.web.app(
+            dsn=dsn,
+            schema=schema_from(args),
+            actions=args.actions,
+            refresh=args.refresh,
+            secret=secret,
+        )
+    except ConfigError as exc:
+        if exc.field == "secret":
+            raise UsageError(f"{SECRET_VARIABLE}: {exc.problem}") from None
+        raise
     log.info(
         "aioq dashboard on http://%s:%d/ (%s)",
         args.host,

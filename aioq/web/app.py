@@ -1,13 +1,23 @@
 """The dashboard's ASGI app: :func:`app` builds it; mount it anywhere or run ``aioq web``.
 
-Safety: read-only unless built with ``actions=True``; actions are POSTs carrying a CSRF token
-(a random value in a SameSite=Strict cookie that the form repeats, compared in constant time);
-``authorize(request)`` is asked before every request; every statement runs in a transaction
-whose ``statement_timeout`` bounds it, and reads in a read-only one.
+Where it is: every link, form and redirect is one of the dashboard's own routes under the path
+it is served at, the ASGI ``root_path`` of its requests (a Starlette ``Mount``'s path, a proxy's
+prefix, what a Django project's router sets): never a route of the host app, so it works
+mounted at any path, named or not, several times in one app, behind a proxy.
+
+Safety: ``authorize(request)`` is asked before anything answers, static files and unknown
+paths included; read-only unless built with ``actions=True``. An action is a POST carrying a
+CSRF token: the HMAC, under the dashboard's secret, of its path and of a random value the
+browser keeps in a cookie (HttpOnly, SameSite=Strict; over HTTPS named ``__Host-`` and
+Secure), compared in constant time. A cookie planted by a neighbouring site is no key without
+the secret, and a POST the browser says came from another site is refused whatever it
+carries. Every statement runs in a transaction whose ``statement_timeout`` bounds it, and
+reads in a read-only one.
 """
 
 from __future__ import annotations
 
+import base64
 import hmac
 import inspect
 import json
@@ -18,7 +28,7 @@ import secrets
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -27,27 +37,37 @@ from urllib.parse import parse_qs, urlencode
 import anyio
 import asyncpg
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route, Router
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aioq import admin
 from aioq.db import Connection
 from aioq.errors import ConfigError
 from aioq.sql import DEFAULT_SCHEMA, quote_schema
 from aioq.sql.history import ROLLUP_STEP
-from aioq.store import Store
+from aioq.stats_history import DEFAULT_STATS_INTERVAL
 from aioq.web import data
 from aioq.web.filters import environment
+from aioq.web.sql import SET_STATEMENT_TIMEOUT
 
 __all__ = ("DashboardConfig", "app")
 
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-CSRF_COOKIE = "aioq_csrf"
+CSRF_COOKIE = "aioq_csrf"  # over plain http, for the dashboard's path
+# Over HTTPS: a browser takes a __Host- cookie only from a secure page of this very host, with
+# Path=/ and no Domain, so neither a sibling subdomain nor a plain-http page can plant one.
+CSRF_COOKIE_HTTPS = "__Host-aioq_csrf"
 CSRF_FIELD = "csrf"
+SESSION = re.compile(r"[A-Za-z0-9_-]{43}")  # the cookie's value: secrets.token_urlsafe(32)
+MIN_SECRET = 16  # bytes
+# What a browser says of a POST made by another site's page (Fetch Metadata): refused.
+FOREIGN_SITES = ("cross-site", "same-site")
 MAX_SELECTION = 1000  # ids one POST may act on
 # Seconds shown, step; a day in half hours reads the rollup (aioq.web.data.load_history).
 RANGES = {"hour": (3600.0, 60.0), "day": (86400.0, ROLLUP_STEP)}
@@ -79,11 +99,26 @@ class DashboardConfig:
     page_size: int = 50
     window: int = 2000  # rows of the jobs table one page of the job list reads at most
     count_cap: int = 10_000  # counts stop here and show as "10,000+"
-    stale_after: float = 180.0  # a worker unseen this long is shown as gone
+    # A worker whose row is older is gone: one and a half of the workers' stats_interval
+    # (aioq.web.data.is_alive); set it to 1.5 x theirs if they write less often.
+    stale_after: float = 1.5 * DEFAULT_STATS_INTERVAL
     title: str = "aioq"
+    # Signs the CSRF tokens. None: a random one per app, which is right for one process; every
+    # process serving one dashboard behind one address needs the same (at least 16 bytes).
+    secret: str | bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         quote_schema(self.schema)
+        if self.secret is not None and (
+            not isinstance(self.secret, str | bytes) or len(_key(self.secret)) < MIN_SECRET
+        ):
+            raise ConfigError(
+                "secret",
+                f"must be a str or bytes of at least {MIN_SECRET} bytes (e.g."
+                " secrets.token_urlsafe(32))",
+            )
+        if not self.stale_after > 0:
+            raise ConfigError("stale_after", f"must be > 0 seconds, got {self.stale_after!r}")
         if not (self.refresh == 0 or self.refresh >= 1):
             raise ConfigError("refresh", f"must be 0 (off) or >= 1 second, got {self.refresh!r}")
         if not self.statement_timeout > 0:
@@ -96,13 +131,17 @@ class DashboardConfig:
                 raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
 
 
+def _key(secret: str | bytes) -> bytes:
+    return secret.encode() if isinstance(secret, str) else secret
+
+
 class _Database:
     """The dashboard's pool (its own, from a DSN, made on first use; or the caller's)."""
 
     def __init__(
-        self, dsn: str | None, pool: asyncpg.Pool | None, store: Store, timeout: float
+        self, dsn: str | None, pool: asyncpg.Pool | None, schema: str, timeout: float
     ) -> None:
-        self.dsn, self._pool, self.store, self.timeout = dsn, pool, store, timeout
+        self.dsn, self._pool, self.schema, self.timeout = dsn, pool, schema, timeout
         self._owned = pool is None
         self._lock = anyio.Lock()
 
@@ -126,7 +165,7 @@ class _Database:
                 "repeatable_read" if readonly else "read_committed"
             )
             async with conn.transaction(isolation=isolation, readonly=readonly):
-                await self.store.set_statement_timeout(conn, self.timeout)
+                await SET_STATEMENT_TIMEOUT.run(conn, self.schema, f"{int(self.timeout * 1000)}ms")
                 yield conn
 
     async def close(self) -> None:
@@ -147,14 +186,16 @@ def app(
     """Return the dashboard as an ASGI app on ``dsn`` (its own small pool) or on ``pool``.
 
     ``actions=True`` allows retry, cancel and delete; ``authorize(request)`` (sync or async)
-    is asked before every request and a false answer is a 403. ``options`` are the fields of
-    :class:`DashboardConfig`. Mount it: ``app.mount("/aioq", aioq.web.app(dsn=DSN))``.
+    is asked before anything answers a request (before routing: no path parameters yet) and
+    a false answer is a 403. ``options`` are the fields of :class:`DashboardConfig`. Mount it
+    at any path: ``app.mount("/aioq", aioq.web.app(dsn=DSN))``.
     """
     if (dsn is None) == (pool is None):
         raise ConfigError("dsn", "give the dashboard either dsn= or pool=, not both nor neither")
     config = DashboardConfig(schema=schema, actions=actions, **options)
-    database = _Database(dsn, pool, Store.for_schema(schema), config.statement_timeout)
-    pages = _Pages(config, database, authorize)
+    database = _Database(dsn, pool, schema, config.statement_timeout)
+    key = secrets.token_bytes(32) if config.secret is None else _key(config.secret)
+    pages = _Pages(config, database, key)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -162,64 +203,94 @@ def app(
         await database.close()
 
     web = Starlette(
-        routes=[
-            Route("/", pages.overview, name="overview"),
-            Route("/live", pages.live, name="live"),
-            Route("/jobs", pages.jobs, name="jobs"),
-            Route("/jobs/{job_id:int}", pages.job, name="job"),
-            Route("/actions", pages.actions, methods=["POST"], name="actions"),
-            Route("/throughput", pages.throughput, name="throughput"),
-            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        ],
+        routes=pages.routes,
+        middleware=[Middleware(_Authorized, authorize=authorize)],
         lifespan=lifespan,
     )
     web.state.aioq_database = database  # `await app.state.aioq_database.close()` when mounted
     return web
 
 
+class _Authorized:
+    """Asks ``authorize`` before anything of the dashboard answers a request (ASGI middleware)."""
+
+    def __init__(self, app: ASGIApp, authorize: Authorize | None) -> None:
+        self.app, self.authorize = app, authorize
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.authorize is not None:
+            answer = self.authorize(Request(scope))
+            if inspect.isawaitable(answer):
+                answer = await answer
+            if not answer:
+                await PlainTextResponse("forbidden", status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class _Pages:
-    """The request handlers; each asks ``authorize`` first."""
+    """The routes and their request handlers."""
 
-    def __init__(self, config: DashboardConfig, db: _Database, authorize: Authorize | None):
-        self.config, self.db, self.authorize = config, db, authorize
-        self.store = Store.for_schema(config.schema)
+    def __init__(self, config: DashboardConfig, db: _Database, key: bytes):
+        self.config, self.db, self.key = config, db, key
+        self.schema = config.schema
         self.env = environment(HERE / "templates")
+        self.routes: list[BaseRoute] = [
+            Route("/", self.overview, name="overview"),
+            Route("/live", self.live, name="live"),
+            Route("/jobs", self.jobs, name="jobs"),
+            Route("/jobs/{job_id:int}", self.job, name="job"),
+            Route("/actions", self.actions, methods=["POST"], name="actions"),
+            Route("/throughput", self.throughput, name="throughput"),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        self.paths = Router(routes=self.routes)  # URLs of the routes, by name, under their mount
 
-    async def _allowed(self, request: Request) -> bool:
-        if self.authorize is None:
-            return True
-        answer = self.authorize(request)
-        if inspect.isawaitable(answer):
-            answer = await answer
-        return bool(answer)
+    def _url(self, request: Request, route: str, **params: Any) -> str:
+        """The path of one of the dashboard's routes, under the dashboard's own mount."""
+        return _base(request) + self.paths.url_path_for(route, **params)
+
+    def _session(self, request: Request) -> tuple[str, str]:
+        """The CSRF cookie's name for this request, and its value (empty if none valid)."""
+        name = CSRF_COOKIE_HTTPS if request.url.scheme == "https" else CSRF_COOKIE
+        value = request.cookies.get(name, "")
+        return name, value if SESSION.fullmatch(value) else ""
+
+    def _token(self, request: Request, session: str) -> str:
+        """The form's CSRF token: the session cookie and this dashboard's path, signed."""
+        message = f"aioq csrf\0{_base(request)}\0{session}".encode()
+        return base64.urlsafe_b64encode(hmac.digest(self.key, message, "sha256")).decode()
 
     def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
-        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        cookie, session = self._session(request)
+        fresh = self.config.actions and not session  # a read-only dashboard needs no token
+        if fresh:
+            session = secrets.token_urlsafe(32)
         context.setdefault("page", "")
         template = self.env.get_template(name)
         html = template.render(
             request=request,
             config=self.config,
-            csrf=token,
+            csrf=self._token(request, session) if self.config.actions else "",
             statuses=data.LISTED_STATUSES,
-            url=lambda route, **params: request.url_for(route, **params).path,
+            url=lambda route, **params: self._url(request, route, **params),
             message=_message(request.query_params.get("done")),
             **context,
         )
         response = HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
-        if CSRF_COOKIE not in request.cookies:
+        if fresh:
+            secure = cookie == CSRF_COOKIE_HTTPS
             response.set_cookie(
-                CSRF_COOKIE,
-                token,
+                cookie,
+                session,
                 httponly=True,
                 samesite="strict",
-                path=request.scope.get("root_path") or "/",
+                secure=secure,
+                path="/" if secure else _base(request) or "/",
             )
         return response
 
     async def _guarded(self, request: Request, page: Callable[[], Awaitable[Response]]) -> Response:
-        if not await self._allowed(request):
-            return PlainTextResponse("forbidden", status_code=403)
         try:
             return await page()
         except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as exc:
@@ -239,7 +310,7 @@ class _Pages:
     async def _overview(self, request: Request, template: str) -> Response:
         async with self.db.transaction(readonly=True) as conn:
             overview = await data.load_overview(
-                conn, self.store, cap=self.config.count_cap, stale_after=self.config.stale_after
+                conn, self.schema, cap=self.config.count_cap, stale_after=self.config.stale_after
             )
         return self._render(
             request, template, overview=overview, columns=data.STATE_COLUMNS, page="overview"
@@ -259,7 +330,7 @@ class _Pages:
             async with self.db.transaction(readonly=True) as conn:
                 found = await data.load_jobs(
                     conn,
-                    self.store,
+                    self.schema,
                     before=before,
                     status=data.status_filter(filters["status"]),
                     queue=filters["queue"],
@@ -320,7 +391,7 @@ class _Pages:
             seconds, step = RANGES.get(name, RANGES["hour"])
             async with self.db.transaction(readonly=True) as conn:
                 history = await data.load_history(
-                    conn, self.store, seconds=seconds, step=step, queue=queue
+                    conn, self.schema, seconds=seconds, step=step, queue=queue
                 )
             end = datetime.now(UTC)
             return self._render(
@@ -338,14 +409,15 @@ class _Pages:
 
     async def actions(self, request: Request) -> Response:
         """Retry, cancel or delete the jobs whose ids the form posts."""
-        if not await self._allowed(request):
-            return PlainTextResponse("forbidden", status_code=403)
         if not self.config.actions:
             return PlainTextResponse("this dashboard is read-only", status_code=403)
+        if request.headers.get("sec-fetch-site") in FOREIGN_SITES:
+            return PlainTextResponse("refused: posted from another site", status_code=403)
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         sent = (form.get(CSRF_FIELD) or [""])[0]
-        cookie = request.cookies.get(CSRF_COOKIE, "")
-        if not cookie or not hmac.compare_digest(sent.encode(), cookie.encode()):
+        _, session = self._session(request)
+        expected = self._token(request, session)
+        if not session or not hmac.compare_digest(sent.encode(), expected.encode()):
             return PlainTextResponse("missing or wrong CSRF token", status_code=403)
         action = (form.get("action") or [""])[0]
         ids = [i for i in map(_int, form.get("ids", [])) if i is not None][:MAX_SELECTION]
@@ -395,10 +467,28 @@ def _int(value: str | None) -> int | None:
     return number if number <= MAX_ID else None
 
 
+def _base(request: Request) -> str:
+    """The path the dashboard is served at ("" at a host's root), from its requests' root_path.
+
+    A Starlette ``Mount`` adds its path to root_path, a proxy's prefix arrives in it (uvicorn
+    ``--root-path``), a Django project's router sets it: the one place the mount is known.
+    """
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _route_path(request: Request) -> str:
+    """The request's path within the dashboard (as Starlette's router reads it): servers put
+    root_path in front of the path, and a few leave it out."""
+    path, base = request.scope["path"], _base(request)
+    if base and (path == base or path.startswith(f"{base}/")):
+        return path[len(base) :] or "/"
+    return str(path)
+
+
 def _here(request: Request) -> str:
     """The path and query of this page, to come back to after an action."""
     query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
-    return request.url.path + (f"?{query}" if query else "")
+    return _base(request) + _route_path(request) + (f"?{query}" if query else "")
 
 
 def _retry_command(filters: dict[str, str], schema: str) -> str | None:
@@ -417,7 +507,7 @@ def _retry_command(filters: dict[str, str], schema: str) -> str | None:
 
 def _safe_next(target: str, request: Request) -> str:
     """Come back to a page of this dashboard only (never an open redirect)."""
-    base = request.url_for("overview").path
-    if target.startswith(base) and not target.startswith("//") and "\\" not in target:
+    home = f"{_base(request)}/"
+    if target.startswith(home) and not target.startswith("//") and "\\" not in target:
         return target  # "//host" and "/\\host" are other sites to a browser
-    return base
+    return home

@@ -13,12 +13,26 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from aioq.db import Connection
 from aioq.job import JobStatus
 from aioq.sql.admin import TABLE_STATS
 from aioq.sql.history import ROLLUP_STEP
 from aioq.sql.limits import QUEUE_SETTINGS
 from aioq.stats_history import percentile
-from aioq.store import Connection, Store
+from aioq.web.sql import (
+    DASH_CANCELLED_PAGE,
+    DASH_DEAD_PAGE,
+    DASH_PAGE,
+    DASH_PENDING,
+    DASH_STATES,
+    DASH_WORKERS,
+    HISTORY_SERIES,
+    HISTORY_TOTALS,
+    ROLLUP_SERIES,
+    ROLLUP_TOTALS,
+    PageRow,
+    WorkerSeen,
+)
 
 __all__ = (
     "STATE_COLUMNS",
@@ -26,6 +40,8 @@ __all__ = (
     "JobsPage",
     "Overview",
     "QueueRow",
+    "WorkerRow",
+    "is_alive",
     "load_history",
     "load_jobs",
     "load_overview",
@@ -69,7 +85,7 @@ class QueueRow:
 
 @dataclass(frozen=True, slots=True)
 class WorkerRow:
-    """A worker as it last recorded itself, and the jobs it holds now."""
+    """A worker as it last recorded itself, the jobs it holds now, and whether it is alive."""
 
     id: str
     host: str | None
@@ -79,6 +95,22 @@ class WorkerRow:
     started_at: datetime | None
     seen_ago: float | None  # None: no row (the worker writes none), seen only through its jobs
     running: int
+    alive: bool
+
+
+def is_alive(worker: WorkerSeen, stale_after: float) -> bool:
+    """Whether a worker is alive: its row was written within ``stale_after`` seconds; or, for a
+    worker that writes no row, it holds a lease that has not expired.
+
+    A worker writes its row once a ``stats_interval`` (60 s, jittered by a tenth), so
+    ``stale_after`` is one and a half of them: a killed worker shows alive for at most
+    ``stale_after`` after its last write. Its leases are no sign of life while it has a row: a
+    lease may run for hours after its worker died. A worker with no row shows alive until the
+    latest lease of its jobs expires, as the reaper sees it.
+    """
+    if worker.seen_ago is not None:
+        return worker.seen_ago < stale_after
+    return worker.lease_left is not None and worker.lease_left > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,55 +121,57 @@ class Overview:
     workers: list[WorkerRow]
     table: dict[str, object]
     cap: int
-    stale_after: float  # a worker not seen for this long is probably gone
+
+    @property
+    def alive(self) -> int:
+        """How many workers are alive."""
+        return sum(w.alive for w in self.workers)
 
 
-async def load_overview(
-    conn: Connection, store: Store, *, cap: int, stale_after: float
-) -> Overview:
+async def load_overview(conn: Connection, schema: str, *, cap: int, stale_after: float) -> Overview:
     """Read the per-queue counts, the workers and the jobs table's health."""
     queues: dict[str, QueueRow] = {}
-    for row in await store.dash_pending(conn, MAX_QUEUES, cap, MAX_PRIORITIES):
-        q = queues[row["queue"]] = QueueRow(row["queue"])
-        q.ready, q.scheduled = row["ready"], row["scheduled"]
-        q.oldest_ready_age = row["oldest_ready_age"]
-        if row["sampled"] >= cap:
+    for pending in await DASH_PENDING.rows(conn, schema, MAX_QUEUES, cap, MAX_PRIORITIES):
+        q = queues[pending.queue] = QueueRow(pending.queue)
+        q.ready, q.scheduled = pending.ready, pending.scheduled
+        q.oldest_ready_age = pending.oldest_ready_age
+        if pending.sampled >= cap:
             q.capped |= {"ready", "scheduled"}
     totals: dict[str, int] = defaultdict(int)
-    for row in await store.dash_states(conn, cap):  # running, expired, dead, cancelled
-        q = queues.setdefault(row["queue"], QueueRow(row["queue"]))
-        q.states[row["state"]] = row["n"]
-        totals[row["state"]] += row["n"]
+    for state in await DASH_STATES.rows(conn, schema, cap):  # running, expired, dead, cancelled
+        q = queues.setdefault(state.queue, QueueRow(state.queue))
+        q.states[state.state] = state.n
+        totals[state.state] += state.n
     for q in queues.values():  # the cap is per state, across queues
         q.capped |= {state for state in STATE_COLUMNS if totals[state] >= cap}
     # The queues table holds one row per queue with settings (not the jobs' counts that
     # aioq.queues() adds with a scan of the jobs table).
-    for s in await QUEUE_SETTINGS.rows(conn, store.schema):
+    for s in await QUEUE_SETTINGS.rows(conn, schema):
         q = queues.setdefault(s.name, QueueRow(s.name))
         q.max_running, q.paused = s.max_running, s.paused
         if s.rate_limit is not None and s.rate_period is not None:
             q.rate = (s.rate_limit, s.rate_period)
     workers = [
         WorkerRow(
-            id=row["id"],
-            host=row["host"],
-            pid=row["pid"],
-            queues=list(row["queues"] or ()),
-            concurrency=row["concurrency"],
-            started_at=row["started_at"],
-            seen_ago=row["seen_ago"],
-            running=row["running"],
+            id=seen.id,
+            host=seen.host,
+            pid=seen.pid,
+            queues=list(seen.queues or ()),
+            concurrency=seen.concurrency,
+            started_at=seen.started_at,
+            seen_ago=seen.seen_ago,
+            running=seen.running,
+            alive=is_alive(seen, stale_after),
         )
-        for row in await store.dash_workers(conn, cap, MAX_WORKERS)
+        for seen in await DASH_WORKERS.rows(conn, schema, cap, MAX_WORKERS)
     ]
-    figures = await TABLE_STATS.row(conn, store.schema)
+    figures = await TABLE_STATS.row(conn, schema)
     table: dict[str, object] = dataclasses.asdict(figures) if figures is not None else {}
     return Overview(
         queues=sorted(queues.values(), key=lambda q: q.queue),
         workers=workers,
         table=table,
         cap=cap,
-        stale_after=stale_after,
     )
 
 
@@ -145,7 +179,7 @@ async def load_overview(
 class JobsPage:
     """A page of jobs, newest first, and where the next page starts."""
 
-    jobs: list[dict[str, object]]
+    jobs: list[PageRow]
     next_before: int | None  # the cursor of the next (older) page; None at the end
     scanned: int  # rows of the window read
     window_floor: int | None  # the lowest id the window reached
@@ -158,9 +192,13 @@ def status_filter(value: str | None) -> str | None:
     return value if value in LISTED_STATUSES else "?"
 
 
+# A page of dead (cancelled) jobs reads along their own index, never over the live ones.
+_PAGE_BY_STATUS = {"dead": DASH_DEAD_PAGE, "cancelled": DASH_CANCELLED_PAGE}
+
+
 async def load_jobs(
     conn: Connection,
-    store: Store,
+    schema: str,
     *,
     before: int | None,
     status: str | None,
@@ -171,20 +209,15 @@ async def load_jobs(
     window: int,
 ) -> JobsPage:
     """Read one page of jobs matching the filters, from at most ``window`` rows below ``before``."""
-    rows = await store.dash_page(
-        conn,
-        before=before,
-        window=window,
-        status=status,
-        queue=queue or None,
-        task=task or None,
-        text=text or None,
-        limit=limit,
-    )
-    jobs = [dict(row.items()) for row in rows if row["id"] is not None]
-    scanned, floor = rows[0]["scanned"], rows[0]["floor"]
+    statement = _PAGE_BY_STATUS.get(status or "", DASH_PAGE)
+    rows = await statement.rows(
+        conn, schema, before, window, status, queue or None, task or None, text or None,
+        limit,
+    )  # fmt: skip
+    jobs = [row for row in rows if row.id is not None]
+    scanned, floor = rows[0].scanned, rows[0].floor
     if len(jobs) >= limit:
-        next_before: int | None = rows[len(jobs) - 1]["id"]
+        next_before: int | None = jobs[-1].id
     elif scanned >= window:
         next_before = floor  # the window ran out first: go on below it
     else:
@@ -228,7 +261,7 @@ class History:
 
 
 async def load_history(
-    conn: Connection, store: Store, *, seconds: float, step: float, queue: str | None = None
+    conn: Connection, schema: str, *, seconds: float, step: float, queue: str | None = None
 ) -> History:
     """Read the history of the last ``seconds`` in steps of ``step`` (one queue's, if given).
 
@@ -236,26 +269,26 @@ async def load_history(
     hundreds of thousands of rows with many workers, the rollup about fifty per queue and task.
     """
     rollup = step % ROLLUP_STEP == 0
-    read_totals = store.rollup_totals if rollup else store.history_totals
-    read_series = store.rollup_series if rollup else store.history_series
+    read_totals = ROLLUP_TOTALS if rollup else HISTORY_TOTALS
+    read_series = ROLLUP_SERIES if rollup else HISTORY_SERIES
     totals = [
         TaskTotals(
-            queue=row["queue"],
-            task=row["task"],
-            completed=row["completed"],
-            retried=row["retried"],
-            dead=row["dead"],
-            wait_p50=percentile(row["wait"], 0.5),
-            wait_p95=percentile(row["wait"], 0.95),
-            run_p50=percentile(row["run"], 0.5),
-            run_p95=percentile(row["run"], 0.95),
+            queue=row.queue,
+            task=row.task,
+            completed=row.completed,
+            retried=row.retried,
+            dead=row.dead,
+            wait_p50=percentile(row.wait, 0.5),
+            wait_p95=percentile(row.wait, 0.95),
+            run_p50=percentile(row.run, 0.5),
+            run_p95=percentile(row.run, 0.95),
         )
-        for row in await read_totals(conn, seconds)
-        if queue is None or row["queue"] == queue
+        for row in await read_totals.rows(conn, schema, seconds)
+        if queue is None or row.queue == queue
     ]
     points: dict[str, list[tuple[datetime, int, int, int]]] = defaultdict(list)
-    for row in await read_series(conn, seconds, step, queue):
-        points[row["name"]].append((row["t"], row["completed"], row["retried"], row["dead"]))
+    for row in await read_series.rows(conn, schema, seconds, step, queue):
+        points[row.name].append((row.t, row.completed, row.retried, row.dead))
     series = [
         Series(name=name, points=p, peak=max(c + r + d for _, c, r, d in p))
         for name, p in sorted(points.items())

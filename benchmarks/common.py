@@ -1,16 +1,21 @@
-"""What the measurement scripts share: CPU time, percentiles, preloading, counting task starts."""
+"""What the measurement scripts share: CPU time, memory, percentiles, preloading, counting."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import resource
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import psutil
 
 import systems
+
+MIB = 2**20
 
 
 def rusage() -> float:
@@ -87,3 +92,87 @@ def drained(
         "worker_cpu_per_1000": 1000 * worker_cpu / max(jobs, 1),
         "pg_cpu_per_1000": 1000 * pg_cpu / max(jobs, 1) if pg_cpu is not None else None,
     }
+
+
+def resident(pids: list[int]) -> float:
+    """MiB resident: this process's RSS, or the PSS summed over the given process trees.
+
+    A worker of several processes (Celery's prefork pool) shares pages between them: the sum of
+    their RSS would count those once per process, the sum of their PSS counts them once.
+    """
+    if not pids:
+        return psutil.Process().memory_info().rss / MIB
+    total = 0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_full_info().pss
+    return total / MIB
+
+
+class Memory:
+    """The worker's resident memory (``resident``) sampled while it runs; ``figures()`` sums up.
+
+    In-process workers share the process with the harness (its enqueue client, the counters),
+    the same for every system; ``start`` is the figure as the worker starts (after the preload).
+    """
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []  # (perf_counter, MiB)
+        self.kind = "rss"
+
+    @contextlib.asynccontextmanager
+    async def watch(self, system: systems.System) -> AsyncIterator[None]:
+        """Sample from now until the block ends (the worker's pids are read at each sample)."""
+        stop = asyncio.Event()
+
+        async def loop() -> None:
+            while not stop.is_set():
+                self.sample(system.worker_pids())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval)
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+            self.sample(system.worker_pids())
+
+    def sample(self, pids: list[int]) -> float:
+        self.kind = "pss" if pids else "rss"
+        mib = resident(pids)
+        self.samples.append((time.perf_counter(), mib))
+        return mib
+
+    def figures(self) -> dict[str, Any]:
+        """start, peak and end MiB, and what was measured (``rss`` or ``pss`` of a tree)."""
+        if not self.samples:
+            return {}
+        values = [m for _, m in self.samples]
+        return {
+            "mem_mb_start": values[0],
+            "mem_mb_peak": max(values),
+            "mem_mb_end": values[-1],
+            "mem_kind": self.kind,
+        }
+
+
+def slope_mb_per_min(samples: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, MiB) samples, in MiB per minute."""
+    if len(samples) < 3:
+        return None
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mm = sum(m for _, m in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    if not var:
+        return None
+    return 60 * sum((t - mt) * (m - mm) for t, m in samples) / var

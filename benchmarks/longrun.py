@@ -14,7 +14,7 @@ import asyncpg
 from aioq.store import Store
 
 import systems
-from common import Runs, aioq_defer, pct
+from common import Runs, aioq_defer, pct, resident, slope_mb_per_min
 from systems.sys_aioq import Adapter, noop
 
 TABLE = """
@@ -125,6 +125,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "backlog": backlog,
                 "p50_ms": pct(window, 0.5),
                 "p99_ms": pct(window, 0.99),
+                # The worker's process (the enqueuer shares it): resident MiB.
+                "rss_mb": resident([]),
                 **dict(row),
             }
         )
@@ -146,8 +148,17 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         await sample(time.perf_counter() - t0, enqueued)
     await adapter.close()
     await watch.close()
+    # Flat over time: the slope of RSS over the second half of the steady part (the first half
+    # holds the start-up: connections, statement caches, the first allocations).
+    steady = [(x["t"], x["rss_mb"]) for x in series[:-1]]
+    second = steady[len(steady) // 2 :]
     return {
         "target_rate": args.rate,
+        "rss_mb_first": steady[0][1] if steady else None,
+        "rss_mb_last": steady[-1][1] if steady else None,
+        "rss_mb_peak": max((m for _, m in steady), default=None),
+        "rss_slope_mb_min": slope_mb_per_min(second),
+        "rss_second_half_s": second[-1][0] - second[0][0] if len(second) > 1 else None,
         "c50_rate": args.c50_rate,
         "enqueue_rate": enqueued / elapsed,
         "done": done,

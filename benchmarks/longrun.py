@@ -14,7 +14,7 @@ import asyncpg
 from aioq.store import Store
 
 import systems
-from common import Runs, aioq_defer, pct, resident, slope_mb_per_min
+from common import Histogram, Runs, aioq_defer, pct, resident, slope_mb_per_min
 from systems.sys_aioq import Adapter, noop
 
 TABLE = """
@@ -88,7 +88,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     per_tick = max(1, round(args.rate * tick))
     committed: dict[int, float] = {}
     window: list[float] = []
-    all_ms: list[float] = []
+    all_ms = Histogram()  # the whole run's: fixed memory (a list would grow by a float a job)
     done = 0
 
     def started(i: int) -> None:
@@ -98,7 +98,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         t = committed.get(i)
         ms = (time.perf_counter() - t) * 1000 if t is not None else 0.0
         window.append(ms)
-        all_ms.append(ms)
+        all_ms.add(ms)
 
     systems.hook = started
     warnings = Warnings()
@@ -163,8 +163,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "enqueue_rate": enqueued / elapsed,
         "done": done,
         "enqueued": enqueued,
-        "p50_ms": pct(all_ms, 0.5),
-        "p99_ms": pct(all_ms, 0.99),
+        "p50_ms": all_ms.pct(0.5),
+        "p99_ms": all_ms.pct(0.99),
         "runs_per_job": done / max(enqueued, 1),
         "autovacuum": await autovacuum(args.dsn),
         "warnings": warnings.counts,

@@ -729,7 +729,8 @@ def memory_section(res: dict[str, list[Result]]) -> list[str]:
     ]  # fmt: skip
     out = table(["system: worker MiB, peak (at its start)", *used], body)
     out += [
-        "Resident memory of the worker, sampled every 0.25 s while it runs: peak, and the first "
+        "Resident memory of the worker, sampled every 0.25 s (Celery's: every second) while it "
+        "runs: peak, and the first "
         "sample (the worker just started, the backlog preloaded). An in-process worker shares "
         "the measuring process with the harness (its enqueue client and counters, the same for "
         "every system): its RSS. Celery's worker is a process with a pool of c children: the "
@@ -887,7 +888,8 @@ def method(repeats: int) -> list[str]:
         "reason, where no Python >= 3.12 is found). "
         f"Repeats: {repeats} per cell"
         + (f", except (the time budget) {capped}" if capped else "")
-        + "; c1 drain cells where a peer runs into the limit in every run on record, once ("
+        + "; once: c1 drain cells where a peer runs into the limit in every run on record, "
+        "and procrastinate's c10 and c50 (20 to 60 times below every other system) ("
         + "; ".join(f"c{c} {', '.join(s)}" for c, s in plan.DRAIN_ONCE.items())
         + ")"
         + "; each round runs every cell once, systems interleaved, each round starting at "
@@ -943,7 +945,8 @@ def method(repeats: int) -> list[str]:
         "for the CLI and Celery); PostgreSQL's from psutil (`/proc/<pid>/stat`) of the client "
         "backends connected to the measured database (from `pg_stat_activity`), start-to-stop "
         "deltas, not counting WAL writer, checkpointer or autovacuum.",
-        "- memory: psutil every 0.25 s while the worker runs (drain, io_bound, backlog, workflow): "
+        "- memory: psutil every 0.25 s (Celery: 1 s) while the worker runs (drain, io_bound, "
+        "backlog, workflow): "
         "the RSS of the measuring process for in-process workers, the summed PSS of Celery's "
         "worker processes; each second of the soak.",
         "- latency: `time.perf_counter()` in one process: after the enqueue call returned "

@@ -335,7 +335,11 @@ def earlier(res: dict[str, list[Result]]) -> list[Row]:
             (
                 "drain ≥ 5x best peer at its best concurrency (one process each)",
                 f"aioq {a[0]:,.0f}/s ({a[1]}) vs {peer[1]} {peer[0]:,.0f}/s = {x:.2f}x"
-                + (" (the peer's drain hit the time limit: a lower bound)" if capped else ""),
+                + (
+                    " (that drain hit the time limit: the ratio may overstate the lead)"
+                    if capped
+                    else ""
+                ),
                 x >= 5,
             )
         )

@@ -42,7 +42,7 @@ chaos: $(VENV)/.installed-dev pgbouncer
 
 # Benchmarks against the peers, in their own venv (pinned peers + aioq), on a throwaway stock
 # PostgreSQL (fsync on): writes benchmarks/RESULTS.md, results.json and charts (planned: about
-# 22 min on a quiet 2-core machine; not part of `make test`). run.py builds two more venvs on
+# 23 min on a quiet 2-core machine; not part of `make test`). run.py builds two more venvs on
 # first use: Oban's (benchmarks/.venv-oban, from a Python >= 3.12 it finds, or skipped with the
 # reason) and Celery's (benchmarks/.venv-celery; it runs where Redis answers, else skipped).
 # BENCH_ARGS="--quick --only drain --out /tmp/b/RESULTS.md".

@@ -277,14 +277,17 @@ def expected(cell: Cell, last: dict[str, list[dict[str, Any]]]) -> float:
     limits = [float(v) for f, v in itertools.pairwise(cell.argv) if f in ("--limit", "--seconds")]
     phases = 2 if cell.scenario == "payload" else 1  # a limit for the defer and for the drain
     bound = phases * sum(limits) + STARTUP_S if limits else float("inf")
-    if not walls and "n" in key:  # the same cell with another N: N at its rate on record
-        rates = [
-            r["rate"]
+    if not walls and "n" in key:  # the same cell with another N: its overhead, N at its rate
+        same = [
+            r
             for r in last.get(cell.scenario, [])
-            if r.get("rate") and all(r.get(k) == v for k, v in key.items() if k != "n")
+            if r.get("rate") and r.get("seconds") and "wall_s" in r
+            if all(r.get(k) == v for k, v in key.items() if k != "n")
         ]
-        if rates:
-            return COPY_S + min(STARTUP_S + key["n"] / statistics.median(rates), bound)
+        if same:
+            overhead = statistics.median(r["wall_s"] - r["seconds"] for r in same)
+            rate = statistics.median(r["rate"] for r in same)
+            return COPY_S + min(overhead + key["n"] / rate, bound)
     if not walls:  # a cell new to the plan: its limits, or 10 s
         return COPY_S + (bound if limits else 10.0)
     return COPY_S + min(statistics.median(walls), bound)

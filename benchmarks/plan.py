@@ -221,8 +221,8 @@ IO_SYSTEMS = ("aioq", "pgqueuer", "oban", "saq")
 PAYLOAD_KB = (1, 64)
 QUEUES = (1, 50)
 PROCESSES = (1, 2, 4)
-# Scenarios whose repeats are capped (the time budget of the full run, about 23 min): one long run, or
-# cells whose spread is small against the ratios they show.
+# Scenarios whose repeats are capped (the time budget of the full run, about 23 min): one long
+# run, or cells whose spread is small against the ratios they show.
 REPEATS = {"backlog": 1, "mixed": 1, "soak": 1, "payload": 2, "io_bound": 2, "workflow": 1}
 # The workflow: one fan-out of WORKFLOW_STEPS steps and one fan-in, the worker at c50.
 WORKFLOW_STEPS = 10_000

@@ -448,9 +448,10 @@ def memory(res: dict[str, list[Result]]) -> list[Row]:
         )
     )
     back = [r for r in res.get("backlog", []) if "mem_mb_peak" in r]
+    jobs = back[0]["jobs"] if back else 1_000_000
     out.append(
         (
-            "memory: worker peak RSS draining a 1,000,000-job backlog (c50)",
+            f"memory: worker peak RSS draining a {jobs:,}-job backlog (c50)",
             f"aioq {back[0]['mem_mb_peak']:,.0f} MiB (at its start {back[0]['mem_mb_start']:,.0f})"
             if back
             else "—",

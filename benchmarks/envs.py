@@ -3,7 +3,8 @@
 Oban for Python needs Python >= 3.12; the benchmark venv runs whatever ``make bench`` was given
 (3.11 or newer). Its cells run in a venv of their own, benchmarks/.venv-oban, built here from
 the first Python >= 3.12 found (``$AIOQ_BENCH_PYTHON312``, ``python3.15`` .. ``python3.12`` on
-PATH, then pyenv's and /usr's installs) and rebuilt when its requirements file changes. Celery
+PATH, then pyenv's and /usr's installs) and rebuilt when its requirements file or pyproject.toml
+changes; aioq is installed in it too (``-e``: the harness's modules import it). Celery
 gets one too (benchmarks/.venv-celery, from the benchmark's own Python): its Redis client
 version conflicts with arq's.
 """
@@ -18,6 +19,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # the repository: aioq goes into every venv (the harness imports it)
 # Per system: (venv directory, requirements file, the oldest Python it runs on). Celery's needs
 # redis-py >= 6.4 where arq needs < 6: it cannot share the benchmark venv either.
 VENVS = {
@@ -80,8 +82,11 @@ def python_for(name: str) -> tuple[str | None, str]:
     venv = os.path.join(HERE, where)
     exe = os.path.join(venv, "bin", "python")
     req = os.path.join(HERE, requirements)
-    with open(req, "rb") as f:
-        stamp = hashlib.sha256(f.read()).hexdigest()
+    digest = hashlib.sha256()
+    for path in (req, os.path.join(ROOT, "pyproject.toml")):  # as the Makefile's bench venv
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    stamp = digest.hexdigest()
     stamp_file = os.path.join(venv, ".installed")
     if os.path.exists(stamp_file) and os.path.exists(exe):
         with open(stamp_file) as f:
@@ -98,7 +103,7 @@ def python_for(name: str) -> tuple[str | None, str]:
     steps = [
         [base, "-m", "venv", "--clear", venv],
         [exe, "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-        [exe, "-m", "pip", "install", "--quiet", "-r", req],
+        [exe, "-m", "pip", "install", "--quiet", "-r", req, "-e", ROOT],
     ]
     for step in steps:
         out = subprocess.run(step, capture_output=True, text=True)

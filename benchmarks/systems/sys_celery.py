@@ -97,7 +97,6 @@ if Celery is not None:
     def fan_in(results: list[int]) -> None:
         """The chord's body: runs once every step has run."""
         report("s", systems.FAN_IN)
-        report("n", len(results))
 
     @worker_ready.connect
     def _ready(**kwargs: Any) -> None:
@@ -124,7 +123,6 @@ class Adapter(System):
         self.sent = 0
         self.ended = 0
         self.ready = asyncio.Event()
-        self.fan_in_size: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.dir = tempfile.TemporaryDirectory(prefix="aioq-bench-celery-")
         self.path = os.path.join(self.dir.name, "report")
@@ -142,9 +140,6 @@ class Adapter(System):
             kind, i, stamp = data.decode().split()
             if kind == "r":
                 self.ready.set()
-                continue
-            if kind == "n":
-                self.fan_in_size = int(i)
                 continue
             systems.stamp = float(stamp)
             try:

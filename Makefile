@@ -73,8 +73,11 @@ chaos: $(VENV)/.installed-dev pgbouncer
 	AIOQ_CHAOS_PROFILE=long $(PY) -m pytest -m chaos tests/chaos --timeout 1800
 
 # Benchmarks against the peers, in their own venv (pinned peers + aioq), on a throwaway stock
-# PostgreSQL (fsync on): writes benchmarks/RESULTS.md, results.json and charts (planned: < 20 min)
-# (not part of `make test`). BENCH_ARGS="--quick --only drain --out /tmp/b/RESULTS.md".
+# PostgreSQL (fsync on): writes benchmarks/RESULTS.md, results.json and charts (planned: about
+# 23 min on a quiet 2-core machine; not part of `make test`). run.py builds two more venvs on
+# first use: Oban's (benchmarks/.venv-oban, from a Python >= 3.12 it finds, or skipped with the
+# reason) and Celery's (benchmarks/.venv-celery; it runs where Redis answers, else skipped).
+# BENCH_ARGS="--quick --only drain --out /tmp/b/RESULTS.md".
 BENCH_VENV := benchmarks/.venv
 $(BENCH_VENV)/.installed: benchmarks/requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \

@@ -1,5 +1,5 @@
 """PNG charts with matplotlib (Agg): drain, defer_conc and io_bound throughput against
-concurrency, payload bars, the latency CDF and the soak's time series."""
+concurrency, payload bars, the latency CDF and the soak's time series (with the worker's RSS)."""
 
 from __future__ import annotations
 
@@ -88,8 +88,9 @@ def _drain(rows: list[Result], outdir: str) -> str:
         ax.scatter(
             [50], [statistics.median(cli)], marker="*", s=150, label="aioq CLI 2 processes x c50"
         )
+    ax.set_yscale("log")  # the systems span two orders of magnitude
     return _save(
-        fig, ax, outdir, "drain.png", "worker concurrency", "jobs/s (median, min–max)",
+        fig, ax, outdir, "drain.png", "worker concurrency", "jobs/s (median, min–max, log)",
         "drain: no-op jobs per second",
     )  # fmt: skip
 
@@ -159,7 +160,10 @@ def _latency(rows: list[Result], outdir: str) -> str:
 def _soak(r: Result, outdir: str) -> str:
     s = r["series"]
     t = [x["t"] for x in s]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    rss = [x.get("rss_mb") for x in s]
+    rows = 3 if all(m is not None for m in rss) else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(7, 3 * rows), sharex=True)
+    a1, a2 = axes[0], axes[1]
     a1.plot(t, [x["p50_ms"] for x in s], label="p50")
     a1.plot(t, [x["p99_ms"] for x in s], label="p99")
     a1.set_yscale("log")
@@ -169,7 +173,13 @@ def _soak(r: Result, outdir: str) -> str:
     a2.plot(t, [x["n_dead_tup"] for x in s], label="dead tuples")
     a2.plot(t, [x["backlog"] for x in s], label="backlog (rows)")
     a2.set_ylabel("rows")
-    a2.set_xlabel("seconds")
+    if rows == 3:
+        axes[2].plot(t, rss, "g-", marker=".", label="worker RSS (MiB)")
+        axes[2].set_ylabel("worker RSS, MiB")
+        axes[2].set_ylim(bottom=0)
+        axes[2].legend(loc="lower right")
+        axes[2].grid(True, alpha=0.3)
+    axes[-1].set_xlabel("seconds")
     a3 = a2.twinx()
     a3.plot(
         t, [(x["table_bytes"] + x["index_bytes"]) / 1024 for x in s], "k--", label="table+index kB"

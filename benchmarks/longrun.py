@@ -14,7 +14,7 @@ import asyncpg
 from aioq.sql.jobs import CLAIM_ONE_QUEUE
 
 import systems
-from common import Runs, aioq_defer, complete, pct
+from common import Histogram, Runs, aioq_defer, complete, pct, resident, slope_mb_per_min
 from systems.sys_aioq import Adapter, noop
 
 TABLE = """
@@ -87,7 +87,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     per_tick = max(1, round(args.rate * tick))
     committed: dict[int, float] = {}
     window: list[float] = []
-    all_ms: list[float] = []
+    all_ms = Histogram()  # the whole run's: fixed memory (a list would grow by a float a job)
     done = 0
 
     def started(i: int) -> None:
@@ -97,7 +97,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         t = committed.get(i)
         ms = (time.perf_counter() - t) * 1000 if t is not None else 0.0
         window.append(ms)
-        all_ms.append(ms)
+        all_ms.add(ms)
 
     systems.hook = started
     warnings = Warnings()
@@ -124,6 +124,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "backlog": backlog,
                 "p50_ms": pct(window, 0.5),
                 "p99_ms": pct(window, 0.99),
+                # The worker's process (the enqueuer shares it): resident MiB.
+                "rss_mb": resident([]),
                 **dict(row),
             }
         )
@@ -145,14 +147,23 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         await sample(time.perf_counter() - t0, enqueued)
     await adapter.close()
     await watch.close()
+    # Flat over time: the slope of RSS over the second half of the steady part (the first half
+    # holds the start-up: connections, statement caches, the first allocations).
+    steady = [(x["t"], x["rss_mb"]) for x in series[:-1]]
+    second = steady[len(steady) // 2 :]
     return {
         "target_rate": args.rate,
+        "rss_mb_first": steady[0][1] if steady else None,
+        "rss_mb_last": steady[-1][1] if steady else None,
+        "rss_mb_peak": max((m for _, m in steady), default=None),
+        "rss_slope_mb_min": slope_mb_per_min(second),
+        "rss_second_half_s": second[-1][0] - second[0][0] if len(second) > 1 else None,
         "c50_rate": args.c50_rate,
         "enqueue_rate": enqueued / elapsed,
         "done": done,
         "enqueued": enqueued,
-        "p50_ms": pct(all_ms, 0.5),
-        "p99_ms": pct(all_ms, 0.99),
+        "p50_ms": all_ms.pct(0.5),
+        "p99_ms": all_ms.pct(0.99),
         "runs_per_job": done / max(enqueued, 1),
         "autovacuum": await autovacuum(args.dsn),
         "warnings": warnings.counts,

@@ -17,7 +17,7 @@ from typing import Any
 
 import systems
 import workloads
-from common import Runs, drained, preload, rusage
+from common import Memory, Runs, drained, preload, rusage
 from cpu import PgCpu
 
 
@@ -81,20 +81,30 @@ async def drain(system: systems.System, args: argparse.Namespace) -> dict[str, A
         runs = Runs()
         systems.hook = runs.count
         pg = await PgCpu.connect(args.dsn) if system.backend == "postgres" else None
+        memory = Memory()
         cpu0, t0 = rusage(), time.perf_counter()
         if pg is not None:
             await pg.start()
-        async with system.worker(args.concurrency, poll_interval=args.poll):
+        async with system.worker(args.concurrency, poll_interval=args.poll), memory.watch(system):
+            if system.consuming_since is not None:  # a worker process, told to start just now
+                t0 = system.consuming_since
             finished = await wait_done(system, runs, args.n, t0 + args.limit)
             seconds = time.perf_counter() - t0
-            worker_cpu = rusage() - cpu0
+            worker_cpu = worker_cpu_since(system, cpu0)
             pg_cpu = await pg.stop() if pg is not None else None
         left = await system.remaining()
         if pg is not None:
             await pg.close()
-        return drained(args.n - left, seconds, finished, worker_cpu, pg_cpu)
+        return {**drained(args.n - left, seconds, finished, worker_cpu, pg_cpu), **memory.figures()}
     finally:
         await system.close()
+
+
+def worker_cpu_since(system: systems.System, cpu0: float) -> float:
+    """The worker's CPU seconds: this process's since ``cpu0``, or its own processes' since
+    they were told to start."""
+    own = system.worker_cpu()
+    return rusage() - cpu0 if own is None else own - system.cpu_at_start
 
 
 async def latency(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
@@ -103,7 +113,7 @@ async def latency(system: systems.System, args: argparse.Namespace) -> dict[str,
     delays: list[float] = []
 
     def started(i: int) -> None:
-        now = time.perf_counter()
+        now = systems.clock()
         if i in committed:
             delays.append((now - committed[i]) * 1000)
         else:  # the task started before the enqueue call returned
@@ -147,7 +157,10 @@ async def main() -> None:
     parser.add_argument("--payload-kb", type=int, default=1)
     parser.add_argument("--queues", type=int, default=1)
     args = parser.parse_args()
-    if args.scenario in workloads.SCENARIOS:
+    if args.scenario == "install":  # run.py's provisioning, in this system's interpreter
+        await systems.load(args.system).install(args.dsn)
+        result: dict[str, Any] = {"installed": args.system}
+    elif args.scenario in workloads.SCENARIOS:
         result = await workloads.SCENARIOS[args.scenario](systems.load(args.system), args)
     elif args.scenario in ("history", "soak"):
         import longrun

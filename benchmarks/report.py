@@ -11,7 +11,8 @@ from collections import defaultdict
 from typing import Any
 
 import plan
-from targets import scale, targets
+import systems
+from targets import FLAT_MB, FLAT_SHARE, scale, targets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARAMS = (
@@ -50,6 +51,10 @@ def brief(r: Result) -> str:
         return f"claim p50 {r['claim_ms_p50']:.3f} ms, drain {r['rate']:,.0f}/s"
     if "series" in r:
         return f"{r['enqueue_rate']:,.0f}/s in, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+    if "us_per_step" in r:
+        return f"fan-in after {r['seconds']:.2f} s ({r['us_per_step']:,.0f} µs/step)"
+    if "installed" in r:
+        return f"installed {r['installed']}"
     extra = " (capped)" if r.get("capped") else ""
     return f"{r['rate']:,.0f} jobs/s{extra}"
 
@@ -97,8 +102,8 @@ def errors(rs: list[Result]) -> str:
     return f" ⚠ {len(errs)} failed: {errs[0]}" if errs else ""
 
 
-PEERS = ("pgqueuer", "procrastinate", "chancy", "saq", "arq")
-PG_PEERS = ("pgqueuer", "procrastinate", "chancy")
+PEERS = tuple(s for s in systems.ALL if s != "aioq")
+PG_PEERS = tuple(s for s in systems.POSTGRES if s != "aioq")
 
 
 def ratio_line(rows: list[Result], field: str = "rate", lower_is_better: bool = False) -> list[str]:
@@ -191,6 +196,20 @@ def drain_section(rows: list[Result]) -> list[str]:
                 cpu.append([system, c, fmt(w, 3, " s"), fmt(p, 3, " s")])
     out += ["CPU seconds (user+sys) per 1 000 jobs during the drain:", ""]
     out += table(["system", "run", "worker process", "PostgreSQL backends"], cpu)
+    sizes = {
+        (k["system"], k["concurrency"] > 1): k["n"] for k in map(dict, g) if k["processes"] == 1
+    }
+    out += [
+        "Jobs per drain (each sized to a few seconds of the system's rate, so that the c10 and "
+        "c50 drains end before the time limit): "
+        + ", ".join(
+            f"{system} {sizes.get((system, False), 0):,} at c1, {sizes[(system, True)]:,} at c10/c50"
+            for system in by_system
+            if (system, True) in sizes
+        )
+        + ".",
+        "",
+    ]
     capped = [
         f"{dict(k)['system']} c{dict(k)['concurrency']}"
         for k, rs in g.items()
@@ -227,9 +246,12 @@ def latency_section(rows: list[Result]) -> list[str]:
     )
     return [
         *out,
-        "Wake-up `default` is each library's own: LISTEN/NOTIFY for aioq, pgqueuer, procrastinate "
-        "and chancy (with their polling as the fallback, 1 s here where configurable); saq's "
-        "blocking Redis pop; arq polls Redis (`poll_delay=0.05`, its default is 0.5 s).",
+        "Wake-up `default` is each library's own: LISTEN/NOTIFY for aioq, pgqueuer, procrastinate, "
+        "chancy and oban (with their polling as the fallback, 1 s here where configurable; "
+        "oban's NOTIFY comes from its insert statement); saq's blocking Redis pop; arq polls "
+        "Redis (`poll_delay=0.05`, its default is 0.5 s); Celery's worker process blocks on a "
+        "Redis pop and hands the task to a pool process (its task reports its start with a "
+        "datagram stamped in that process).",
         "",
     ]
 
@@ -286,6 +308,14 @@ def soak_section(rows: list[Result]) -> list[str]:
             + f". Task runs per enqueued job: {r.get('runs_per_job', 1):.4f}.",
             "",
         ]
+        if r.get("rss_slope_mb_min") is not None:
+            out += [
+                f"Worker RSS (the process also runs the enqueuer): {r['rss_mb_first']:,.1f} MiB "
+                f"after 1 s, {r['rss_mb_last']:,.1f} MiB at the end of the steady part, peak "
+                f"{r['rss_mb_peak']:,.1f}; slope over the last {r['rss_second_half_s']:.0f} s "
+                f"{r['rss_slope_mb_min']:+.2f} MiB/min.",
+                "",
+            ]
         if r.get("warnings"):
             out += ["aioq warnings during the soak:", ""]
             out += table(
@@ -305,6 +335,7 @@ def soak_section(rows: list[Result]) -> list[str]:
                 "table kB",
                 "index kB",
                 "autovacuums",
+                "worker RSS MiB",
             ],
             [
                 [
@@ -319,6 +350,7 @@ def soak_section(rows: list[Result]) -> list[str]:
                     f"{x['table_bytes'] // 1024:,}",
                     f"{x['index_bytes'] // 1024:,}",
                     str(x["autovacuum_count"]),
+                    f"{x['rss_mb']:,.1f}" if x.get("rss_mb") is not None else "—",
                 ]
                 for x in pick
             ],
@@ -632,6 +664,120 @@ def mixed_section(rows: list[Result]) -> list[str]:
     return out
 
 
+def systems_section(meta: dict[str, Any]) -> list[str]:
+    """How each system runs: what aioq's ``concurrency`` becomes in it, its calls, the rest."""
+    apis = meta.get("apis", {})
+    concurrency = apis.get("concurrency", {})
+    if not concurrency:
+        return []
+    body = [
+        [
+            name,
+            f"`{concurrency[name]}`",
+            f"`{apis['single'].get(name, '')}`",
+            f"`{apis['bulk'][name]}`" if apis["bulk"].get(name) else "none",
+            apis.get("mapping", {}).get(name, ""),
+        ]
+        for name in concurrency
+        if name != systems.REFERENCE
+    ]
+    return [
+        *table(["system", "concurrency c (a per-worker cap)", "one job", "bulk", "the rest"], body),
+        "Each system runs its own worker with its documented knob for the number of jobs one "
+        "worker runs at once, set to the cell's concurrency; the rest is its defaults except "
+        "where said. Versions are pinned in benchmarks/requirements*.txt.",
+        "",
+    ]
+
+
+def memory_section(res: dict[str, list[Result]]) -> list[str]:
+    """The worker's resident memory per system and scenario (peak, median over the repeats)."""
+    columns = [
+        ("drain", {"concurrency": 10, "processes": 1}, "drain c10"),
+        ("drain", {"concurrency": 50, "processes": 1}, "drain c50"),
+        ("io_bound", {"concurrency": 100}, "I/O-bound c100"),
+        ("io_bound", {"concurrency": 1000}, "I/O-bound c1000"),
+        ("backlog", {}, "backlog (c50)"),
+        ("workflow", {}, "workflow (c50)"),
+    ]
+    cells: dict[str, dict[str, str]] = defaultdict(dict)
+    kinds: dict[str, str] = {}
+    for scenario, match, label in columns:
+        for key, rs in groups(res.get(scenario, [])).items():
+            k = dict(key)
+            if any(k.get(f) != v for f, v in match.items()):
+                continue
+            peak, start = stat(rs, "mem_mb_peak"), stat(rs, "mem_mb_start")
+            if peak is not None and start is not None:
+                cells[k["system"]][label] = f"**{peak[0]:,.0f}** (start {start[0]:,.0f})"
+                kinds[k["system"]] = rs[0].get("mem_kind", "rss")
+    for r in res.get("soak", []):
+        if r.get("rss_slope_mb_min") is not None:
+            label = f"soak {r['target_rate']:,.0f}/s"
+            cells["aioq"][label] = (
+                f"{r['rss_mb_first']:,.0f} → {r['rss_mb_last']:,.0f} "
+                f"({r['rss_slope_mb_min']:+.2f} MiB/min at the end)"
+            )
+            columns.append(("soak", {}, label))
+    used = [label for _, _, label in columns if any(label in c for c in cells.values())]
+    if not cells:
+        return []
+    body = [
+        [f"{system}" + (" (PSS of its processes)" if kinds.get(system) == "pss" else ""),
+         *(c.get(label, "—") for label in used)]
+        for system, c in cells.items()
+    ]  # fmt: skip
+    out = table(["system: worker MiB, peak (at its start)", *used], body)
+    out += [
+        "Resident memory of the worker, sampled every 0.25 s (Celery's: every second) while it "
+        "runs: peak, and the first "
+        "sample (the worker just started, the backlog preloaded). An in-process worker shares "
+        "the measuring process with the harness (its enqueue client and counters, the same for "
+        "every system): its RSS. Celery's worker is a process with a pool of c children: the "
+        "sum of their PSS (shared pages counted once). The soak's RSS over time is in its "
+        "section.",
+        "",
+    ]
+    return out
+
+
+def workflow_section(rows: list[Result]) -> list[str]:
+    body = []
+    for key, rs in groups(rows).items():
+        k = dict(key)
+        body.append(
+            [
+                k["system"],
+                f"{rs[0].get('steps', k.get('n', 0)):,}",
+                fmt(stat(rs, "seconds"), 2, " s") + errors(rs),
+                fmt(stat(rs, "us_per_step")),
+                fmt(stat(rs, "submit_s"), 2, " s"),
+                fmt(stat(rs, "cpu_us_per_step")),
+                ", ".join(str(r.get("steps_before_fan_in", "—")) for r in rs),
+            ]
+        )
+    return [
+        *table(
+            [
+                "system",
+                "steps",
+                "time to the fan-in",
+                "µs per step",
+                "submit call",
+                "CPU µs per step",
+                "steps run before the fan-in",
+            ],
+            body,
+        ),
+        "One fan-out of n no-op steps and one fan-in that runs once every step has run, "
+        "submitted to an idle worker at c50; the time runs from the submit call to the fan-in's "
+        "start. CPU: the submitting process and the worker's (not the database's or Redis's). "
+        "Celery: `chord(header)(body)` with its Redis result backend. aioq's side joins when "
+        "its adapter (benchmarks/systems/sys_aioq.py) has `workflow_api` and `run_workflow`.",
+        "",
+    ]
+
+
 def write(data: dict[str, Any], out: str) -> None:
     import charts
 
@@ -678,6 +824,9 @@ def write(data: dict[str, Any], out: str) -> None:
         ["target", "measured", "result"],
         [[t, m, STATUS.get(ok, str(ok))] for t, m, ok in targets(res)],
     )
+    mapping = systems_section(meta)
+    if mapping:
+        lines += ["## How each system runs", "", *mapping]
     sections = [
         (
             "defer_one",
@@ -709,6 +858,7 @@ def write(data: dict[str, Any], out: str) -> None:
         ("mixed", "mixed: steady deferring while a backlog drains (aioq)", mixed_section),
         ("soak", "soak: steady enqueue near capacity (aioq)", soak_section),
         ("ceiling", "ceiling: aioq's claim/complete SQL with no worker", ceiling_section),
+        ("workflow", "workflow: a fan-out with one fan-in", workflow_section),
     ]
     for name, title, fn in sections:
         if name in res:
@@ -716,6 +866,9 @@ def write(data: dict[str, Any], out: str) -> None:
             for image in images.get(name, "").split(", "):
                 if image:
                     lines += [f"![{name}](charts/{image})", ""]
+    mem = memory_section(res)
+    if mem:
+        lines += ["## memory: the worker's resident memory", "", *mem]
     lines += ["## Method", "", *method(meta["repeats"])]
     with open(out, "w") as f:
         f.write("\n".join(lines))
@@ -728,13 +881,25 @@ def method(repeats: int) -> list[str]:
     return [
         "- Each measurement is `benchmarks/.venv/bin/python benchmarks/measure.py` (or `ceiling.py`) "
         "in its own process under a timeout; asyncio's default event loop for every system. "
+        "Oban for Python needs Python >= 3.12 and Celery's Redis client conflicts with arq's: "
+        "their cells run the same measure.py with the interpreter of a venv of their own "
+        "(benchmarks/.venv-oban, .venv-celery, built by run.py from "
+        "benchmarks/requirements-oban.txt and requirements-celery.txt; Oban is skipped, with the "
+        "reason, where no Python >= 3.12 is found). "
         f"Repeats: {repeats} per cell"
-        + (f", except (the 20-minute budget) {capped}" if capped else "")
-        + "; drain cells where a peer runs into the limit in every run on record, once ("
+        + (f", except (the time budget) {capped}" if capped else "")
+        + "; once: c1 drain cells where a peer runs into the limit in every run on record, "
+        "and procrastinate's c10 and c50 (20 to 60 times below every other system) ("
         + "; ".join(f"c{c} {', '.join(s)}" for c, s in plan.DRAIN_ONCE.items())
         + ")"
         + "; each round runs every cell once, systems interleaved, each round starting at "
         "another cell of the list.",
+        "- Celery's worker is its own process (`celery worker --pool prefork --concurrency c`), "
+        "started before the clock: it first consumes an empty queue, and the clock starts when "
+        "it is told to consume the jobs' queue (`control.add_consumer`) once ready (the other "
+        "systems' in-process workers start within the clock, in about 50 ms). Its tasks report "
+        "their start and end with a datagram stamped with `time.perf_counter()` (one monotonic "
+        "clock for the host's processes); its CPU is its process tree's (psutil).",
         "- defer_one: the library's normal single-enqueue call in autocommit, so one transaction "
         "per job; 50 warm-up calls first; at most "
         f"{plan.DEFER_ONE_LIMIT} s. The reference is a bare asyncpg `INSERT ... RETURNING id` of "
@@ -747,15 +912,17 @@ def method(repeats: int) -> list[str]:
         f"- io_bound: a backlog of concurrency / 0.05 × {plan.IO_WORK:g} s jobs, preloaded through "
         "the bulk API; each task awaits `asyncio.sleep(0.05)`; the clock runs from the worker's "
         f"start to the last task's end, at most {plan.IO_LIMIT} s (capped). Peers: {peers} "
-        "(procrastinate drains about 150 no-op jobs/s at any concurrency, far below every ideal "
-        "here; chancy and arq left out for the time budget).",
+        "(procrastinate drains about 100 no-op jobs/s at any concurrency, far below every ideal "
+        "here; chancy and arq left out for the time budget; Celery's docs recommend another pool, "
+        "gevent or eventlet, for I/O-bound tasks than the prefork one measured here).",
         "- payload: N jobs with an extra `blob` argument (nested JSON of the given size) deferred "
         "through the bulk API (timed: defer jobs/s, MB/s and client CPU), then drained at c50; "
         f"each phase stops at {plan.PAYLOAD_LIMIT} s (capped: a slow peer defers fewer jobs).",
         "- backlog: aioq only. 300 single-job claims (each completed) with 1 000 jobs pending; then "
         f"{plan.BACKLOG_JOBS:,} jobs deferred (batches of 10 000: a quarter ready, the rest with "
         "`delay=3600`), `aioq stats` run on it, 300 claims, a c50 worker drains the ready quarter "
-        f"down to 1 300 (at most {plan.BACKLOG_LIMIT} s), 300 claims again.",
+        f"down to 1 300 (at most {plan.BACKLOG_LIMIT} s), 300 claims again. The peers get no "
+        "million-job backlog: their bulk calls would take 20 s to several minutes to defer it.",
         "- queues: aioq only; the same claims with the jobs spread over 50 queues and one worker "
         "serving all 50, against one queue; then a c50 drain.",
         "- processes: aioq's CLI `--processes N --concurrency 50`, jobs committed once every "
@@ -767,17 +934,25 @@ def method(repeats: int) -> list[str]:
         f"{plan.MIXED_SECONDS} s; the row count of aioq.jobs sampled every second.",
         "- drain: jobs preloaded through the bulk API (not timed); the clock starts as the worker "
         "starts and stops when the in-process task counter reached N and the database shows no "
-        "job left (pending or running), or at "
-        f"{plan.DRAIN_LIMIT} s (capped: rate = jobs done / time). aioq `2xc50` is the CLI, "
-        "`aioq worker --processes 2 --concurrency 50`, measured as in processes.",
+        "job left (pending or running), or at the limit (capped: rate = jobs done / time): "
+        f"{plan.DRAIN_C1_LIMIT} s at c1, where the peers' rates decide no ratio; at c10 and c50 "
+        "N is sized per system to a few seconds of its rate ("
+        + ", ".join(f"{s} {n:,}" for s, n in plan.DRAIN_JOBS.items())
+        + f") under a {plan.DRAIN_LIMIT} s guard, so no drain that decides a ratio is cut. "
+        "aioq `2xc50` is the CLI, `aioq worker --processes 2 --concurrency 50`, measured as in "
+        "processes.",
         "- CPU: the worker's user+sys from `getrusage(RUSAGE_SELF)` (psutil over the process tree "
-        "for the CLI); PostgreSQL's from psutil (`/proc/<pid>/stat`) of the client backends "
-        "connected to the measured database (from `pg_stat_activity`), start-to-stop deltas, not "
-        "counting WAL writer, checkpointer or autovacuum.",
+        "for the CLI and Celery); PostgreSQL's from psutil (`/proc/<pid>/stat`) of the client "
+        "backends connected to the measured database (from `pg_stat_activity`), start-to-stop "
+        "deltas, not counting WAL writer, checkpointer or autovacuum.",
+        "- memory: psutil every 0.25 s (Celery: 1 s) while the worker runs (drain, io_bound, "
+        "backlog, workflow): "
+        "the RSS of the measuring process for in-process workers, the summed PSS of Celery's "
+        "worker processes; each second of the soak.",
         "- latency: `time.perf_counter()` in one process: after the enqueue call returned "
         "(committed) and at the first line of the task; the worker is idle and in the same "
-        "process. aioq's poll-only run sets `WorkerConfig.listen=False` with "
-        f"`poll_interval={plan.LATENCY_POLL:g}`.",
+        "process (Celery: its own, see above). aioq's poll-only run sets "
+        f"`WorkerConfig.listen=False` with `poll_interval={plan.LATENCY_POLL:g}`.",
         "- history: 1e3 or 1e6 dead jobs inserted into aioq.jobs (the hot table, the worst place "
         "for history), VACUUM ANALYZE; 500 claims of one job + completes timed one by one, then a "
         "c10 drain.",
@@ -787,10 +962,14 @@ def method(repeats: int) -> list[str]:
         + f" of aioq's c50 drain rate, for {plan.SOAK_SECONDS} s, then until the backlog is done. "
         "Per second: p50/p99 of commit-to-start latency of the jobs started in that second "
         "(perf_counter), backlog (count), n_dead_tup/n_live_tup/autovacuum_count from "
-        "pg_stat_user_tables, pg_table_size and pg_indexes_size of aioq.jobs.",
+        "pg_stat_user_tables, pg_table_size and pg_indexes_size of aioq.jobs, the process's RSS. "
+        "Flat: the least-squares slope of RSS over the second half of the steady part implies "
+        f"a change over that half of at most {FLAT_MB:g} MiB or {FLAT_SHARE:.0%} of the RSS.",
         "- ceiling: `ceiling.py` runs aioq's own CLAIM_ONE_QUEUE and COMPLETE statements (rendered "
         "from aioq/queries.py) from k asyncpg connections with 50-job claims; pgbench runs the same "
         "claim then deletes the client's running rows (pgbench cannot pass arrays of claimed ids).",
+        f"- workflow: {plan.WORKFLOW_STEPS:,} no-op steps and one fan-in, the worker at c50, at most "
+        f"{plan.WORKFLOW_LIMIT} s.",
         "- The machine may be shared; the load average at the run's start and end is in the "
         "header. Compare ratios within a run (the systems ran interleaved), not absolute rates "
         "across runs.",

@@ -37,6 +37,7 @@ import asyncpg
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import envs  # noqa: E402
 import report  # noqa: E402
 import systems  # noqa: E402
 from plan import Cell, plan  # noqa: E402
@@ -56,6 +57,7 @@ SCENARIOS = (
     "mixed",
     "soak",
     "ceiling",
+    "workflow",
 )
 REDIS_PORT = 6379
 
@@ -67,6 +69,8 @@ class Env:
     skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     kept: set[str] = field(default_factory=set)
+    # Interpreters of the systems whose cells run outside the benchmark venv (envs.py).
+    python: dict[str, str] = field(default_factory=dict)
 
     def dsn(self, db: str) -> str:
         return with_db(self.admin_dsn, db)
@@ -104,9 +108,9 @@ def postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         server.stop()
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        with socket.create_connection((host, port), timeout=1) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
     except OSError:
@@ -115,7 +119,19 @@ def _ping(port: int) -> bool:
 
 @contextlib.contextmanager
 def redis(env: Env) -> Iterator[None]:
-    """Use Redis at 127.0.0.1:6379, or start redis-server on a free port, or skip its peers."""
+    """Use $AIOQ_BENCH_REDIS or Redis at 127.0.0.1:6379, or start redis-server on a free port,
+    or skip the Redis peers (with the reason)."""
+    given = os.environ.get("AIOQ_BENCH_REDIS")
+    if given:
+        host, _, port = given.removeprefix("redis://").split("/")[0].partition(":")
+        if _ping(int(port or REDIS_PORT), host or "127.0.0.1"):
+            env.redis_url = given.rstrip("/")
+            env.notes.append(f"Redis: {given} ($AIOQ_BENCH_REDIS)")
+        else:
+            for name in systems.REDIS:
+                env.skipped[name] = f"no Redis answers at $AIOQ_BENCH_REDIS ({given})"
+        yield
+        return
     if _ping(REDIS_PORT):
         env.redis_url = f"redis://127.0.0.1:{REDIS_PORT}"
         yield
@@ -147,6 +163,17 @@ def redis(env: Env) -> Iterator[None]:
         proc.wait(10)
 
 
+def interpreters(env: Env, names: list[str]) -> None:
+    """Build (or reuse) the venvs of the systems that need their own; skip those that fail."""
+    for name in names:
+        if name in envs.VENVS and name not in env.skipped:
+            exe, why = envs.python_for(name)
+            if exe is None:
+                env.skipped[name] = why
+            else:
+                env.python[name] = exe
+
+
 async def provision(env: Env, names: list[str]) -> None:
     """Create bench_<name>_tpl with each system's schema; a failing system is skipped."""
     admin = await asyncpg.connect(env.admin_dsn)
@@ -162,11 +189,22 @@ async def provision(env: Env, names: list[str]) -> None:
             await admin.execute(f'DROP DATABASE IF EXISTS "{tpl}" WITH (FORCE)')
             await admin.execute(f'CREATE DATABASE "{tpl}"')
             try:
-                await system.install(env.dsn(tpl))
+                if name in env.python:  # the library is in its own venv: install from there
+                    install_in(env.python[name], name, env.dsn(tpl))
+                else:
+                    await system.install(env.dsn(tpl))
             except Exception as exc:  # a peer that cannot install is skipped, with the reason
                 env.skipped[name] = f"schema install failed: {type(exc).__name__}: {exc}"
     finally:
         await admin.close()
+
+
+def install_in(python: str, name: str, dsn: str) -> None:
+    """Install a system's schema with measure.py in the system's own interpreter."""
+    cmd = [python, os.path.join(HERE, "measure.py"), "--system", name, "--scenario", "install"]
+    out = subprocess.run([*cmd, "--dsn", dsn], capture_output=True, text=True, cwd=HERE)
+    if out.returncode != 0:
+        raise RuntimeError((out.stderr.strip().splitlines() or ["no output"])[-1][:300])
 
 
 async def copy_template(env: Env, name: str, db: str) -> str:
@@ -202,7 +240,8 @@ def run_cell(env: Env, cell: Cell) -> dict[str, Any]:
         dsn = env.dsn(db)
     else:
         dsn = asyncio.run(copy_template(env, cell.system, f"bench_{cell.system}"))
-    cmd = [sys.executable, os.path.join(HERE, cell.script), "--dsn", dsn, *cell.argv]
+    python = env.python.get(cell.system, sys.executable)
+    cmd = [python, os.path.join(HERE, cell.script), "--dsn", dsn, *cell.argv]
     started = time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=cell.timeout, cwd=HERE)
@@ -238,6 +277,17 @@ def expected(cell: Cell, last: dict[str, list[dict[str, Any]]]) -> float:
     limits = [float(v) for f, v in itertools.pairwise(cell.argv) if f in ("--limit", "--seconds")]
     phases = 2 if cell.scenario == "payload" else 1  # a limit for the defer and for the drain
     bound = phases * sum(limits) + STARTUP_S if limits else float("inf")
+    if not walls and "n" in key:  # the same cell with another N: its overhead, N at its rate
+        same = [
+            r
+            for r in last.get(cell.scenario, [])
+            if r.get("rate") and r.get("seconds") and "wall_s" in r
+            if all(r.get(k) == v for k, v in key.items() if k != "n")
+        ]
+        if same:
+            overhead = statistics.median(r["wall_s"] - r["seconds"] for r in same)
+            rate = statistics.median(r["rate"] for r in same)
+            return COPY_S + min(overhead + key["n"] / rate, bound)
     if not walls:  # a cell new to the plan: its limits, or 10 s
         return COPY_S + (bound if limits else 10.0)
     return COPY_S + min(statistics.median(walls), bound)
@@ -248,6 +298,9 @@ def apis(names: list[str]) -> dict[str, dict[str, str]]:
     return {
         "single": {s.name: s.single_api for s in loaded},
         "bulk": {s.name: s.bulk_api for s in loaded},
+        "concurrency": {s.name: s.concurrency_api for s in loaded},
+        "mapping": {s.name: s.mapping for s in loaded},
+        "workflow": {s.name: s.workflow_api for s in loaded if s.workflow_api},
     }
 
 
@@ -267,7 +320,7 @@ def run_embedded(env: Env, cell: Cell) -> dict[str, Any]:
     from aioq.dev.server import EmbeddedPostgres
 
     with EmbeddedPostgres() as server:
-        admin = Env(admin_dsn=server.dsn, redis_url=None)
+        admin = Env(admin_dsn=server.dsn, redis_url=None, python=env.python)
         asyncio.run(provision(admin, [cell.system]))
         cell = Cell(**{**cell.__dict__, "db": "fresh"})
         result = run_cell(admin, cell)
@@ -275,13 +328,20 @@ def run_embedded(env: Env, cell: Cell) -> dict[str, Any]:
     return result
 
 
-def versions() -> dict[str, str]:
+def versions(env: Env) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
     for dist in ("aioq-pg", "asyncpg", "pgqueuer", "procrastinate", "chancy", "saq", "arq"):
         with contextlib.suppress(PackageNotFoundError):
             out[dist] = version(dist)
+    for name, python in env.python.items():  # the peers in venvs of their own
+        ask = "import platform; from importlib.metadata import version as v;"
+        ask += f" print(v({name!r}), platform.python_version())"
+        got = subprocess.run([python, "-c", ask], capture_output=True, text=True)
+        if got.returncode == 0:
+            dist, py = got.stdout.split()
+            out[name] = f"{dist} (Python {py}, its own venv)"
     return out
 
 
@@ -339,6 +399,7 @@ def main() -> int:
         env = Env(admin_dsn=admin_dsn, redis_url=None)
         env.notes.append(f"Server used: {pg_source}")
         with redis(env):
+            interpreters(env, names)
             asyncio.run(provision(env, [*names, systems.REFERENCE]))
             for name, why in env.skipped.items():
                 if name in names:
@@ -401,7 +462,7 @@ def main() -> int:
                 "minutes": (time.time() - began) / 60,
                 "machine": report.machine(),
                 "load": f"{load:.2f}, {os.getloadavg()[0]:.2f}",
-                "versions": versions(),
+                "versions": versions(env),
                 "server": asyncio.run(server_info(env)),
                 "skipped": {k: v for k, v in env.skipped.items() if k in names},
                 "notes": env.notes,

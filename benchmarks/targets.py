@@ -10,11 +10,16 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import systems
+
 Result = dict[str, Any]
 Row = tuple[str, str, bool | str | None]
-PEERS = ("pgqueuer", "procrastinate", "chancy", "saq", "arq")
+PEERS = tuple(s for s in systems.ALL if s != "aioq")
 REPORTED = "reported"
 LATENCY_SAMPLES = 400  # fewer, and a p99 is the second-worst few samples
+# Memory flat over the soak: the growth its second half's slope implies over that half is at
+# most this many MiB, or this share of the RSS, whichever is larger.
+FLAT_MB, FLAT_SHARE = 1.0, 0.02
 
 
 def _med(results: list[Result], field: str = "rate", **match: Any) -> float | None:
@@ -68,8 +73,8 @@ def _ratio_row(
 
 
 def targets(res: dict[str, list[Result]]) -> list[Row]:
-    """Issue 16's targets first, then the earlier issues'."""
-    return issue16(res) + earlier(res)
+    """Issue 16's targets first, then the earlier issues', then memory and the workflow."""
+    return issue16(res) + earlier(res) + memory(res) + workflow(res.get("workflow", []))
 
 
 def issue16(res: dict[str, list[Result]]) -> list[Row]:
@@ -265,7 +270,7 @@ def doorbell(conc: list[Result], lat: list[Result]) -> list[Row]:
         if r.get("system") == "aioq" and r.get("mode") in ("notify", "default")
         for x in r.get("samples_ms", [])
     ]
-    for q, limit in ((0.5, 1.5), (0.99, 3.0)):
+    for q, limit in ((0.5, 1.0), (0.99, 2.0)):
         name = f"… while idle pickup p{int(q * 100)} ≤ {limit:g} ms (latency, NOTIFY)"
         if not notify:
             out.append((name, "—", None))
@@ -280,11 +285,14 @@ def doorbell(conc: list[Result], lat: list[Result]) -> list[Row]:
 def noop_gap(drain: list[Result], ceiling: list[Result], one: list[Result]) -> list[Row]:
     c50 = _med(drain, system="aioq", concurrency=50, processes=1)
     c10 = _med(drain, system="aioq", concurrency=10, processes=1)
+    best = _best(drain, ("aioq",), processes=1)
     loop = _med(ceiling, tool="asyncpg loop", clients=1)
     return [
         _ratio_row(
-            "no-op drain c50 in one process ≥ 85 % of the one-connection asyncpg loop",
-            c50,
+            "no-op drain in one process at its best concurrency"
+            + (f" ({best[1].split()[-1]})" if best else "")
+            + " ≥ 85 % of the raw-SQL loop (one connection, 50 jobs per claim, batched deletes)",
+            best[0] if best else None,
             loop,
             "the loop",
             0.85,
@@ -317,15 +325,26 @@ def earlier(res: dict[str, list[Result]]) -> list[Row]:
     peer = _best(drain, PEERS)
     if a and peer:
         x = a[0] / peer[0]
+        capped = any(
+            r.get("capped")
+            for r in drain
+            if r.get("system") == peer[1].split()[0]
+            and f"c{r.get('concurrency')}" == peer[1].split()[-1]
+        )
         out.append(
             (
-                "drain ≥ 3x best peer at its best concurrency",
-                f"aioq {a[0]:,.0f}/s ({a[1]}) vs {peer[1]} {peer[0]:,.0f}/s = {x:.2f}x",
-                x >= 3,
+                "drain ≥ 5x best peer at its best concurrency (one process each)",
+                f"aioq {a[0]:,.0f}/s ({a[1]}) vs {peer[1]} {peer[0]:,.0f}/s = {x:.2f}x"
+                + (
+                    " (that drain hit the time limit: the ratio may overstate the lead)"
+                    if capped
+                    else ""
+                ),
+                x >= 5,
             )
         )
     else:
-        out.append(("drain ≥ 3x best peer at its best concurrency", "—", None))
+        out.append(("drain ≥ 5x best peer at its best concurrency (one process each)", "—", None))
     a_all = _best(drain, ("aioq",))
     ceil = _best(res.get("ceiling", []), ("ceiling",), tool="asyncpg loop")
     if a_all and ceil:
@@ -403,3 +422,71 @@ def earlier(res: dict[str, list[Result]]) -> list[Row]:
     else:
         out.append(("worker CPU per 1 000 jobs ≥ 2x lower than best peer", "—", None))
     return out
+
+
+def _mem(rows: list[Result], **match: Any) -> float | None:
+    return _med(rows, "mem_mb_peak", **match)
+
+
+def memory(res: dict[str, list[Result]]) -> list[Row]:
+    """The worker's resident memory: at c1000, with a 1e6 backlog, over the soak (flat?)."""
+    out: list[Row] = []
+    io = res.get("io_bound", [])
+    ours = _mem(io, system="aioq", concurrency=1000)
+    peers = [(p, m) for p in PEERS if (m := _mem(io, system=p, concurrency=1000)) is not None]
+    out.append(
+        (
+            "memory: worker peak RSS at concurrency 1 000 (I/O-bound), against the peers",
+            (
+                f"aioq {ours:,.0f} MiB"
+                + "".join(f", {p} {m:,.0f}" for p, m in peers)
+                + " (the harness's process: see memory)"
+            )
+            if ours is not None
+            else "—",
+            REPORTED if ours is not None else None,
+        )
+    )
+    back = [r for r in res.get("backlog", []) if "mem_mb_peak" in r]
+    jobs = back[0]["jobs"] if back else 1_000_000
+    out.append(
+        (
+            f"memory: worker peak RSS draining a {jobs:,}-job backlog (c50)",
+            f"aioq {back[0]['mem_mb_peak']:,.0f} MiB (at its start {back[0]['mem_mb_start']:,.0f})"
+            if back
+            else "—",
+            REPORTED if back else None,
+        )
+    )
+    soaks = [r for r in res.get("soak", []) if r.get("rss_slope_mb_min") is not None]
+    name = "memory: flat over the soak (RSS slope over its second half)"
+    if not soaks:
+        out.append((name, "—", None))
+    for r in soaks:
+        half = r["rss_second_half_s"] or 0.0
+        growth = r["rss_slope_mb_min"] * half / 60
+        allowed = max(FLAT_MB, FLAT_SHARE * r["rss_mb_last"])
+        out.append(
+            (
+                f"{name}, {r['target_rate']:,.0f} jobs/s",
+                f"{r['rss_slope_mb_min']:+.2f} MiB/min over the last {half:.0f} s "
+                f"({growth:+.2f} MiB; allowed ±{allowed:.1f}); RSS {r['rss_mb_first']:,.1f} → "
+                f"{r['rss_mb_last']:,.1f} MiB",
+                abs(growth) <= allowed,
+            )
+        )
+    return out
+
+
+def workflow(rows: list[Result]) -> list[Row]:
+    """A 10 000-step fan-out with one fan-in: aioq's time to the fan-in against each peer's."""
+    name = "workflow: fan-out with one fan-in, time to the fan-in (no threshold in the issue)"
+    ok = [r for r in rows if "error" not in r and "seconds" in r]
+    if not ok:
+        return [(name, "—", None)]
+    by = {s: m for s in {r["system"] for r in ok} if (m := _med(ok, "seconds", system=s))}
+    n = ok[0]["steps"]
+    shown = ", ".join(f"{s} {m:,.1f} s ({1e6 * m / n:,.0f} µs/step)" for s, m in by.items())
+    if "aioq" not in by:
+        shown += "; aioq: no workflow yet"
+    return [(f"{name}, {n:,} steps", shown, REPORTED if "aioq" in by else None)]

@@ -4,6 +4,7 @@
 - io_bound: tasks that ``await asyncio.sleep(0.05)``, a preloaded backlog, one worker process.
 - payload: jobs with a ``--payload-kb`` nested JSON argument: bulk defer, then a c50 drain.
 - backlog, queues, processes, mixed: aioq only (see each function).
+- workflow: a fan-out with one fan-in, for the systems whose adapter has ``run_workflow``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import asyncpg
 
 import systems
-from common import Runs, aioq_defer, complete, drained, pct, preload, rusage
+from common import Memory, Runs, aioq_defer, complete, drained, pct, preload, rusage
 from cpu import PgCpu, host_busy, tree_cpu
 
 IO_SECONDS = 0.05
@@ -89,24 +90,28 @@ async def io_bound(system: systems.System, args: argparse.Namespace) -> dict[str
         pickup: list[float] = []
 
         def started(i: int) -> None:
-            now = time.perf_counter()
+            now = systems.clock()
             runs.count(i)
             if ends:
                 pickup.append((now - ends.popleft()) * 1000)
 
         def finished(i: int) -> None:
-            ends.append(time.perf_counter())
+            ends.append(systems.clock())
 
         systems.hook, systems.done_hook, systems.work_seconds = started, finished, IO_SECONDS
         pg = await PgCpu.connect(args.dsn) if system.backend == "postgres" else None
+        memory = Memory()
         cpu0, t0 = rusage(), time.perf_counter()
         if pg is not None:
             await pg.start()
-        async with system.worker(args.concurrency, poll_interval=args.poll):
+        async with system.worker(args.concurrency, poll_interval=args.poll), memory.watch(system):
+            if system.consuming_since is not None:
+                t0 = system.consuming_since
             finished_all = await runs.wait(args.n, t0 + args.limit)
             await asyncio.sleep(IO_SECONDS)  # the last tasks finish
             seconds = time.perf_counter() - t0 - IO_SECONDS
-            worker_cpu = rusage() - cpu0
+            own = system.worker_cpu()
+            worker_cpu = rusage() - cpu0 if own is None else own - system.cpu_at_start
             pg_cpu = await pg.stop() if pg is not None else None
         if pg is not None:
             await pg.close()
@@ -121,6 +126,7 @@ async def io_bound(system: systems.System, args: argparse.Namespace) -> dict[str
             "of_ideal": jobs / seconds / ideal,
             "pickup_ms_p50": pct(saturated, 0.5),
             "pickup_ms_p99": pct(saturated, 0.99),
+            **memory.figures(),
         }
     finally:
         await system.close()
@@ -217,8 +223,9 @@ async def backlog(system: systems.System, args: argparse.Namespace) -> dict[str,
         adapter = systems.load("aioq")
         await adapter.open(args.dsn)
         left_ready = "SELECT count(*) FROM aioq.jobs WHERE status = 'pending' AND run_at <= now()"
+        memory = Memory()
         t0 = time.perf_counter()
-        async with adapter.worker(50, poll_interval=1.0):
+        async with adapter.worker(50, poll_interval=1.0), memory.watch(adapter):
             while await conn.fetchval(left_ready) > 1000 + claims:
                 if time.perf_counter() - t0 > args.limit:
                     break
@@ -241,6 +248,7 @@ async def backlog(system: systems.System, args: argparse.Namespace) -> dict[str,
             **{f"small_ms_p{q}": pct(small, q / 100) for q in (50, 99)},
             **{f"start_ms_p{q}": pct(start, q / 100) for q in (50, 99)},
             **{f"end_ms_p{q}": pct(end, q / 100) for q in (50, 99)},
+            **memory.figures(),
         }
     finally:
         await conn.close()
@@ -435,6 +443,58 @@ async def mixed(system: systems.System, args: argparse.Namespace) -> dict[str, A
         await conn.close()
 
 
+async def workflow(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """A fan-out of ``--n`` steps with one fan-in (``System.run_workflow``), the worker at
+    ``--concurrency``: the time from the submit call to the fan-in's start, per step.
+
+    The worker idles for 0.5 s first. CPU is the submitting process's and the worker's (one
+    process, or this one plus the worker's processes), not the database's or the broker's.
+    """
+    await system.open(args.dsn)
+    try:
+        runs = Runs()
+        reached = asyncio.Event()
+        fan_in: dict[str, float] = {}
+
+        def started(i: int) -> None:
+            if i == systems.FAN_IN:
+                fan_in.update(at=systems.clock(), steps_before=runs.n)
+                reached.set()
+            else:
+                runs.count(i)
+
+        systems.hook = started
+        memory = Memory()
+        async with system.worker(args.concurrency, poll_interval=args.poll), memory.watch(system):
+            await asyncio.sleep(0.5)
+            own0, cpu0 = system.worker_cpu() or 0.0, rusage()
+            t0 = time.perf_counter()
+            await system.run_workflow(args.n)
+            submit_s = time.perf_counter() - t0
+            try:
+                await asyncio.wait_for(
+                    reached.wait(), max(0.0, t0 + args.limit - time.perf_counter())
+                )
+            except TimeoutError:
+                return {
+                    "error": f"no fan-in in {args.limit:.0f} s ({runs.n} of {args.n} steps ran)"
+                }
+            cpu = rusage() - cpu0 + (system.worker_cpu() or 0.0) - own0
+        seconds = fan_in["at"] - t0
+        return {
+            "steps": args.n,
+            "seconds": seconds,
+            "rate": args.n / seconds,
+            "us_per_step": 1e6 * seconds / args.n,
+            "submit_s": submit_s,
+            "steps_before_fan_in": int(fan_in["steps_before"]),
+            "cpu_us_per_step": 1e6 * cpu / args.n,
+            **memory.figures(),
+        }
+    finally:
+        await system.close()
+
+
 SCENARIOS = {
     "defer_conc": defer_conc,
     "io_bound": io_bound,
@@ -443,4 +503,5 @@ SCENARIOS = {
     "queues": queues,
     "processes": processes,
     "mixed": mixed,
+    "workflow": workflow,
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -20,6 +21,16 @@ hook: Callable[[int], None] = lambda i: None  # noqa: E731
 work_seconds = 0.0
 done_hook: Callable[[int], None] = lambda i: None  # noqa: E731
 blob: object = None
+# The job number a workflow's fan-in reports (its steps are 0 .. n-1).
+FAN_IN = -1
+# A worker in another process reports when its task started (perf_counter: CLOCK_MONOTONIC, one
+# clock for the host); its adapter sets this around the hook call, and hooks read clock().
+stamp: float | None = None
+
+
+def clock() -> float:
+    """When the task being reported started: its own stamp, else now."""
+    return stamp if stamp is not None else time.perf_counter()
 
 
 def on_run(i: int) -> None:
@@ -35,9 +46,9 @@ async def run_job(i: int) -> None:
         done_hook(i)
 
 
-POSTGRES = ("aioq", "pgqueuer", "procrastinate", "chancy")
+POSTGRES = ("aioq", "pgqueuer", "procrastinate", "chancy", "oban")
 REFERENCE = "bare"  # not a system: the bare INSERT, for defer_one and defer_many
-REDIS = ("saq", "arq")
+REDIS = ("saq", "arq", "celery")
 ALL = POSTGRES + REDIS
 
 
@@ -49,6 +60,16 @@ class System:
     # The table (in the system's own database) that holds its jobs: for the history scenario.
     bulk_api = "?"
     single_api = "?"
+    # A fan-out of n steps with one fan-in (the workflow scenario); "" if not measured.
+    workflow_api = ""
+    # What ``concurrency`` becomes in the library (a per-worker cap, as aioq's), and the rest of
+    # its configuration: RESULTS.md's table of how each system runs.
+    concurrency_api = "?"
+    mapping = ""
+    # Set by a worker that runs in another process, once it was told to start consuming: the
+    # clock starts there (its process start is not timed). ``cpu_at_start``: worker_cpu() then.
+    consuming_since: float | None = None
+    cpu_at_start = 0.0
 
     async def install(self, dsn: str) -> None:
         """Create the schema in a fresh database (done once, on the template)."""
@@ -76,7 +97,25 @@ class System:
     def worker(
         self, concurrency: int, *, poll_interval: float = 1.0, listen: bool = True
     ) -> AbstractAsyncContextManager[None]:
-        """Run the library's own worker in this process while the context is open."""
+        """Run the library's own worker (in this process, or one it starts) while open."""
+        raise NotImplementedError
+
+    def worker_pids(self) -> list[int]:
+        """The worker's root processes when it runs outside this process (else none)."""
+        return []
+
+    def worker_cpu(self) -> float | None:
+        """User+sys CPU seconds of the worker's process trees; None: the worker is this process."""
+        pids = self.worker_pids()
+        if not pids:
+            return None
+        from cpu import tree_cpu
+
+        return sum(tree_cpu(p) for p in pids)
+
+    async def run_workflow(self, n: int) -> None:
+        """Submit ``n`` steps that each call run_job(i) and one fan-in that calls run_job(-1)
+        once every step has run (the workflow scenario; a running worker executes them)."""
         raise NotImplementedError
 
 

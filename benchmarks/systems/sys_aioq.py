@@ -24,6 +24,14 @@ class Adapter(System):
     name = "aioq"
     single_api = "Task.defer(conn, ...)"
     bulk_api = "Task.defer_many(conn, [...])"
+    concurrency_api = "Worker(concurrency=c)"
+    mapping = (
+        "its defaults otherwise (claim and completion batching, LISTEN/NOTIFY doorbell with "
+        "polling as the fallback); deletes a finished job's row"
+    )
+    # The workflow scenario (workloads.workflow) runs every system whose adapter sets
+    # ``workflow_api`` and implements ``run_workflow`` (systems.System.run_workflow): aioq's
+    # joins it by adding both here.
 
     async def install(self, dsn: str) -> None:
         conn = await asyncpg.connect(dsn)

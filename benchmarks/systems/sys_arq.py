@@ -23,6 +23,11 @@ class Adapter(System):
     name = "arq"
     backend = "redis"
     single_api = "ArqRedis.enqueue_job('noop', i)"
+    concurrency_api = "Worker(max_jobs=c)"
+    mapping = (
+        "`max_jobs` is the number of jobs one worker runs at once (its docs); it polls Redis "
+        "every `poll_delay` (0.05 s here, its default 0.5 s)"
+    )
     bulk_api = ""  # none: defer_many is not measured; preloads use concurrent enqueues
 
     async def open(self, dsn: str) -> None:

@@ -31,6 +31,13 @@ class Adapter(System):
     shared_pool = True  # defer_one from many coroutines through Chancy's own pool
     single_api = "Chancy.push(job)"
     bulk_api = "Chancy.push_many(jobs, batch_size=1000)"
+    concurrency_api = "Queue(concurrency=c, executor=Async)"
+    mapping = (
+        "a queue's concurrency is per worker (its docs); the asyncio executor (its default is "
+        "a process pool), polling every 1 s (its default 5 s) and `eager_polling` (fetch again "
+        "as a job completes: its docs' advice for queues that always have work); keeps "
+        "finished rows"
+    )
 
     async def install(self, dsn: str) -> None:
         async with Chancy(dsn, log=_quiet()) as chancy:

@@ -1,4 +1,13 @@
-"""pgqueuer: ``Queries.enqueue`` (single and list form), ``QueueManager`` with an entrypoint."""
+"""pgqueuer: ``Queries.enqueue`` (single and list form), ``QueueManager`` with an entrypoint.
+
+Concurrency is ``QueueManager.run(max_concurrent_tasks=c)``: its documented hard cap on this
+worker's picked jobs (a per-worker cap, as aioq's ``concurrency``), with its default
+``batch_size=10`` (at most c // 2: it requires ``max_concurrent_tasks >= 2 * batch_size``).
+The entrypoint's ``concurrency_limit`` is another thing: a limit across every worker, which its
+dequeue statement enforces by counting the entrypoint's picked jobs; it is left unlimited, except
+at c = 1, which ``max_concurrent_tasks`` cannot express (it would need ``batch_size`` 0.5):
+there ``concurrency_limit=1`` with ``batch_size=1``, its documented way to serialise dispatch.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +29,15 @@ class Adapter(System):
     name = "pgqueuer"
     single_api = "Queries.enqueue(entrypoint, payload)"
     bulk_api = "Queries.enqueue([entrypoints], [payloads], [priorities])"
+    concurrency_api = (
+        "QueueManager.run(max_concurrent_tasks=c, batch_size=min(10, c // 2)); at c = 1"
+        " entrypoint concurrency_limit=1, batch_size=1"
+    )
+    mapping = (
+        "one asyncpg connection for the QueueManager; LISTEN/NOTIFY with its dequeue timeout "
+        "(the poll) as the fallback; acks and heartbeats buffered (its defaults); deletes a "
+        "finished job's row (keeps a log row)"
+    )
 
     async def install(self, dsn: str) -> None:
         conn = await asyncpg.connect(dsn)
@@ -58,15 +76,17 @@ class Adapter(System):
         conn = await asyncpg.connect(self.dsn)
         qm = QueueManager(Queries(AsyncpgDriver(conn)))
 
-        # The per-entrypoint limit is pgqueuer's concurrency knob (enforced in its dequeue SQL).
-        @qm.entrypoint("noop", concurrency_limit=concurrency)
+        serial = concurrency < 2  # max_concurrent_tasks needs at least 2 x batch_size
+
+        @qm.entrypoint("noop", concurrency_limit=1 if serial else 0)
         async def noop(job: Job) -> None:
             payload = job.payload or b"0"
             await run_job(int(payload) if payload[:1] != b"{" else orjson.loads(payload)["i"])
 
         task = asyncio.create_task(
             qm.run(
-                batch_size=min(concurrency, 10),
+                batch_size=1 if serial else min(10, concurrency // 2),
+                max_concurrent_tasks=None if serial else concurrency,
                 dequeue_timeout=timedelta(seconds=poll_interval),
             )
         )

@@ -23,6 +23,12 @@ class Adapter(System):
     shared_pool = True  # defer_one from many coroutines through the app's pool (max 60)
     single_api = "Task.defer_async(...)"
     bulk_api = "Task.batch_defer_async(*kwargs)"
+    concurrency_api = "App.run_worker_async(concurrency=c)"
+    mapping = (
+        "its worker's concurrency is the number of jobs it runs at once (per worker); a "
+        "PsycopgConnector pool of 4 to 60 connections; LISTEN/NOTIFY with a 1 s poll as the "
+        "fallback (its default 5 s); keeps finished rows (`delete_jobs` default: never)"
+    )
 
     async def install(self, dsn: str) -> None:
         async with App(connector=PsycopgConnector(conninfo=dsn)).open_async() as a:

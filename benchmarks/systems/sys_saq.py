@@ -21,6 +21,11 @@ class Adapter(System):
     name = "saq"
     backend = "redis"
     single_api = "Queue.enqueue('noop', i=...)"
+    concurrency_api = "Worker(concurrency=c)"
+    mapping = (
+        "the number of jobs one worker runs at once (its docs); everything else its defaults "
+        "(a blocking Redis pop wakes it)"
+    )
     bulk_api = ""  # none: defer_many is not measured; preloads use concurrent enqueues
 
     async def open(self, dsn: str) -> None:

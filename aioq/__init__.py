@@ -32,6 +32,7 @@ from aioq.errors import (
     SchemaError,
     SerializationError,
     ServerError,
+    StartupError,
     TaskError,
     UnknownTaskError,
 )
@@ -74,6 +75,7 @@ __all__ = (
     "SchemaError",
     "SerializationError",
     "ServerError",
+    "StartupError",
     "Stats",
     "TableStats",
     "Task",

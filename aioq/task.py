@@ -730,7 +730,7 @@ def check_lifespan(lifespan: object) -> Lifespan | None:
             "lifespan",
             f"must be a function of the worker returning an async context manager, got {lifespan!r}",
         )
-    return lifespan  # type: ignore[return-value]
+    return lifespan
 
 
 def _origin(fn: Callable[..., object]) -> str:

@@ -43,12 +43,23 @@ def _print(queues: list[limits.QueueInfo], as_json: bool) -> None:
         print_json([dataclasses.asdict(q) for q in queues])
         return
     print_table(
-        ("QUEUE", "STATE", "MAX_RUNNING", "RATE", "IN_WINDOW", "READY", "SCHEDULED", "RUNNING"),
+        (
+            "QUEUE",
+            "STATE",
+            "MAX_RUNNING",
+            "PER_KEY",
+            "RATE",
+            "IN_WINDOW",
+            "READY",
+            "SCHEDULED",
+            "RUNNING",
+        ),
         [
             (
                 q.name,
                 "paused" if q.paused else "active",
                 q.max_running if q.max_running is not None else "-",
+                q.max_running_per_key if q.max_running_per_key is not None else "-",
                 _rate_text(q.rate),
                 q.window_claims if q.window_claims is not None else "-",
                 q.ready,
@@ -91,6 +102,8 @@ def cmd_queues_set(args: argparse.Namespace) -> int:
         settings["max_running"] = args.max_running
     if args.rate is not limits.UNSET:
         settings["rate"] = args.rate
+    if args.max_running_per_key is not limits.UNSET:
+        settings["max_running_per_key"] = args.max_running_per_key
     return _change(args, **settings)
 
 

@@ -199,15 +199,18 @@ SELECT c.*, r.rate_room FROM room AS r LEFT JOIN claimed AS c ON true
 
 # Upsert queue $1's settings: $2/$4/$7 say which of max_running ($3), the rate ($5 claims per
 # $6 seconds) and paused ($8) to set; the others keep their value. With $9, a queue that has
-# neither settings nor live jobs is refused (a typo in a pause). Notifies the workers that
+# neither settings nor live jobs is refused (a typo in a pause); $11 says whether to set
+# max_running_per_key ($12). Notifies the workers that
 # limits changed (aioq.sql.LIMITS_CHANGED: they read them again), then rings the queue's
 # doorbell, so a resume (or a raised limit) is claimed at once. $10 the doorbell channel.
 SET_QUEUE = Statement(
     """
 WITH changed AS (
-    INSERT INTO {s}.queues AS q (name, max_running, rate_limit, rate_period, paused)
+    INSERT INTO {s}.queues AS q
+        (name, max_running, rate_limit, rate_period, paused, max_running_per_key)
     SELECT $1, CASE WHEN $2 THEN $3::integer END, CASE WHEN $4 THEN $5::integer END,
-           CASE WHEN $4 THEN make_interval(secs => $6::float8) END, $7 AND $8
+           CASE WHEN $4 THEN make_interval(secs => $6::float8) END, $7 AND $8,
+           CASE WHEN $11 THEN $12::integer END
     WHERE NOT $9
        OR EXISTS (SELECT FROM {s}.queues WHERE name = $1)
        OR EXISTS (SELECT FROM {s}.jobs WHERE queue = $1 AND status = 'pending')
@@ -217,6 +220,8 @@ WITH changed AS (
         rate_limit = CASE WHEN $4 THEN EXCLUDED.rate_limit ELSE q.rate_limit END,
         rate_period = CASE WHEN $4 THEN EXCLUDED.rate_period ELSE q.rate_period END,
         paused = CASE WHEN $7 THEN EXCLUDED.paused ELSE q.paused END,
+        max_running_per_key = CASE WHEN $11 THEN EXCLUDED.max_running_per_key
+                              ELSE q.max_running_per_key END,
         updated_at = now()
     RETURNING q.name
 ),
@@ -240,6 +245,7 @@ class QueueSettings:
     paused: bool
     updated_at: datetime
     window_claims: int | None
+    max_running_per_key: int | None
 
 
 QUEUE_SETTINGS = Statement(
@@ -249,7 +255,8 @@ SELECT q.name, q.max_running, q.rate_limit,
        CASE WHEN q.rate_limit IS NOT NULL THEN (
            SELECT coalesce(sum(c.claims), 0)::integer FROM {s}.queue_claims AS c
            WHERE c.queue = q.name AND c.slot_end > clock_timestamp() - q.rate_period) END
-           AS window_claims
+           AS window_claims,
+       q.max_running_per_key
 FROM {s}.queues AS q
 ORDER BY q.name
 """,

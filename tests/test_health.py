@@ -43,6 +43,13 @@ async def get(port: int, path: str, method: str = "GET") -> tuple[int, dict[str,
     return status, json.loads(body) if body else {}
 
 
+def start(command: list[str], cwd: Path, dsn: str) -> subprocess.Popen[bytes]:
+    with (cwd / "log").open("ab") as log:
+        return subprocess.Popen(
+            command, cwd=cwd, env={**os.environ, "AIOQ_DSN": dsn}, stdout=log, stderr=log
+        )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,7 +113,8 @@ async def test_probe_notes_when_the_database_answered(dsn: str) -> None:
         assert probe.answered_at is None
         before = time.monotonic()
         await probe.run_once()
-        assert probe.answered_at is not None and probe.answered_at >= before
+        assert probe.answered_at is not None
+        assert probe.answered_at >= before
         await probe.wait(0.01)
         await probe.run_once()
         assert probe.woke_late >= 0.0
@@ -179,17 +187,12 @@ APP = textwrap.dedent(
 
 
 @pytest.mark.anyio
-async def test_aioq_worker_serves_probes_on_one_port_per_process(
-    dsn: str, tmp_path: Path
-) -> None:
+async def test_aioq_worker_serves_probes_on_one_port_per_process(dsn: str, tmp_path: Path) -> None:
     (tmp_path / "probed.py").write_text(APP)
     port = free_port()
     command = [sys.executable, "-m", "aioq", "worker", "probed:registry", "--processes", "2"]
     command += ["--health-port", str(port)]
-    with (tmp_path / "log").open("ab") as log:
-        proc = subprocess.Popen(
-            command, cwd=tmp_path, env={**os.environ, "AIOQ_DSN": dsn}, stdout=log, stderr=log
-        )
+    proc = start(command, tmp_path, dsn)
     try:
         for p in (port, port + 1):
 
@@ -213,8 +216,11 @@ def test_aioq_worker_refuses_a_port_it_cannot_bind(dsn: str, tmp_path: Path) -> 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = aioq_cli(dsn, "worker", "probed:registry", "--health-port", str(port), cwd=tmp_path)
+        result = aioq_cli(
+            dsn, "worker", "probed:registry", "--health-port", str(port), cwd=tmp_path
+        )
     assert_one_line_error(result, f"--health-port: cannot serve on 127.0.0.1:{port}")
     for bad in ("0", "70000", "http"):
         result = aioq_cli(dsn, "worker", "probed:registry", "--health-port", bad, cwd=tmp_path)
-        assert result.returncode == 2 and "--health-port" in result.stderr
+        assert result.returncode == 2
+        assert "--health-port" in result.stderr

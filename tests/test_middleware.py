@@ -110,7 +110,8 @@ async def test_middleware_changes_the_outcome_by_raising_or_returning(
     await make_worker(middleware=[gate]).run_until_idle()
     assert ran == []
     row = await conn.fetchrow("SELECT status, last_error FROM aioq.jobs WHERE id = $1", ids[0])
-    assert row["status"] == "dead" and row["last_error"].startswith("Fail: refused by middleware")
+    assert row["status"] == "dead"
+    assert row["last_error"].startswith("Fail: refused by middleware")
     assert await aioq.result(conn, ids[1]) == 42
     assert await aioq.result(conn, ids[2]) == "recovered"
 
@@ -153,7 +154,8 @@ async def test_lifespan_opens_before_the_first_claim_and_closes_after_the_last_o
     worker = make_worker()
     await worker.run_until_idle()
     assert events == [f"open: 0 running, worker {worker.id}", "close: 0 held"]
-    assert len(states) == 6 and all(s is states[0] for s in states)
+    assert len(states) == 6
+    assert all(s is states[0] for s in states)
     assert states[0].closed == 1
     # The worker's own lifespan replaces the registry's.
     await use_sync.defer(conn)
@@ -249,6 +251,11 @@ APP = textwrap.dedent(
 )
 
 
+def start(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with (cwd / "workers.log").open("ab") as log:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=log)
+
+
 @pytest.fixture
 def app(dsn: str, tmp_path: Path) -> Path:
     (tmp_path / "lifeapp.py").write_text(APP)
@@ -268,10 +275,7 @@ async def test_lifespan_and_middleware_across_processes_with_a_hard_kill(
     )
     env = {**os.environ, "AIOQ_DSN": dsn}
     command = [sys.executable, "-m", "aioq", "worker", "lifeapp:registry", "--concurrency", "5"]
-    with (app / "workers.log").open("ab") as log:
-        procs = [
-            subprocess.Popen(command, cwd=app, env=env, stdout=log, stderr=log) for _ in "ab"
-        ]
+    procs = [start(command, app, env) for _ in "ab"]
     try:
         await eventually(lambda: _count(conn, LISTENERS, 2), "both workers to listen")
         await eventually(lambda: _at_least(conn, "SELECT count(*) FROM seen", 30))
@@ -325,4 +329,3 @@ async def _count(conn: asyncpg.Connection, query: str, n: int) -> bool:
 
 async def _at_least(conn: asyncpg.Connection, query: str, n: int) -> bool:
     return bool(await conn.fetchval(query) >= n)
-

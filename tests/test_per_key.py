@@ -84,7 +84,7 @@ async def test_bad_keys_and_limits_are_refused_before_anything_is_written(
     for bad in ("", "x" * 201, "a\x00b", 5):
         with pytest.raises(OptionError, match="concurrency_key"):
             t.options(concurrency_key=bad)  # type: ignore[arg-type]
-    with pytest.raises(OptionError, match="concurrency_key.*key function"):
+    with pytest.raises(OptionError, match=r"concurrency_key.*key function"):
         await t.defer(conn, 7)
     with pytest.raises(ConfigError, match="concurrency_key: 'u': must be a function"):
         registry.task(name="u", concurrency_key="tenant")(lambda: None)  # type: ignore[call-overload]
@@ -127,9 +127,10 @@ async def test_the_claim_takes_no_more_than_each_keys_room_and_keys_in_turn(
     await conn.execute("DELETE FROM aioq.jobs WHERE id = $1", done.id)
     again = await gate.claim(100)
     assert len(again) == 1
-    assert await conn.fetchval(
-        "SELECT concurrency_key FROM aioq.jobs WHERE id = $1", again[0].id
-    ) == key
+    assert (
+        await conn.fetchval("SELECT concurrency_key FROM aioq.jobs WHERE id = $1", again[0].id)
+        == key
+    )
     # Priority comes first: a higher-priority job of a key with room goes before the turns.
     await conn.execute("UPDATE aioq.queues SET max_running_per_key = 3")
     await conn.execute(
@@ -137,9 +138,10 @@ async def test_the_claim_takes_no_more_than_each_keys_room_and_keys_in_turn(
         " WHERE concurrency_key = 'c' AND status = 'pending')"
     )
     [top] = await gate.claim(1)
-    assert (top.priority, await conn.fetchval(
-        "SELECT concurrency_key FROM aioq.jobs WHERE id = $1", top.id
-    )) == (5, "c")
+    assert (
+        top.priority,
+        await conn.fetchval("SELECT concurrency_key FROM aioq.jobs WHERE id = $1", top.id),
+    ) == (5, "c")
 
 
 @pytest.mark.anyio
@@ -150,7 +152,8 @@ async def test_max_running_and_per_key_limits_hold_together(conn: asyncpg.Connec
     gate = claimer(conn, ["t"])
     assert len(await gate.claim(100)) == 5
     counts = await running_per_key(conn, "t")
-    assert sum(counts.values()) == 5 and max(counts.values()) <= 2  # in turn: 2+1+1+1
+    assert sum(counts.values()) == 5
+    assert max(counts.values()) <= 2
     await aioq.set_queue(conn, "t", max_running=None)
     gate.changed()
     assert len(await gate.claim(100)) == 7
@@ -301,4 +304,5 @@ def test_cli_sets_and_shows_max_running_per_key(dsn: str) -> None:
     assert "PER_KEY" in listed.stdout.splitlines()[0]
     assert listed.stdout.splitlines()[1].split()[:4] == ["tenants", "active", "-", "4"]
     bad = aioq_cli(dsn, "queues", "set", "tenants", "--max-running-per-key", "0")
-    assert bad.returncode == 2 and "max_running_per_key" in bad.stderr
+    assert bad.returncode == 2
+    assert "max_running_per_key" in bad.stderr

@@ -123,4 +123,5 @@ def test_bad_values_are_refused_at_registration(registry: aioq.Registry) -> None
             registry.task(name="x", retry_on=bad)(lambda: None)  # type: ignore[call-overload]
     with pytest.raises(ConfigError, match="no_retry_on: must be an exception class"):
         registry.task(name="y", no_retry_on=[ValueError])(lambda: None)  # type: ignore[call-overload]
-    assert "x" not in registry and "y" not in registry
+    assert "x" not in registry
+    assert "y" not in registry

@@ -121,7 +121,9 @@ async def test_concurrent_defers_from_many_connections_make_one_job(
             once = send.options(unique_key=key, unique_for=3600)
             got: list[int] = []
 
-            async def defer(i: int, once: aioq.TaskCall[[int, str]] = once) -> None:
+            async def defer(
+                i: int, once: aioq.TaskCall[[int, str]] = once, got: list[int] = got
+            ) -> None:
                 async with pool.acquire() as c, c.transaction():
                     got.append(await once.defer(c, order_id=i))
 

@@ -112,7 +112,7 @@ async def set_queue(
     if nothing and paused is UNSET:
         raise ConfigError(
             "set_queue",
-            f"queue {name!r}: give max_running, rate, paused or max_running_per_key",
+            f"queue {name!r}: give max_running, rate or paused (or max_running_per_key)",
         )
     limit = None if max_running is UNSET else _check_max_running(name, max_running)
     per_key = (

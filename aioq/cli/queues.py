@@ -47,24 +47,24 @@ def _print(queues: list[limits.QueueInfo], as_json: bool) -> None:
             "QUEUE",
             "STATE",
             "MAX_RUNNING",
-            "PER_KEY",
             "RATE",
             "IN_WINDOW",
             "READY",
             "SCHEDULED",
             "RUNNING",
+            "PER_KEY",
         ),
         [
             (
                 q.name,
                 "paused" if q.paused else "active",
                 q.max_running if q.max_running is not None else "-",
-                q.max_running_per_key if q.max_running_per_key is not None else "-",
                 _rate_text(q.rate),
                 q.window_claims if q.window_claims is not None else "-",
                 q.ready,
                 q.scheduled,
                 q.running,
+                q.max_running_per_key if q.max_running_per_key is not None else "-",
             )
             for q in queues
         ],

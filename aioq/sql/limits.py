@@ -71,8 +71,9 @@ SELECT {_LIMITED} AS limited FROM {{s}}.queues WHERE name = $1 FOR NO KEY UPDATE
 # key's room (max_running_per_key less its running jobs, counted in jobs_key_running_idx);
 # `turn` numbers them within their key, so that at equal priority the claim takes one job of
 # every key before a second of any (round robin). Jobs without a key form one more group,
-# looked for among the queue's first 1000 ready jobs only, so that a queue of keyed jobs
-# never scans them all for an unkeyed one.
+# looked for only when the keys leave room in the claim, and among the queue's first 100 ready
+# jobs only (a heap read each: about 1.5 ms): a queue of keyed jobs never scans its backlog
+# for an unkeyed one.
 KEYED_PICK = """
 keys AS (
     (SELECT concurrency_key AS k FROM {s}.jobs
@@ -110,8 +111,9 @@ unkeyed AS (
             SELECT h.id FROM {s}.jobs AS h
             WHERE h.status = 'pending' AND h.queue = $1 AND h.run_at <= now()
               AND (SELECT per_key FROM room) IS NOT NULL
+              AND (SELECT count(*) FROM per_key) < (SELECT n FROM room)
             ORDER BY h.priority DESC, h.run_at, h.id
-            LIMIT 1000))
+            LIMIT 100))
       AND j.concurrency_key IS NULL AND j.status = 'pending'
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT (SELECT n FROM room)

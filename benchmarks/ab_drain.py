@@ -1,6 +1,7 @@
 """Interleaved no-op drains of two checkouts (A, B): medians of N rounds each.
 
     python benchmarks/ab_drain.py --a /path/to/main --b . --rounds 7 [noop_drain.py options]
+    python benchmarks/ab_drain.py --a . --b . --b-args=--middleware   # one checkout, two setups
 
 Each round runs A then B (then B then A on the next round, so neither always goes first), each
 in a fresh process with PYTHONPATH set to its checkout, on its own database.
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--b", required=True)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--base-dsn", default="postgresql://postgres@127.0.0.1:5432")
+    parser.add_argument("--b-args", default="", help="more noop_drain.py options for B only")
     args, extra = parser.parse_known_args()
     dsns = {}
     for name in ("a", "b"):
@@ -51,7 +53,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = ("a", "b") if round_ % 2 == 0 else ("b", "a")
             for name in order:
-                got = once(getattr(args, name), dsns[name], extra)
+                more = args.b_args.split() if name == "b" else []
+                got = once(getattr(args, name), dsns[name], [*extra, *more])
                 results[name].append(got.get("jobs_per_s", got.get("small_done_s", 0.0)))
             print(f"round {round_}: a {results['a'][-1]:.1f}, b {results['b'][-1]:.1f}", flush=True)
     finally:

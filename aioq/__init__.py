@@ -42,6 +42,7 @@ from aioq.migrate import install, schema_sql
 from aioq.periodic import periodic
 from aioq.results import result
 from aioq.schedule import Schedule
+from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
 
@@ -86,16 +87,19 @@ __all__ = (
     "WorkerConfig",
     "__version__",
     "cancel_jobs",
+    "cancel_jobs_sync",
     "current_job",
     "default_registry",
     "delete_jobs",
     "get_job",
+    "get_job_sync",
     "install",
     "list_jobs",
     "periodic",
     "purge_dead",
     "queues",
     "result",
+    "result_sync",
     "retry_dead",
     "schema_sql",
     "set_queue",

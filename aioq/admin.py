@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -119,7 +119,8 @@ async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
 
 
 CANCEL_STATES = ("cancelled", "cancelling", "finished", "dead", "missing")
-_CANCEL_RACES = 10
+CANCEL_RACES = 10
+"""Times a cancel asks again about a job that changed while its statement ran."""
 
 
 async def cancel_jobs(
@@ -139,16 +140,27 @@ async def cancel_jobs(
     ids = sorted({int(i) for i in job_ids})
     channels = (control_channel(schema), results_channel(schema))
     states: dict[int, str] = {}
-    for _ in range(_CANCEL_RACES):
+    for _ in range(CANCEL_RACES):
         if not ids:
             break
         found = {r.id: r.state for r in await CANCEL_JOBS.rows(conn, schema, ids, *channels)}
-        # 'raced': the job changed while the statement ran; a fresh snapshot tells what it is.
-        ids = [i for i, state in found.items() if state == "raced"]
-        states.update((i, state) for i, state in found.items() if state != "raced")
-    for job_id in ids:  # still changing after every try: it is finishing right now
-        states[job_id] = "finished"
-    return dict(sorted(states.items()))
+        ids = settle_cancels(states, found)
+    return cancel_outcome(states, ids)
+
+
+def settle_cancels(states: dict[int, str], found: Mapping[int, str]) -> list[int]:
+    """Record the settled states of one cancel statement in ``states``; return the ids to ask
+    about again.
+
+    'raced': the job changed while the statement ran; a fresh snapshot tells what it is.
+    """
+    states.update((i, state) for i, state in found.items() if state != "raced")
+    return [i for i, state in found.items() if state == "raced"]
+
+
+def cancel_outcome(states: dict[int, str], raced: Sequence[int]) -> dict[int, str]:
+    """The states of a cancel call, by id; a job still racing after every try is finishing."""
+    return dict(sorted({**states, **dict.fromkeys(raced, "finished")}.items()))
 
 
 async def delete_jobs(

@@ -9,7 +9,7 @@ names no integration.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import asyncpg
@@ -20,7 +20,7 @@ from aioq.errors import ConfigError
 if TYPE_CHECKING:  # only for the annotations: SQLAlchemy is imported when a caller passes it
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-__all__ = ("ADAPTERS", "Connection", "Executor", "Row", "Target", "executor")
+__all__ = ("ADAPTERS", "Connection", "Executor", "Row", "SyncExecutor", "Target", "executor")
 
 Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 """A connection the caller owns: ``defer`` runs on it, inside its transaction."""
@@ -40,6 +40,11 @@ class Row(Protocol):
 
     def items(self) -> Iterator[tuple[str, Any]]: ...
 
+
+SyncExecutor: TypeAlias = Callable[[str, Mapping[str, object]], list[Row]]
+"""A synchronous caller's connection as aioq runs statements on it (aioq.dbapi makes one): it
+runs one statement (``pyformat`` text, its values by name) in the caller's transaction and
+returns its rows (none for a statement without a result)."""
 
 _ASYNCPG = (asyncpg.Connection, PoolConnectionProxy, asyncpg.Pool)
 

@@ -173,7 +173,7 @@ async def result(
         while True:
             await hub.ensure_listening()  # before reading: a later ring is never missed
             row = await hub.query(schema, job_id)
-            status = _judge(job_id, row)
+            status = judge_result(job_id, row)
             if status is None:
                 assert row is not None
                 return decode_result(row.result or "null")
@@ -197,7 +197,7 @@ async def result(
                 await hub.close()
 
 
-def _judge(job_id: int, row: ResultState | None) -> str | None:
+def judge_result(job_id: int, row: ResultState | None) -> str | None:
     """Return None when the row holds the result, the status to wait on, or raise."""
     if row is None:
         raise ResultMissing(

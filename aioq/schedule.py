@@ -3,7 +3,7 @@
 Every worker whose registry holds a schedule enqueues its ticks; the database decides which one
 wins. ``schedules.last_tick`` is the latest tick enqueued, and one statement both inserts a
 tick's jobs and advances it, on the condition that it is still older than the first of those
-ticks (:data:`aioq.queries.SCHEDULE_TICK`). A worker that lost the race, or that comes late
+ticks (:data:`aioq.sql.schedules.SCHEDULE_TICK`). A worker that lost the race, or that comes late
 after the tick's job already ran and left the table, changes nothing. No lock is held between
 statements and no worker is elected: any worker that is up enqueues the tick.
 

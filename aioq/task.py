@@ -18,12 +18,14 @@ from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
 from aioq.db import Executor, Target, executor
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.job import JobContext
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
 from aioq.schedule import Schedule
-from aioq.sql import DEFAULT_SCHEMA, quote_schema
+from aioq.sql import DEFAULT_SCHEMA, Statement, quote_schema
 from aioq.sql import jobs as sql
 
 __all__ = (
@@ -414,6 +416,17 @@ class Task(Generic[P, R]):
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         return await self._call.defer_many(conn, calls)
 
+    def defer_sync(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call from synchronous code, inside the transaction of ``conn`` (psycopg,
+        Django's connection, a SQLAlchemy Session or Connection); return the job id."""
+        return self._call.defer_sync(conn, *args, **kwargs)
+
+    def defer_many_sync(
+        self, conn: SyncTarget, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls from synchronous code in one statement; return their ids."""
+        return self._call.defer_many_sync(conn, calls)
+
     # An async task's R is the coroutine: the first overload unwraps it to what it returns.
     @overload
     async def result(
@@ -451,27 +464,80 @@ class Task(Generic[P, R]):
         return await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
 
 
-def insert_values(
-    name: str, opts: JobOptions, encoded: str, traceparent: str | None = None
-) -> tuple[object, ...]:
-    """The parameters of INSERT_JOB (and, with the unique key, INSERT_UNIQUE_JOB) for one job."""
-    values = (
-        opts.queue,
-        name,
-        encoded,
-        opts.priority,
-        opts.run_at,
-        opts.delay,
-        opts.max_attempts,
-        opts.lease,
-        traceparent,
-    )
-    return values if opts.unique_key is None else (*values, opts.unique_key)
-
+Insert = tuple[Statement[int], tuple[object, ...]]
+"""A statement that inserts jobs, and its values."""
 
 UNIQUE_TRIES = 10
-"""Times a defer with a unique_key asks again when the live job holding the key ended between
-its insert's conflict and its read (the statement then returns no id)."""
+"""Times an insert with a unique_key is tried while the live job holding the key keeps ending."""
+
+
+def job_inserts(
+    name: str,
+    opts: JobOptions,
+    encoded: str,
+    traceparent: str | None = None,
+    concurrency_key: str | None = None,
+) -> Iterator[Insert]:
+    """Yield the insert of one job of task ``name``, as many times as the caller may run it.
+
+    The caller runs each until one returns an id, else raises :func:`key_kept_moving`. Only the
+    insert with a unique_key can return none: the live job holding the key ended between the
+    conflict and the read, and the next try sees that. Both ``defer`` and ``defer_sync`` run
+    these, so a job is written the same way whatever the connection.
+
+    ``concurrency_key``: the key the task's key function gave (the options' own comes first).
+    A window (unique_for), a replace or a key takes INSERT_UNIQUE_JOB_FOR; without them the
+    statements are the ones they always were.
+    """
+    key = opts.concurrency_key if opts.concurrency_key is not None else concurrency_key
+    if opts.at_defaults and traceparent is None and key is None:  # the common case
+        yield sql.INSERT_DEFAULT_JOB, (opts.queue, name, encoded)
+        return
+    values: tuple[object, ...] = (opts.queue, name, encoded, opts.priority, opts.run_at)
+    values += (opts.delay, opts.max_attempts, opts.lease, traceparent)
+    if opts.unique_key is None:
+        if key is None:
+            yield sql.INSERT_JOB, values
+        else:
+            yield sql.INSERT_KEYED_JOB, (*values, key)
+        return
+    plain = opts.unique_for is None and opts.on_conflict == "keep" and key is None
+    replace = opts.on_conflict == "replace"
+    for _ in range(UNIQUE_TRIES):
+        if plain:
+            yield sql.INSERT_UNIQUE_JOB, (*values, opts.unique_key)
+        else:
+            yield (
+                sql.INSERT_UNIQUE_JOB_FOR,
+                (*values, opts.unique_key, opts.unique_for, replace, key),
+            )
+
+
+def key_kept_moving(name: str, opts: JobOptions) -> DeferError:
+    """The error of a unique_key whose live job ended at every try of :func:`job_inserts`."""
+    return DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+
+
+def jobs_insert(
+    name: str,
+    opts: JobOptions,
+    encoded: Sequence[str],
+    traceparent: str | None = None,
+    keys: Sequence[str | None] | None = None,
+) -> Insert:
+    """The one statement that inserts many jobs of task ``name``; its ids come back in order.
+
+    ``keys``: each job's concurrency key (None: the options' own, if any, for every job).
+    """
+    if opts.unique_key is not None:
+        raise DeferError(name, "unique_key applies to one job; defer_many cannot use it")
+    values = (opts.queue, name, opts.priority, opts.run_at, opts.delay, opts.max_attempts)
+    values_ = (*values, opts.lease, list(encoded), traceparent)
+    if opts.concurrency_key is not None:
+        keys = [opts.concurrency_key] * len(encoded)
+    if keys is None:
+        return sql.INSERT_JOBS, values_
+    return sql.INSERT_KEYED_JOBS, (*values_, list(keys))
 
 
 async def insert_job(
@@ -484,30 +550,12 @@ async def insert_job(
     concurrency_key: str | None = None,
 ) -> int:
     """Insert one job of task ``name`` with these options and return its id (with a
-    unique_key: the live job's, or the one its unique_for window remembers).
-
-    ``concurrency_key``: the key the task's key function gave (options' own comes first).
-    """
-    key = opts.concurrency_key if opts.concurrency_key is not None else concurrency_key
-    values = insert_values(name, opts, encoded, traceparent)
-    if opts.unique_key is None:
-        if key is None:
-            job_id = await sql.INSERT_JOB.row(conn, schema, *values)
-        else:
-            job_id = await sql.INSERT_KEYED_JOB.row(conn, schema, *values, key)
-        assert job_id is not None  # an INSERT ... RETURNING without conflict
-        return job_id
-    plain = opts.unique_for is None and opts.on_conflict == "keep" and key is None
-    for _ in range(UNIQUE_TRIES):
-        if plain:
-            job_id = await sql.INSERT_UNIQUE_JOB.row(conn, schema, *values)
-        else:
-            job_id = await sql.INSERT_UNIQUE_JOB_FOR.row(
-                conn, schema, *values, opts.unique_for, opts.on_conflict == "replace", key
-            )
+    unique_key: the live job's, or the one its unique_for window remembers)."""
+    for statement, values in job_inserts(name, opts, encoded, traceparent, concurrency_key):
+        job_id = await statement.row(conn, schema, *values)
         if job_id is not None:
             return job_id
-    raise DeferError(name, f"unique_key {opts.unique_key!r} kept changing owner")
+    raise key_kept_moving(name, opts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +565,12 @@ class TaskCall(Generic[P]):
     task: Task[P, Any]
     opts: JobOptions
 
+    def _keys(self, bound: Sequence[Mapping[str, object]]) -> list[str | None] | None:
+        """Each job's concurrency key from the task's key function (None: it has none)."""
+        if self.task.key_of is None or self.opts.concurrency_key is not None:
+            return None
+        return [self.task.key_for(arguments) for arguments in bound]
+
     async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         task, opts = self.task, self.opts
@@ -524,54 +578,68 @@ class TaskCall(Generic[P]):
         encoded = encode_args(task.name, arguments)
         key = None if task.key_of is None else task.key_for(arguments)
         conn = await executor(conn)
+        schema = task.registry.schema
         if not hooks.observers:
-            if opts.at_defaults and key is None:  # the common case: no option to send
-                job_id = await sql.INSERT_DEFAULT_JOB.row(
-                    conn, task.registry.schema, opts.queue, task.name, encoded
-                )
-                assert job_id is not None  # an INSERT ... RETURNING without conflict
-                return job_id
-            return await self._insert(conn, encoded, None, key)
+            return await insert_job(schema, conn, task.name, opts, encoded, None, key)
         deferral = hooks.Deferral(task.name, opts.queue, 1)
         with hooks.deferring(deferral):
-            job_id = await self._insert(conn, encoded, deferral.traceparent, key)
+            traceparent = deferral.traceparent
+            job_id = await insert_job(schema, conn, task.name, opts, encoded, traceparent, key)
             deferral.ids = (job_id,)
             return job_id
-
-    async def _insert(
-        self, conn: Executor, encoded: str, traceparent: str | None, key: str | None
-    ) -> int:
-        schema = self.task.registry.schema
-        name, opts = self.task.name, self.opts
-        return await insert_job(schema, conn, name, opts, encoded, traceparent, key)
 
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         task, opts = self.task, self.opts
-        if opts.unique_key is not None:
-            raise DeferError(task.name, "unique_key applies to one job; defer_many cannot use it")
+        jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
         bound = [task.bind((), call) for call in calls]
         encoded = [encode_args(task.name, arguments) for arguments in bound]
         if not encoded:
             return []
-        keys: list[str | None] | None = None
-        if opts.concurrency_key is not None:
-            keys = [opts.concurrency_key] * len(bound)
-        elif task.key_of is not None:
-            keys = [task.key_for(arguments) for arguments in bound]
+        keys = self._keys(bound)
         conn = await executor(conn)
         deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
-        values = (
-            *(opts.queue, task.name, opts.priority, opts.run_at, opts.delay),
-            *(opts.max_attempts, opts.lease, encoded, deferral.traceparent),
-        )
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            if keys is None:
-                deferral.ids = await sql.INSERT_JOBS.rows(conn, task.registry.schema, *values)
-            else:
-                deferral.ids = await sql.INSERT_KEYED_JOBS.rows(
-                    conn, task.registry.schema, *values, keys
-                )
+            traceparent = deferral.traceparent
+            statement, values = jobs_insert(task.name, opts, encoded, traceparent, keys)
+            deferral.ids = await statement.rows(conn, task.registry.schema, *values)
+            return list(deferral.ids)
+
+    def defer_sync(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call from synchronous code, inside the transaction of ``conn``; return the
+        job id (see :data:`aioq.sync.SyncTarget` for the connections it takes)."""
+        task, opts = self.task, self.opts
+        arguments = task.bind(args, kwargs)
+        encoded = encode_args(task.name, arguments)
+        key = None if task.key_of is None else task.key_for(arguments)
+        db = sync_executor(conn)
+        deferral = hooks.Deferral(task.name, opts.queue, 1)
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            traceparent = deferral.traceparent
+            for statement, values in job_inserts(task.name, opts, encoded, traceparent, key):
+                job_id = statement.row_sync(db, task.registry.schema, *values)
+                if job_id is not None:
+                    deferral.ids = (job_id,)
+                    return job_id
+            raise key_kept_moving(task.name, opts)
+
+    def defer_many_sync(
+        self, conn: SyncTarget, calls: Iterable[Mapping[str, object]], /
+    ) -> list[int]:
+        """Enqueue many calls from synchronous code in one statement; return their ids."""
+        task, opts = self.task, self.opts
+        jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
+        bound = [task.bind((), call) for call in calls]
+        encoded = [encode_args(task.name, arguments) for arguments in bound]
+        if not encoded:
+            return []
+        keys = self._keys(bound)
+        db = sync_executor(conn)
+        deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            traceparent = deferral.traceparent
+            statement, values = jobs_insert(task.name, opts, encoded, traceparent, keys)
+            deferral.ids = statement.rows_sync(db, task.registry.schema, *values)
             return list(deferral.ids)
 
 

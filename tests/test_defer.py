@@ -617,9 +617,16 @@ def mypy_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for name in ("good_defer", "bad_defer")
     }
     results = {}
-    for name, process in processes.items():
-        out, err = process.communicate(timeout=120)
-        results[name] = (process.returncode, out, err)
+    try:
+        for name, process in processes.items():
+            # A hang guard, not a timing: mypy on a loaded machine takes minutes.
+            out, err = process.communicate(timeout=900)
+            results[name] = (process.returncode, out, err)
+    finally:
+        for process in processes.values():  # none left running if one timed out
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     return results
 
 

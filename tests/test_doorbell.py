@@ -389,7 +389,13 @@ async def test_a_worker_cancelled_while_looking_again_leaves_no_lock_and_loses_n
     doomed = make_worker(poll_interval=SLOW_POLL)
     async with anyio.create_task_group() as tg:
         tg.start_soon(doomed.run)
-        await eventually(lambda: doomed.listener is not None and doomed.listener.arms == 1)
+        await eventually(
+            lambda: (
+                doomed.current is not None
+                and doomed.current.listener is not None
+                and doomed.current.listener.arms == 1
+            )
+        )
         # The insert is in flight: the worker keeps looking again instead of sleeping.
         passes = doomed.service(Producer).passed.count
         await eventually(lambda: doomed.service(Producer).passed.count > passes + 2)

@@ -11,10 +11,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import asyncpg
 import pytest
 from fastapi.testclient import TestClient
 from waits import wait_for
 
+import aioq
 from examples.fastapi_app import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +95,30 @@ def test_interrupting_the_demo_leaves_no_server_behind() -> None:
             proc.kill()
             proc.communicate()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_flask_app_defers_in_its_request_transaction(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from examples import flask_app
+
+    monkeypatch.setenv("AIOQ_DSN", dsn)  # the task's own connection, in the worker
+    client = flask_app.app_from_env().test_client()
+    assert client.post("/signup?fail=1", json={"email": "a@example.com"}).status_code == 500
+    assert client.post("/signup", json={"email": "nope"}).status_code == 422
+    created = client.post("/signup", json={"email": "a@example.com"})
+    assert created.status_code == 201
+    job_id = created.json["job_id"]  # type: ignore[index]
+    assert client.get(f"/jobs/{job_id}").json == {"status": "pending", "result": None}
+    await aioq.Worker(dsn=dsn, registry=flask_app.registry, poll_interval=0.2).run_until_idle()
+    assert client.get(f"/jobs/{job_id}").json == {
+        "status": "succeeded",
+        "result": '"welcomed user 2"',
+    }
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT id, welcomed FROM signups")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in rows] == [(2, True)]  # the rolled-back signup took id 1

@@ -145,7 +145,7 @@ async def test_other_drivers_and_objects_get_a_clear_error_and_write_nothing(
 
 def test_importing_aioq_and_deferring_on_asyncpg_loads_no_sqlalchemy() -> None:
     code = (
-        "import sys, aioq, aioq.store\n"
+        "import sys, aioq, aioq.db\n"
         "assert 'sqlalchemy' not in sys.modules and 'aioq.contrib.sqlalchemy' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,7 +19,19 @@ import aioq
 
 PACKAGE = Path(aioq.__file__).parent
 SUBPACKAGES = ("cli", "dev", "web", "testing", "contrib")
-OPTIONAL = ("fastapi", "prometheus_client", "sqlalchemy", "opentelemetry", "starlette", "uvicorn")
+OPTIONAL = (
+    "asgiref",
+    "django",
+    "django_tasks",
+    "fastapi",
+    "prometheus_client",
+    "psycopg",
+    "psycopg2",
+    "sqlalchemy",
+    "opentelemetry",
+    "starlette",
+    "uvicorn",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -161,7 +173,7 @@ def test_import_aioq_needs_no_optional_extra() -> None:
                 return None
 
         sys.meta_path.insert(0, NoExtras())
-        import aioq, aioq.worker, aioq.admin, aioq.migrate
+        import aioq, aioq.worker, aioq.admin, aioq.migrate, aioq.sync, aioq.dbapi
         print(sorted(m for m in sys.modules if m.split(".")[0] in {OPTIONAL!r}))
         print(aioq.__version__)
         """

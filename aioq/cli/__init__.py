@@ -37,7 +37,7 @@ from aioq.cli.admin import (
     cmd_schema_status,
     cmd_stats,
 )
-from aioq.cli.common import EXIT_ERROR, UsageError, duration, port_number, positive_int
+from aioq.cli.common import EXIT_ERROR, UsageError, duration, port_number, positive_int, use_django
 from aioq.cli.queues import (
     cmd_queues_list,
     cmd_queues_pause,
@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, handlers=[handler_])
     handler: _Handler = args.handler
     try:
+        if args.django:
+            use_django(args)
         status = handler(args)
         sys.stdout.flush()  # a pipe's reader that left shows here, inside the try
         return status
@@ -128,11 +130,20 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="log at DEBUG and show tracebacks of errors"
     )
+    django_help = (
+        "set up this Django project (its settings module) first: the DSN, schema and queues"
+        " default to its aioq TASKS backend's, and the worker runs its Django tasks"
+    )
+    parser.add_argument("--django", metavar="SETTINGS", default=None, help=django_help)
+    backend_help = "the TASKS alias of the aioq backend to use (default: the only one, or default)"
+    parser.add_argument("--tasks-backend", metavar="ALIAS", default=None, help=backend_help)
     # Options every database command takes, also accepted after the command name.
     db = _Parser(add_help=False)
     db.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: $AIOQ_DSN)")
     db.add_argument("--schema", default=None, help=f"aioq's schema (default: {DEFAULT_SCHEMA})")
     db.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="as above")
+    db.add_argument("--django", metavar="SETTINGS", default=argparse.SUPPRESS, help="as above")
+    db.add_argument("--tasks-backend", metavar="ALIAS", default=argparse.SUPPRESS, help="as above")
     out = _Parser(add_help=False)
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
     commands = parser.add_subparsers(title="commands", dest="command", required=True)
@@ -156,9 +167,11 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Import MODULE (the current directory comes first on sys.path) and run "
         "its tasks. The registry is MODULE's attribute REGISTRY when given; otherwise MODULE's "
         "attribute `registry` if it is an aioq.Registry, else aioq.default_registry (where "
-        "@aioq.task registers). SIGTERM/SIGINT stop gracefully; a second one stops at once.",
+        "@aioq.task registers). With --django SETTINGS, MODULE is optional: the project's "
+        "Django tasks run too, found by the module path their jobs carry. SIGTERM/SIGINT stop "
+        "gracefully; a second one stops at once.",
     )
-    worker.add_argument("target", metavar="MODULE[:REGISTRY]")
+    worker.add_argument("target", metavar="MODULE[:REGISTRY]", nargs="?")
     worker.add_argument(
         "--queue",
         action="append",

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import asyncpg
 
+from aioq.errors import AioqError
 from aioq.job import Job
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.task import Registry, default_registry
@@ -91,6 +92,28 @@ def with_db(args: argparse.Namespace, command: DbCommand) -> int:
             await conn.close()
 
     return anyio.run(run)
+
+
+def use_django(args: argparse.Namespace) -> None:
+    """Set up the Django project of ``--django``: its DSN and schema become the defaults."""
+    try:
+        from aioq.contrib.django.project import setup
+    except ImportError as exc:
+        raise UsageError(f"--django needs Django ({exc}): pip install 'aioq-pg[django]'") from None
+    sys.path.insert(0, os.getcwd())  # the project's package, as manage.py finds it
+    try:
+        project = setup(args.django, args.tasks_backend)
+    except AioqError:
+        raise
+    except Exception as exc:
+        raise UsageError(
+            f"cannot set up Django with {args.django!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    args.django_project = project
+    if hasattr(args, "dsn") and not args.dsn and not os.environ.get("AIOQ_DSN"):
+        args.dsn = project.dsn
+    if hasattr(args, "schema") and not args.schema:
+        args.schema = project.schema
 
 
 def load_registry(target: str) -> Registry:

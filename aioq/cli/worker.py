@@ -28,7 +28,7 @@ from aioq.dev.server import EmbeddedPostgres
 from aioq.errors import ConfigError
 from aioq.migrate import check_installed
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
-from aioq.task import Registry
+from aioq.task import Registry, default_registry
 from aioq.worker import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONCURRENCY,
@@ -165,7 +165,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker, or ``--processes`` of them under a supervisor."""
     options = _worker_options(args)
     dsn = dsn_from(args)
-    registry = load_registry(args.target)  # in the supervisor too: a typo fails at once
+    project = getattr(args, "django_project", None)
+    if args.target is None and project is None:
+        raise UsageError("the following arguments are required: MODULE[:REGISTRY]")
+    # In the supervisor too: a typo fails at once.
+    registry = load_registry(args.target) if args.target else default_registry
+    if project is not None:  # its Django tasks too, and its aioq backends' queues
+        from aioq.contrib.django.project import served
+
+        registry = project.registry(registry)
+        args.queue = served(project, registry, args.queue)
     if args.processes > 1:
         # Children would each fail on a missing schema and be restarted forever: check first.
         anyio.run(_check_schema, dsn, args.schema or registry.schema)
@@ -182,8 +191,12 @@ async def _check_schema(dsn: str, schema: str) -> None:
 
 
 def _supervise(args: argparse.Namespace, dsn: str) -> int:
-    command = [sys.executable, "-m", "aioq", *(["--debug"] if args.debug else []), "worker"]
-    command += [args.target, "--processes", "1", "--parent-pid", str(os.getpid())]
+    command = [sys.executable, "-m", "aioq", *(["--debug"] if args.debug else [])]
+    if args.django:
+        command += ["--django", args.django]
+        command += ["--tasks-backend", args.tasks_backend] if args.tasks_backend else []
+    command += ["worker", *([args.target] if args.target else [])]
+    command += ["--processes", "1", "--parent-pid", str(os.getpid())]
     command += ["--log-format", args.log_format, "--log-level", args.log_level]
     command += _worker_argv(args)
     if args.metrics_port is not None:

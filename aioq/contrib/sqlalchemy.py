@@ -1,4 +1,4 @@
-"""Run aioq's statements on a SQLAlchemy ``AsyncSession`` or ``AsyncConnection``.
+"""Run aioq's statements on a SQLAlchemy session or connection, async (``defer``) or not.
 
 ``defer(session, ...)`` must join the session's transaction, so that a rollback leaves no job.
 SQLAlchemy's asyncpg adapter opens its driver-level transaction lazily, at the first statement it
@@ -7,19 +7,28 @@ own. So the first time, a trivial statement goes through SQLAlchemy (which begin
 would for the caller's own first query), and from then on aioq uses the asyncpg connection
 underneath. aioq binds arguments as text and reads jsonb back as text, so the JSON codecs
 SQLAlchemy installs on that connection never touch aioq's values.
+
+A synchronous ``Session`` or ``Connection`` (``defer_sync``) needs nothing of the kind: each
+statement goes through SQLAlchemy's ``exec_driver_sql``, which begins the transaction as the
+caller's own first statement would, on a driver that takes ``pyformat`` parameters.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 from sqlalchemy import text
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
 
+from aioq.dbapi import SyncExecutor, named_rows
 from aioq.errors import ConfigError
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql.admin import PING
 
-__all__ = ("executor",)
+__all__ = ("executor", "sync_executor")
 
 SUPPORTED = (
     "aioq runs on asyncpg: use an engine URL of the form 'postgresql+asyncpg://...'"
@@ -57,3 +66,43 @@ def check_driver(driver: str | None) -> None:
     """Raise a ConfigError naming what is supported unless the driver is asyncpg."""
     if driver != "asyncpg":
         raise ConfigError("conn", f"a SQLAlchemy session on the {driver!r} driver; {SUPPORTED}")
+
+
+SYNC_SUPPORTED = (
+    "defer_sync() runs on PostgreSQL through psycopg or psycopg2: use an engine URL of the"
+    " form 'postgresql+psycopg://...' (or an AsyncSession on asyncpg with defer())"
+)
+
+
+def sync_executor(target: Session | Connection) -> SyncExecutor:
+    """Return the runner of statements on a synchronous ``Session`` or ``Connection``."""
+    if isinstance(target, Session):
+        if target.bind is not None:  # refuse before connecting through the wrong driver
+            check_sync_dialect(target.bind.dialect)
+        conn = target.connection()  # begins the session's transaction if none yet
+    elif isinstance(target, Connection):
+        conn = target
+    else:
+        raise ConfigError(
+            "conn",
+            f"expected a SQLAlchemy Session or Connection, got {type(target).__qualname__}"
+            " (an Engine: pass engine.begin()'s connection)",
+        )
+    check_sync_dialect(conn.dialect)
+
+    def run(sql: str, params: Any) -> Any:
+        result = conn.exec_driver_sql(sql, params)
+        if not result.returns_rows:
+            return []
+        return named_rows(list(result.keys()), result.fetchall())
+
+    return run
+
+
+def check_sync_dialect(dialect: Dialect) -> None:
+    """Raise a ConfigError naming what is supported unless the dialect is PostgreSQL with
+    ``pyformat`` parameters."""
+    if dialect.name != "postgresql" or dialect.paramstyle != "pyformat":
+        raise ConfigError(
+            "conn", f"a SQLAlchemy session on {dialect.name}+{dialect.driver}; {SYNC_SUPPORTED}"
+        )

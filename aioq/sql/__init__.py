@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from aioq.db import Executor, Row
+from aioq.db import Executor, Row, SyncExecutor
 from aioq.errors import ConfigError
 
 __all__ = (
@@ -153,6 +153,21 @@ class Statement(Generic[T]):
     ) -> None:
         """Run the statement for its effect."""
         await db.execute(self.text(schema), *args, timeout=within)
+
+    def rows_sync(self, db: SyncExecutor, schema: str, *args: object) -> list[T]:
+        """Run the statement on a synchronous connection (aioq.dbapi); return its rows."""
+        build = self.build
+        return [build(r) for r in db(self.text(schema, sync=True), _by_name(args))]
+
+    def row_sync(self, db: SyncExecutor, schema: str, *args: object) -> T | None:
+        """Run the statement on a synchronous connection; return its first row, or None."""
+        found = db(self.text(schema, sync=True), _by_name(args))
+        return self.build(found[0]) if found else None
+
+
+def _by_name(args: tuple[object, ...]) -> dict[str, object]:
+    """The values of ``$1``, ``$2``, ... as the ``pyformat`` text names them."""
+    return {f"p{i}": value for i, value in enumerate(args, 1)}
 
 
 class columns(Generic[T]):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from aioq.sql import Statement, columns, integer
 
 __all__ = (
+    "COMPLETE",
     "FENCE",
     "HEARTBEAT",
     "REAP",
@@ -80,9 +81,17 @@ done AS (
     DELETE FROM {{s}}.jobs AS j
     USING mine AS m
     WHERE j.id = m.id AND m.kind = 'succeeded'
-    RETURNING j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts,
-              j.locked_by, j.locked_at, j.created_at, j.progress, j.progress_note,
-              m.result, m.ttl
+    RETURNING j.id
+),
+-- The copies read the rows as the statement's snapshot has them (sibling CTEs do not see each
+-- other's changes): the rows `mine` locked and `done` deletes. Reading them here rather than
+-- from `done`'s RETURNING keeps a plain completion from copying every row's arguments.
+succeeded AS (
+    SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
+           j.locked_at, j.created_at, j.progress, j.progress_note, m.result, m.ttl
+    FROM mine AS m
+    JOIN {{s}}.jobs AS j ON j.id = m.id
+    WHERE m.kind = 'succeeded' AND (m.ttl IS NOT NULL OR $9::boolean)
 ),
 kept AS (
     INSERT INTO {{s}}.results (id, queue, task, args, priority, attempts, max_attempts, worker,
@@ -91,7 +100,7 @@ kept AS (
     SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by, progress,
            progress_note, created_at, locked_at, clock_timestamp(),
            clock_timestamp() + make_interval(secs => ttl), result::jsonb
-    FROM done WHERE ttl IS NOT NULL
+    FROM succeeded WHERE ttl IS NOT NULL
     RETURNING id
 ),
 archived AS (
@@ -99,7 +108,7 @@ archived AS (
                              created_at, started_at, finished_at)
     SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by,
            created_at, locked_at, clock_timestamp()
-    FROM done WHERE $9::boolean
+    FROM succeeded WHERE $9::boolean
 ),
 changed AS (
     UPDATE {{s}}.jobs AS j
@@ -131,6 +140,21 @@ told AS (
 )
 SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
 WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0
+""",
+    integer,
+)
+
+# WRITE_OUTCOMES for the hot path's batch: plain completions only (no result kept, no archive),
+# with the same fence and locks. Measured on one connection, interleaved, a batch of 50: 11.7 ms
+# against WRITE_OUTCOMES' 17.0 ms (its five more arrays and CTEs cost even when unused).
+COMPLETE = Statement(
+    "WITH "
+    + fenced()
+    + """
+DELETE FROM {s}.jobs AS j
+USING mine
+WHERE j.id = mine.id
+RETURNING j.id
 """,
     integer,
 )

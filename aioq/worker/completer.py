@@ -19,7 +19,7 @@ from aioq.db import Executor
 from aioq.job import Claim, ClaimKey, OutcomeKind
 from aioq.service import STEP_BACKOFF, Service
 from aioq.sql import results_channel
-from aioq.sql.outcomes import WRITE_OUTCOMES
+from aioq.sql.outcomes import COMPLETE, WRITE_OUTCOMES
 from aioq.worker.claims import Claims
 
 if TYPE_CHECKING:
@@ -261,6 +261,16 @@ class Completer(Service[int]):
     async def _write(self, batch: list[Outcome], *, archive: bool) -> set[int]:
         """One fenced statement for every outcome of the batch (docs/architecture.md, "The
         fence"); return the ids still ours."""
+        if not archive and all(o.kind is _COMPLETE and o.result_ttl is None for o in batch):
+            # The hot path: plain completions, the statement that only deletes.
+            ids = await COMPLETE.rows(
+                self.db,
+                self.schema,
+                [o.claim.id for o in batch],
+                [o.claim.number for o in batch],
+                self.worker_id,
+            )
+            return set(ids)
         ids = await WRITE_OUTCOMES.rows(
             self.db,
             self.schema,
@@ -317,6 +327,9 @@ class Completer(Service[int]):
                     )
                     return
                 await anyio.sleep(failures.next())
+
+
+_COMPLETE = OutcomeKind.COMPLETE
 
 
 def _kept_result(outcome: Outcome) -> str | None:

@@ -20,7 +20,7 @@ from anyio.abc import TaskStatus
 from aioq.metrics import Metrics, QueueSampler
 from aioq.schedule import Scheduler
 from aioq.service import Service
-from aioq.sql import control_channel
+from aioq.sql import DEFAULT_SCHEMA, control_channel
 from aioq.stats_history import StatsRecorder, StatsWriter
 from aioq.task import Middleware, Registry
 from aioq.worker.claimer import Claimer
@@ -142,61 +142,11 @@ class Run:
         self.probe = Probe(schema=schema, db=pool)
         self.began = time.monotonic()
         self.serving = False  # the services are up and the consumers started
-        background: list[Service[Any] | None] = [
-            self.completer,
-            self.probe,
-            cancel_watch,
-            self.listener,
-            Heartbeat(
-                schema=schema,
-                db=pool,
-                worker_id=worker_id,
-                claims=self.claims,
-                interval=cfg.heartbeat_interval,
-            ),
-            Reaper(
-                schema=schema,
-                db=pool,
-                interval=cfg.reaper_interval,
-                batch_size=cfg.reaper_batch,
-                worker_id=worker_id,
-            ),
-            # Always: expired results are pruned whatever the retention.
-            Pruner(
-                schema=schema,
-                db=pool,
-                archive_retention=cfg.archive_retention,
-                dead_retention=cfg.dead_retention,
-                interval=cfg.prune_interval,
-                batch_size=cfg.prune_batch,
-            ),
-            Vacuumer(
-                schema=schema, db=pool, threshold=cfg.vacuum_threshold, interval=cfg.vacuum_interval
-            )
-            if cfg.vacuum_threshold is not None
-            else None,
-            Scheduler(schema=schema, db=pool, schedules=list(registry.schedules.values()))
-            if cfg.periodic and registry.schedules
-            else None,
-            QueueSampler(schema=schema, db=pool, metrics=metrics) if metrics is not None else None,
-            LoopLag(claims=self.claims, threshold=cfg.lag_threshold)
-            if cfg.lag_threshold is not None
-            else None,
-            StatsWriter(
-                schema=schema,
-                db=pool,
-                recorder=self.history,
-                worker_id=worker_id,
-                queues=cfg.queues,
-                concurrency=cfg.concurrency,
-                interval=cfg.stats_interval,
-                retention=cfg.stats_retention,
-            )
-            if self.history is not None
-            else None,
-        ]
         # In start order; the producer last: it starts with the jobs.
-        self.services: list[Service[Any]] = [s for s in background if s is not None]
+        self.services: list[Service[Any]] = [self.completer, self.probe, cancel_watch]
+        if self.listener is not None:
+            self.services.append(self.listener)
+        self.services += _upkeep(cfg, registry, pool, self.claims, self.history, metrics)
         self.services.append(self.producer)
 
     def stop(self) -> None:
@@ -313,3 +263,66 @@ class Run:
                     len(released),
                     extra={"released": len(released)},
                 )
+
+
+def _upkeep(
+    cfg: WorkerConfig,
+    registry: Registry,
+    pool: asyncpg.Pool,
+    claims: Claims,
+    history: StatsRecorder | None,
+    metrics: Metrics | None,
+) -> list[Service[Any]]:
+    """The services of a run that keep leases, tables and figures: those the config asks for."""
+    schema, worker_id = cfg.schema or DEFAULT_SCHEMA, cfg.worker_id
+    assert cfg.queues is not None
+    services: list[Service[Any] | None] = [
+        Heartbeat(
+            schema=schema,
+            db=pool,
+            worker_id=worker_id,
+            claims=claims,
+            interval=cfg.heartbeat_interval,
+        ),
+        Reaper(
+            schema=schema,
+            db=pool,
+            interval=cfg.reaper_interval,
+            batch_size=cfg.reaper_batch,
+            worker_id=worker_id,
+        ),
+        # Always: expired results are pruned whatever the retention.
+        Pruner(
+            schema=schema,
+            db=pool,
+            archive_retention=cfg.archive_retention,
+            dead_retention=cfg.dead_retention,
+            interval=cfg.prune_interval,
+            batch_size=cfg.prune_batch,
+        ),
+        Vacuumer(
+            schema=schema, db=pool, threshold=cfg.vacuum_threshold, interval=cfg.vacuum_interval
+        )
+        if cfg.vacuum_threshold is not None
+        else None,
+        Scheduler(schema=schema, db=pool, schedules=list(registry.schedules.values()))
+        if cfg.periodic and registry.schedules
+        else None,
+        QueueSampler(schema=schema, db=pool, metrics=metrics) if metrics is not None else None,
+        LoopLag(claims=claims, threshold=cfg.lag_threshold)
+        if cfg.lag_threshold is not None
+        else None,
+        StatsWriter(
+            schema=schema,
+            db=pool,
+            recorder=history,
+            worker_id=worker_id,
+            queues=cfg.queues,
+            concurrency=cfg.concurrency,
+            interval=cfg.stats_interval,
+            retention=cfg.stats_retention,
+        )
+        if history is not None
+        else None,
+    ]
+    return [s for s in services if s is not None]

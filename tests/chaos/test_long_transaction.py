@@ -24,8 +24,8 @@ from harness import (
     wait_serving,
 )
 
-from aioq import queries
 from aioq.dev.server import EmbeddedPostgres
+from aioq.sql.jobs import CLAIM_ONE_QUEUE
 
 pytestmark = [
     pytest.mark.chaos,
@@ -37,7 +37,7 @@ CONCURRENCY = 10
 PHASES = (("before", 20.0), ("during", 60.0), ("after", 30.0))
 FEED = 150  # jobs deferred per tick
 TICK = 0.5
-PROBE = queries.render(queries.CLAIM_ONE_QUEUE, "aioq")
+PROBE = CLAIM_ONE_QUEUE.text("aioq")
 AUTOVACUUM_GUARD = 150.0
 VACUUMS = (
     "SELECT autovacuum_count + vacuum_count FROM pg_stat_user_tables"

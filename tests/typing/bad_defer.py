@@ -6,8 +6,12 @@ checks that exactly the marked lines are reported.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
+import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
 
 import aioq
 
@@ -52,3 +56,14 @@ async def other_targets(
     await send.options(priority=1).defer(session, order_id=[1])  # error: [arg-type] options
     await send.defer_many(session, {"order_id": 1})  # error: [dict-item] on a session
     await send.defer("postgresql://", order_id=1)  # error: [arg-type] not a connection
+
+
+def sync_targets(conn: psycopg.Connection[Any], session: Session) -> None:
+    """defer_sync checks the task's arguments as defer does."""
+    send.defer_sync(conn, order_id="x")  # error: [arg-type] on a psycopg connection
+    send.defer_sync(session, orderid=1)  # error: [call-arg] on a session
+    send.options(queue="q").defer_sync(conn)  # error: [call-arg] via options
+    send.defer_many_sync(conn, {"order_id": 1})  # error: [dict-item] not a list of calls
+    send.defer_sync("postgresql://", order_id=1)  # error: [arg-type] not a connection
+    name: str = send.defer_sync(conn, order_id=1)  # error: [assignment] returns the id
+    print(name)

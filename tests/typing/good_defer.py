@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
+import psycopg
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
 
 import aioq
 
@@ -49,3 +53,15 @@ async def other_targets(
     job = await aioq.get_job(session, 1)
     jobs = await aioq.list_jobs(sa_conn, status="dead")
     assert job is None or jobs
+
+
+def sync_targets(conn: psycopg.Connection[Any], session: Session, sa_conn: Connection) -> None:
+    """defer_sync takes a psycopg connection, a SQLAlchemy Session or Connection."""
+    job_id: int = send.defer_sync(conn, order_id=1)
+    send.defer_sync(session, 2, note="in the session's transaction")
+    send.options(priority=3, unique_key="k").defer_sync(sa_conn, order_id=job_id)
+    ids: list[int] = notify.defer_many_sync(conn, [{"user": "ann"}, {"user": "bob"}])
+    job = aioq.get_job_sync(conn, ids[0])
+    states: dict[int, str] = aioq.cancel_jobs_sync(session, ids)
+    value: object = aioq.result_sync(sa_conn, job_id, timeout=1.0)
+    assert job is None or states or value

@@ -1,0 +1,24 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    initial = True
+    dependencies: list[tuple[str, str]] = []
+    operations = [
+        migrations.CreateModel(
+            name="Order",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("customer", models.CharField(max_length=100)),
+                ("paid", models.BooleanField(default=False)),
+                ("notified", models.IntegerField(default=0)),
+            ],
+        ),
+        migrations.CreateModel(
+            name="Log",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("label", models.CharField(max_length=100)),
+            ],
+        ),
+    ]

@@ -182,3 +182,26 @@ async def test_jobs_without_a_key_never_touch_the_uniques_table(
         " WHERE relname = 'uniques'"
     )
     assert stats is None or stats["writes"] == 0
+
+
+def test_defer_sync_takes_the_window_replace_and_keys_too(
+    dsn: str, registry: aioq.Registry
+) -> None:
+    """The synchronous defers write the same statements (psycopg here)."""
+    import psycopg
+
+    @registry.task(name="sync_send", concurrency_key=lambda order_id, **_: f"o{order_id}")
+    async def sync_send(order_id: int, note: str = "") -> None: ...
+
+    with psycopg.connect(dsn) as conn:
+        once = sync_send.options(unique_key="k", unique_for=60, on_conflict="replace")
+        first = once.defer_sync(conn, order_id=1)
+        assert once.defer_sync(conn, order_id=2, note="new") == first
+        ids = sync_send.defer_many_sync(conn, [{"order_id": 3}, {"order_id": 4}])
+        conn.commit()
+        rows = conn.execute(
+            "SELECT id, args->>'order_id', concurrency_key FROM aioq.jobs ORDER BY id"
+        ).fetchall()
+        assert rows == [(first, "2", "o1"), (ids[0], "3", "o3"), (ids[1], "4", "o4")]
+        conn.execute("DELETE FROM aioq.jobs")
+        assert once.defer_sync(conn, order_id=5) == first  # the window outlives the job

@@ -32,6 +32,7 @@ from aioq.errors import (
     SchemaError,
     SerializationError,
     ServerError,
+    StartupError,
     TaskError,
     UnknownTaskError,
 )
@@ -75,6 +76,7 @@ __all__ = (
     "SchemaError",
     "SerializationError",
     "ServerError",
+    "StartupError",
     "Stats",
     "TableStats",
     "Task",

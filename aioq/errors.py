@@ -13,6 +13,7 @@ Every exception that crosses the public API derives from :class:`AioqError`::
     │   ├── PayloadError        the stored arguments cannot be decoded or bound
     │   └── ResultError         the return value cannot be stored as JSON (a failed attempt)
     ├── SchemaError             the schema is missing, too old, or cannot be applied
+    ├── StartupError            a worker's lifespan failed to open; nothing was claimed
     ├── ServerError             the embedded PostgreSQL cannot be found or started
     ├── NoResult                ``aioq.result`` has no value to return (job_id)
     │   ├── JobFailed           the job is dead (last_error)
@@ -45,6 +46,7 @@ __all__ = (
     "SchemaError",
     "SerializationError",
     "ServerError",
+    "StartupError",
     "TaskError",
     "UnknownTaskError",
 )
@@ -66,6 +68,12 @@ class AioqError(Exception):
     def message(self) -> str:
         """The human-readable message."""
         return str(self.args[0])
+
+
+class StartupError(AioqError):
+    """A worker could not start: its lifespan failed to open. Nothing was claimed."""
+
+    default_message = "the worker could not start"
 
 
 class ConfigError(AioqError, ValueError):

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aioq.errors import AioqError, ConfigError
 
@@ -25,6 +25,8 @@ __all__ = (
     "OutcomeKind",
     "current_job",
 )
+
+S = TypeVar("S")
 
 ClaimKey = tuple[int, int]
 """(job id, claim number): the identity of one claim, never reused."""
@@ -173,6 +175,19 @@ class JobContext:
     snoozes: int = 0
     scheduled_at: datetime | None = None  # the tick a periodic job runs for, else None
     handle: JobHandle | None = field(default=None, repr=False, compare=False)
+    # What the worker's lifespan yielded (an HTTP client, an engine...), shared by every job of
+    # the worker process; None without a lifespan. Any, as Starlette's request.state: a task
+    # that wants it typed asks state_as(MyState).
+    state: Any = field(default=None, repr=False, compare=False)
+
+    def state_as(self, kind: type[S]) -> S:
+        """Return :attr:`state`, checked to be a ``kind`` (typed for the caller)."""
+        if not isinstance(self.state, kind):
+            raise AioqError(
+                f"the worker's lifespan state is a {type(self.state).__name__}, not a"
+                f" {kind.__name__} (give the worker or registry a lifespan= that yields one)"
+            )
+        return self.state
 
     @property
     def is_last_attempt(self) -> bool:

@@ -55,15 +55,14 @@ class QueueInfo:
     dead: int
     window_claims: int | None  # claims counted in the rate window now (None: no rate)
     updated_at: datetime | None  # when its settings last changed (None: never set)
+    max_running_per_key: int | None = None  # jobs of one concurrency key running at once
 
 
-def _check_max_running(queue: str, value: int | None) -> int | None:
+def _check_max_running(queue: str, value: int | None, field: str = "max_running") -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
-        raise ConfigError(
-            "max_running", f"queue {queue!r}: must be an integer >= 1 or None, got {value!r}"
-        )
+        raise ConfigError(field, f"queue {queue!r}: must be an integer >= 1 or None, got {value!r}")
     return value
 
 
@@ -93,21 +92,34 @@ async def set_queue(
     max_running: int | _Unset | None = UNSET,
     rate: tuple[int, float | timedelta] | _Unset | None = UNSET,
     paused: bool | _Unset = UNSET,
+    max_running_per_key: int | _Unset | None = UNSET,
     schema: str = DEFAULT_SCHEMA,
 ) -> QueueInfo:
     """Set a queue's fleet-wide limits; what is not given stays, None removes a limit.
 
     ``max_running``: jobs of the queue running at once across all workers. ``rate``:
     ``(claims, seconds)``, at most that many claims in any window of that many seconds.
-    ``paused``: no new claims; running jobs finish. Workers see a change without a restart.
+    ``paused``: no new claims; running jobs finish. ``max_running_per_key``: jobs of one
+    concurrency key (``options(concurrency_key=...)`` or the task's key function) running at
+    once across all workers; at equal priority the claim then takes the keys in turn, so a
+    key with a large backlog does not delay the others. Workers see a change without a restart.
     Pausing or resuming a queue that has neither settings nor live jobs raises ConfigError
     (a typo); setting a limit creates the queue's settings. Bad values raise ConfigError and
     change nothing.
     """
     name = check_queue("queue", queue)
-    if max_running is UNSET and rate is UNSET and paused is UNSET:
-        raise ConfigError("set_queue", f"queue {name!r}: give max_running, rate or paused")
+    nothing = max_running is UNSET and rate is UNSET and max_running_per_key is UNSET
+    if nothing and paused is UNSET:
+        raise ConfigError(
+            "set_queue",
+            f"queue {name!r}: give max_running, rate or paused (or max_running_per_key)",
+        )
     limit = None if max_running is UNSET else _check_max_running(name, max_running)
+    per_key = (
+        None
+        if max_running_per_key is UNSET
+        else _check_max_running(name, max_running_per_key, "max_running_per_key")
+    )
     per = None if rate is UNSET else _check_rate(name, rate)
     if paused is not UNSET and not isinstance(paused, bool):
         raise ConfigError("paused", f"queue {name!r}: must be True or False, got {paused!r}")
@@ -119,8 +131,10 @@ async def set_queue(
         *(max_running is not UNSET, limit),
         *(rate is not UNSET, per[0] if per else None, per[1] if per else None),
         *(paused is not UNSET, bool(paused) if paused is not UNSET else False),
-        max_running is UNSET and rate is UNSET,  # must exist: a pause or resume alone
+        nothing,  # must exist: a pause or resume alone
         channel_name(schema),
+        max_running_per_key is not UNSET,
+        per_key,
     )
     if changed is None:
         raise ConfigError(
@@ -155,6 +169,7 @@ async def queues(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> list[QueueInf
                 dead=c.dead if c else 0,
                 window_claims=s.window_claims if s else None,
                 updated_at=s.updated_at if s else None,
+                max_running_per_key=s.max_running_per_key if s else None,
             )
         )
     return found

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
@@ -20,6 +21,7 @@ from aioq.db import Executor, Target, executor
 from aioq.dbapi import SyncTarget
 from aioq.dbapi import executor as sync_executor
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
+from aioq.job import JobContext
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
 from aioq.schedule import Schedule
@@ -135,6 +137,14 @@ class JobOptions:
     delay: float = 0.0
     run_at: datetime | None = None
     unique_key: str | None = None
+    # With unique_key: a defer within this many seconds of the first job's creation returns
+    # that job's id, even once it has finished (docs/architecture.md, "Unique jobs").
+    unique_for: float | None = None
+    # With unique_key: "keep" the live job as it is, or "replace" a pending one's arguments
+    # and run time.
+    on_conflict: str = "keep"
+    # Jobs of one key run at most the queue's max_running_per_key at once (aioq.set_queue).
+    concurrency_key: str | None = None
     # Every column but queue, task and args at the table's default: INSERT_DEFAULT_JOB.
     at_defaults: bool = field(init=False, repr=False, compare=False)
 
@@ -142,6 +152,18 @@ class JobOptions:
         check_queue("queue", self.queue)
         if self.unique_key is not None:
             check_text("unique_key", self.unique_key)
+        if self.unique_for is not None:
+            check_duration("unique_for", self.unique_for, minimum=MIN_UNIQUE_FOR)
+            if self.unique_key is None:
+                raise ConfigError("unique_for", "needs a unique_key: the key the window is for")
+        if self.on_conflict not in ON_CONFLICT:
+            raise ConfigError(
+                "on_conflict", f"must be 'keep' or 'replace', got {self.on_conflict!r}"
+            )
+        if self.on_conflict != "keep" and self.unique_key is None:
+            raise ConfigError("on_conflict", "needs a unique_key: the key that conflicts")
+        if self.concurrency_key is not None:
+            check_concurrency_key(self.concurrency_key)
         for name in ("priority", "max_attempts"):  # the driver would truncate 1.5 to 1
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -158,9 +180,46 @@ class JobOptions:
             check_time("run_at", self.run_at)
             if self.delay:
                 raise ConfigError("run_at", "give either run_at or delay, not both")
-        lean = self.run_at is None and not self.delay and self.unique_key is None
+        lean = (
+            self.run_at is None
+            and not self.delay
+            and self.unique_key is None
+            and self.concurrency_key is None
+        )
         at_defaults = lean and (self.priority, self.max_attempts, self.lease) == sql.TABLE_DEFAULTS
         object.__setattr__(self, "at_defaults", at_defaults)  # frozen: set once, here
+
+
+ON_CONFLICT = ("keep", "replace")
+MIN_UNIQUE_FOR = 0.001
+MAX_CONCURRENCY_KEY = 200
+"""The longest concurrency key, in characters."""
+
+
+def check_concurrency_key(value: object, *, where: str = "") -> str:
+    """Return a concurrency key, or raise ConfigError unless it is non-empty storable text of at
+    most MAX_CONCURRENCY_KEY characters."""
+    if not isinstance(value, str) or not value or len(value) > MAX_CONCURRENCY_KEY:
+        raise ConfigError(
+            "concurrency_key",
+            f"{where}must be a non-empty text of at most {MAX_CONCURRENCY_KEY} characters,"
+            f" got {value!r}",
+        )
+    check_text("concurrency_key", value)
+    return value
+
+
+def check_exceptions(field: str, value: object) -> tuple[type[BaseException], ...] | None:
+    """Return exception types as a tuple (one type or a tuple of them), None for None;
+    ConfigError naming the field otherwise."""
+    if value is None:
+        return None
+    types = value if isinstance(value, tuple) else (value,)
+    if not types or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        raise ConfigError(
+            field, f"must be an exception class or a non-empty tuple of them, got {value!r}"
+        )
+    return types
 
 
 _FITTING_NAMES_CACHED = 64
@@ -181,8 +240,22 @@ class Task(Generic[P, R]):
         timeout: float | None,
         retry: Backoff,
         result_ttl: float | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        no_retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        concurrency_key: Callable[..., str | None] | None = None,
     ) -> None:
         check_text("name", name)
+        # A failure is retried only if it is one of retry_on (None: any) and none of
+        # no_retry_on; any other goes dead at once (judge() in aioq/worker/consumer.py).
+        self.retry_on = check_exceptions("retry_on", retry_on)
+        self.no_retry_on = check_exceptions("no_retry_on", no_retry_on)
+        if concurrency_key is not None and not callable(concurrency_key):
+            raise ConfigError(
+                "concurrency_key",
+                f"{name!r}: must be a function of the job's arguments returning the key,"
+                f" got {concurrency_key!r} (a fixed key goes in options(concurrency_key=...))",
+            )
+        self.key_of = concurrency_key
         if result_ttl is not None and (
             isinstance(result_ttl, bool) or not isinstance(result_ttl, int | float)
             or not 0 < result_ttl <= _MAX_RESULT_TTL
@@ -214,6 +287,29 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<aioq.Task {self.name!r} queue={self.defaults.queue!r}>"
+
+    def retries(self, error: BaseException) -> bool:
+        """Whether a failure with this exception may be retried (attempts left aside)."""
+        if self.retry_on is not None and not isinstance(error, self.retry_on):
+            return False
+        return self.no_retry_on is None or not isinstance(error, self.no_retry_on)
+
+    def key_for(self, arguments: Mapping[str, object]) -> str | None:
+        """The concurrency key the task's key function gives these arguments (None: none)."""
+        if self.key_of is None:
+            return None
+        try:
+            key = self.key_of(**arguments)
+        except Exception as exc:
+            raise DeferError(
+                self.name, f"its concurrency_key function failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if key is None:
+            return None
+        try:
+            return check_concurrency_key(key, where="the task's key function: ")
+        except ConfigError as exc:
+            raise OptionError(self.name, exc.field, exc.problem) from None
 
     @property
     def defaults(self) -> JobOptions:
@@ -283,6 +379,9 @@ class Task(Generic[P, R]):
         max_attempts: int | None = None,
         unique_key: str | None = None,
         lease: float | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskCall[P]:
         """Return this task with options for the jobs deferred through it.
 
@@ -296,10 +395,14 @@ class Task(Generic[P, R]):
             "max_attempts": max_attempts,
             "unique_key": unique_key,
             "lease": lease,
+            "on_conflict": on_conflict,
+            "concurrency_key": concurrency_key,
         }
         try:
             if delay is not None:
                 changes["delay"] = to_seconds("delay", delay)
+            if unique_for is not None:
+                changes["unique_for"] = to_seconds("unique_for", unique_for)
             changes = {k: v for k, v in changes.items() if v is not None}
             return TaskCall(self, replace(self.defaults, **changes))
         except ConfigError as exc:
@@ -369,7 +472,11 @@ UNIQUE_TRIES = 10
 
 
 def job_inserts(
-    name: str, opts: JobOptions, encoded: str, traceparent: str | None = None
+    name: str,
+    opts: JobOptions,
+    encoded: str,
+    traceparent: str | None = None,
+    concurrency_key: str | None = None,
 ) -> Iterator[Insert]:
     """Yield the insert of one job of task ``name``, as many times as the caller may run it.
 
@@ -377,17 +484,33 @@ def job_inserts(
     insert with a unique_key can return none: the live job holding the key ended between the
     conflict and the read, and the next try sees that. Both ``defer`` and ``defer_sync`` run
     these, so a job is written the same way whatever the connection.
+
+    ``concurrency_key``: the key the task's key function gave (the options' own comes first).
+    A window (unique_for), a replace or a key takes INSERT_UNIQUE_JOB_FOR; without them the
+    statements are the ones they always were.
     """
-    if opts.at_defaults and traceparent is None:  # the common case: no option to send
+    key = opts.concurrency_key if opts.concurrency_key is not None else concurrency_key
+    if opts.at_defaults and traceparent is None and key is None:  # the common case
         yield sql.INSERT_DEFAULT_JOB, (opts.queue, name, encoded)
         return
     values: tuple[object, ...] = (opts.queue, name, encoded, opts.priority, opts.run_at)
     values += (opts.delay, opts.max_attempts, opts.lease, traceparent)
     if opts.unique_key is None:
-        yield sql.INSERT_JOB, values
+        if key is None:
+            yield sql.INSERT_JOB, values
+        else:
+            yield sql.INSERT_KEYED_JOB, (*values, key)
         return
+    plain = opts.unique_for is None and opts.on_conflict == "keep" and key is None
+    replace = opts.on_conflict == "replace"
     for _ in range(UNIQUE_TRIES):
-        yield sql.INSERT_UNIQUE_JOB, (*values, opts.unique_key)
+        if plain:
+            yield sql.INSERT_UNIQUE_JOB, (*values, opts.unique_key)
+        else:
+            yield (
+                sql.INSERT_UNIQUE_JOB_FOR,
+                (*values, opts.unique_key, opts.unique_for, replace, key),
+            )
 
 
 def key_kept_moving(name: str, opts: JobOptions) -> DeferError:
@@ -396,13 +519,25 @@ def key_kept_moving(name: str, opts: JobOptions) -> DeferError:
 
 
 def jobs_insert(
-    name: str, opts: JobOptions, encoded: Sequence[str], traceparent: str | None = None
+    name: str,
+    opts: JobOptions,
+    encoded: Sequence[str],
+    traceparent: str | None = None,
+    keys: Sequence[str | None] | None = None,
 ) -> Insert:
-    """The one statement that inserts many jobs of task ``name``; its ids come back in order."""
+    """The one statement that inserts many jobs of task ``name``; its ids come back in order.
+
+    ``keys``: each job's concurrency key (None: the options' own, if any, for every job).
+    """
     if opts.unique_key is not None:
         raise DeferError(name, "unique_key applies to one job; defer_many cannot use it")
     values = (opts.queue, name, opts.priority, opts.run_at, opts.delay, opts.max_attempts)
-    return sql.INSERT_JOBS, (*values, opts.lease, list(encoded), traceparent)
+    values_ = (*values, opts.lease, list(encoded), traceparent)
+    if opts.concurrency_key is not None:
+        keys = [opts.concurrency_key] * len(encoded)
+    if keys is None:
+        return sql.INSERT_JOBS, values_
+    return sql.INSERT_KEYED_JOBS, (*values_, list(keys))
 
 
 async def insert_job(
@@ -412,10 +547,11 @@ async def insert_job(
     opts: JobOptions,
     encoded: str,
     traceparent: str | None = None,
+    concurrency_key: str | None = None,
 ) -> int:
     """Insert one job of task ``name`` with these options and return its id (with a
-    unique_key: the live job's)."""
-    for statement, values in job_inserts(name, opts, encoded, traceparent):
+    unique_key: the live job's, or the one its unique_for window remembers)."""
+    for statement, values in job_inserts(name, opts, encoded, traceparent, concurrency_key):
         job_id = await statement.row(conn, schema, *values)
         if job_id is not None:
             return job_id
@@ -429,17 +565,26 @@ class TaskCall(Generic[P]):
     task: Task[P, Any]
     opts: JobOptions
 
+    def _keys(self, bound: Sequence[Mapping[str, object]]) -> list[str | None] | None:
+        """Each job's concurrency key from the task's key function (None: it has none)."""
+        if self.task.key_of is None or self.opts.concurrency_key is not None:
+            return None
+        return [self.task.key_for(arguments) for arguments in bound]
+
     async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         task, opts = self.task, self.opts
-        encoded = encode_args(task.name, task.bind(args, kwargs))
+        arguments = task.bind(args, kwargs)
+        encoded = encode_args(task.name, arguments)
+        key = None if task.key_of is None else task.key_for(arguments)
         conn = await executor(conn)
         schema = task.registry.schema
         if not hooks.observers:
-            return await insert_job(schema, conn, task.name, opts, encoded)
+            return await insert_job(schema, conn, task.name, opts, encoded, None, key)
         deferral = hooks.Deferral(task.name, opts.queue, 1)
         with hooks.deferring(deferral):
-            job_id = await insert_job(schema, conn, task.name, opts, encoded, deferral.traceparent)
+            traceparent = deferral.traceparent
+            job_id = await insert_job(schema, conn, task.name, opts, encoded, traceparent, key)
             deferral.ids = (job_id,)
             return job_id
 
@@ -447,13 +592,16 @@ class TaskCall(Generic[P]):
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         task, opts = self.task, self.opts
         jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
-        encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
+        bound = [task.bind((), call) for call in calls]
+        encoded = [encode_args(task.name, arguments) for arguments in bound]
         if not encoded:
             return []
+        keys = self._keys(bound)
         conn = await executor(conn)
         deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            statement, values = jobs_insert(task.name, opts, encoded, deferral.traceparent)
+            traceparent = deferral.traceparent
+            statement, values = jobs_insert(task.name, opts, encoded, traceparent, keys)
             deferral.ids = await statement.rows(conn, task.registry.schema, *values)
             return list(deferral.ids)
 
@@ -461,11 +609,14 @@ class TaskCall(Generic[P]):
         """Enqueue a call from synchronous code, inside the transaction of ``conn``; return the
         job id (see :data:`aioq.sync.SyncTarget` for the connections it takes)."""
         task, opts = self.task, self.opts
-        encoded = encode_args(task.name, task.bind(args, kwargs))
+        arguments = task.bind(args, kwargs)
+        encoded = encode_args(task.name, arguments)
+        key = None if task.key_of is None else task.key_for(arguments)
         db = sync_executor(conn)
         deferral = hooks.Deferral(task.name, opts.queue, 1)
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            for statement, values in job_inserts(task.name, opts, encoded, deferral.traceparent):
+            traceparent = deferral.traceparent
+            for statement, values in job_inserts(task.name, opts, encoded, traceparent, key):
                 job_id = statement.row_sync(db, task.registry.schema, *values)
                 if job_id is not None:
                     deferral.ids = (job_id,)
@@ -478,13 +629,16 @@ class TaskCall(Generic[P]):
         """Enqueue many calls from synchronous code in one statement; return their ids."""
         task, opts = self.task, self.opts
         jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
-        encoded = [encode_args(task.name, task.bind((), call)) for call in calls]
+        bound = [task.bind((), call) for call in calls]
+        encoded = [encode_args(task.name, arguments) for arguments in bound]
         if not encoded:
             return []
+        keys = self._keys(bound)
         db = sync_executor(conn)
         deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            statement, values = jobs_insert(task.name, opts, encoded, deferral.traceparent)
+            traceparent = deferral.traceparent
+            statement, values = jobs_insert(task.name, opts, encoded, traceparent, keys)
             deferral.ids = statement.rows_sync(db, task.registry.schema, *values)
             return list(deferral.ids)
 
@@ -492,9 +646,20 @@ class TaskCall(Generic[P]):
 class Registry:
     """The tasks a worker can run, by name, and the schema their jobs live in."""
 
-    def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(
+        self,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        middleware: Sequence[Middleware] = (),
+        lifespan: Lifespan | None = None,
+    ) -> None:
         quote_schema(schema)
         self.schema = schema
+        # Wrap every run of this registry's tasks in every worker, the first outermost
+        # (docs/architecture.md, "Middleware and lifespan").
+        self.middleware: tuple[Middleware, ...] = check_middleware(middleware)
+        # Opened once per worker run, before its first claim (Worker(lifespan=) overrides it).
+        self.lifespan = check_lifespan(lifespan)
         self._tasks: dict[str, Task[..., Any]] = {}
         self.schedules: dict[str, Schedule] = {}  # @aioq.periodic adds to it, by schedule name
 
@@ -547,6 +712,9 @@ class Registry:
         timeout: float | None = None,
         retry: Backoff | None = None,
         result_ttl: float | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        no_retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        concurrency_key: Callable[..., str | None] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -561,11 +729,19 @@ class Registry:
         timeout: float | None = None,
         retry: Backoff | None = None,
         result_ttl: float | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        no_retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        concurrency_key: Callable[..., str | None] | None = None,
     ) -> Any:
         """Register a function as a task (as ``@registry.task`` or ``@registry.task(...)``).
 
         ``result_ttl`` (seconds) keeps each job's return value, as JSON, for that long after it
         succeeds, for :func:`aioq.result` and ``task.result``; without it nothing is kept.
+        ``retry_on`` (an exception class or a tuple): only those failures are retried, any
+        other makes the job dead at once; ``no_retry_on``: those are never retried.
+        ``aioq.Retry`` and ``aioq.Fail`` work as always. ``concurrency_key``: a function of the
+        job's arguments (by keyword) that returns its key (see ``aioq.set_queue``'s
+        ``max_running_per_key``), or None for none.
         """
         if timeout is not None and not timeout > 0:
             raise ConfigError("timeout", f"must be > 0 seconds or None, got {timeout}")
@@ -581,10 +757,48 @@ class Registry:
                     timeout=timeout,
                     retry=retry or Backoff(),
                     result_ttl=result_ttl,
+                    retry_on=retry_on,
+                    no_retry_on=no_retry_on,
+                    concurrency_key=concurrency_key,
                 )
             )
 
         return register if fn is None else register(fn)
+
+
+Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+"""``async def mw(job, call_next)``: wraps one run of a task. ``await call_next()`` runs the
+rest (the next middleware, then the task) and returns its value or raises its exception; what
+the middleware returns or raises is the run's outcome."""
+
+Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
+"""``lifespan(worker)``: an async context manager (Starlette's shape) entered once per worker
+run before its first claim and exited after its last outcome is written; what it yields is
+``aioq.current_job().state``."""
+
+
+def check_middleware(middleware: object) -> tuple[Middleware, ...]:
+    """Return middleware as a tuple, or raise ConfigError unless it is a sequence of
+    ``async def mw(job, call_next)`` functions."""
+    if isinstance(middleware, str | bytes) or not isinstance(middleware, Sequence):
+        raise ConfigError("middleware", f"must be a list of async functions, got {middleware!r}")
+    for mw in middleware:
+        call = getattr(mw, "__call__", None)  # noqa: B004 (an async __call__ counts)
+        if not (inspect.iscoroutinefunction(mw) or inspect.iscoroutinefunction(call)):
+            raise ConfigError(
+                "middleware", f"each must be an async def mw(job, call_next), got {mw!r}"
+            )
+    return tuple(middleware)
+
+
+def check_lifespan(lifespan: object) -> Lifespan | None:
+    """Return a lifespan, or raise ConfigError unless it is None or callable."""
+    if lifespan is not None and not callable(lifespan):
+        raise ConfigError(
+            "lifespan",
+            f"must be a function of the worker returning an async context manager, got {lifespan!r}",
+        )
+    return lifespan
 
 
 def _origin(fn: Callable[..., object]) -> str:

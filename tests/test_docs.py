@@ -52,7 +52,7 @@ from aioq.cli import _build_parser
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
-LANGUAGES = {"python", "sh", "sql", "text"}
+LANGUAGES = {"python", "sh", "sql", "text", "yaml"}
 EXTRAS = set(
     tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 )
@@ -381,6 +381,50 @@ def cli_words_problem(words: list[str]) -> str | None:
                 return f"{parser.prog} has no command {word!r}"
             parser = subcommands[word]
     return None
+
+
+# --- yaml ----------------------------------------------------------------------------------
+
+
+def yaml_problems(block: Block) -> list[str]:
+    """A yaml block must parse; an ``aioq`` command in it (a container's ``command:``) must
+    parse with the real CLI's parser."""
+    import yaml  # MkDocs' own dependency, in the dev extra
+
+    try:
+        document = yaml.safe_load(block.text)
+    except yaml.YAMLError as exc:
+        return [f"not YAML: {exc}"]
+    problems = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            command = node and node[0] == "aioq" and all(isinstance(w, str) for w in node)
+            if command and (problem := cli_problem(node[1:])) is not None:
+                problems.append(f"{shlex.join(node)}: {problem}")
+            for value in node:
+                walk(value)
+
+    walk(document)
+    return problems
+
+
+@pytest.mark.parametrize("block", of("yaml"))
+def test_yaml_blocks_parse_and_their_aioq_commands_exist(block: Block) -> None:
+    assert yaml_problems(block) == [], block
+
+
+def test_the_yaml_check_catches_bad_yaml_and_a_wrong_flag() -> None:
+    def problems(text: str) -> list[str]:
+        return yaml_problems(Block(ROOT / "README.md", 1, "yaml", text, None))
+
+    assert problems('command: ["aioq", "worker", "m:r", "--health-port", "1"]\n') == []
+    assert problems("a: [1\n")[0].startswith("not YAML")
+    [wrong] = problems('command: ["aioq", "worker", "m:r", "--helth-port", "1"]\n')
+    assert "--helth-port" in wrong
 
 
 def test_commands_quoted_in_the_prose_exist() -> None:

@@ -37,7 +37,7 @@ from aioq.cli.admin import (
     cmd_schema_status,
     cmd_stats,
 )
-from aioq.cli.common import EXIT_ERROR, UsageError, duration, positive_int, use_django
+from aioq.cli.common import EXIT_ERROR, UsageError, duration, port_number, positive_int, use_django
 from aioq.cli.queues import (
     cmd_queues_list,
     cmd_queues_pause,
@@ -54,6 +54,7 @@ from aioq.job import JobStatus
 from aioq.limits import UNSET
 from aioq.logs import formatter
 from aioq.sql import DEFAULT_SCHEMA
+from aioq.worker.health import DEFAULT_HEALTH_ADDR
 
 _Handler = Callable[[argparse.Namespace], int]
 
@@ -199,6 +200,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--metrics-addr", default="0.0.0.0", help="address for --metrics-port")
     worker.add_argument(
+        "--health-port",
+        type=port_number,
+        default=None,
+        metavar="PORT",
+        help="serve GET /livez and /readyz on this port (Kubernetes probes); with --processes"
+        " N, child i serves on PORT + i",
+    )
+    worker.add_argument(
+        "--health-addr",
+        default=DEFAULT_HEALTH_ADDR,
+        help="address for --health-port (default: %(default)s; 0.0.0.0 for probes from"
+        " outside the pod's network namespace)",
+    )
+    worker.add_argument(
         "--listen-dsn",
         default=None,
         help="a direct connection for LISTEN when --dsn goes through PgBouncer in transaction"
@@ -289,6 +304,14 @@ def _build_parser() -> argparse.ArgumentParser:
         default=UNSET,
         metavar="N",
         help="jobs of the queue running at once across all workers (or none)",
+    )
+    limit.add_argument(
+        "--max-running-per-key",
+        type=max_running,
+        default=UNSET,
+        metavar="N",
+        help="jobs of one concurrency key running at once across all workers; keys take"
+        " turns (or none)",
     )
     limit.add_argument(
         "--rate",

@@ -45,6 +45,17 @@ def duration(text: str) -> float:
     return float(found[1]) * _UNITS[found[2] or "s"]
 
 
+def port_number(text: str) -> int:
+    """Parse a TCP port, 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (1 to 65535)")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

@@ -43,7 +43,17 @@ def _print(queues: list[limits.QueueInfo], as_json: bool) -> None:
         print_json([dataclasses.asdict(q) for q in queues])
         return
     print_table(
-        ("QUEUE", "STATE", "MAX_RUNNING", "RATE", "IN_WINDOW", "READY", "SCHEDULED", "RUNNING"),
+        (
+            "QUEUE",
+            "STATE",
+            "MAX_RUNNING",
+            "RATE",
+            "IN_WINDOW",
+            "READY",
+            "SCHEDULED",
+            "RUNNING",
+            "PER_KEY",
+        ),
         [
             (
                 q.name,
@@ -54,6 +64,7 @@ def _print(queues: list[limits.QueueInfo], as_json: bool) -> None:
                 q.ready,
                 q.scheduled,
                 q.running,
+                q.max_running_per_key if q.max_running_per_key is not None else "-",
             )
             for q in queues
         ],
@@ -91,6 +102,8 @@ def cmd_queues_set(args: argparse.Namespace) -> int:
         settings["max_running"] = args.max_running
     if args.rate is not limits.UNSET:
         settings["rate"] = args.rate
+    if args.max_running_per_key is not limits.UNSET:
+        settings["max_running_per_key"] = args.max_running_per_key
     return _change(args, **settings)
 
 

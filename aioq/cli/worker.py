@@ -38,6 +38,7 @@ from aioq.worker import (
     Worker,
     WorkerConfig,
 )
+from aioq.worker.health import serve_health
 
 log = logging.getLogger("aioq.cli")
 
@@ -200,6 +201,13 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     command += _worker_argv(args)
     if args.metrics_port is not None:
         command += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
+    if args.health_port is not None:  # each child adds its index (one port per process)
+        if args.health_port + args.processes - 1 > 65535:
+            raise UsageError(
+                f"argument --health-port: {args.health_port} + {args.processes} processes"
+                " runs past port 65535"
+            )
+        command += ["--health-port", str(args.health_port), "--health-addr", args.health_addr]
     for queue in args.queue or ():
         command += ["--queue", queue]
     if args.schema:
@@ -247,6 +255,15 @@ async def _work(
                         tg.cancel_scope.cancel()
 
             tg.start_soon(on_signals)
+            if args.health_port is not None:
+                port = args.health_port + int(os.environ.get(PROCESS_INDEX_ENV, "0"))
+                try:
+                    await tg.start(serve_health, worker.health, args.health_addr, port)
+                except OSError as exc:
+                    raise UsageError(
+                        f"argument --health-port: cannot serve on {args.health_addr}:{port}:"
+                        f" {exc.strerror or exc}"
+                    ) from None
             if args.parent_pid is not None:
                 tg.start_soon(_watch_parent, worker, args.parent_pid)
             await worker.run()

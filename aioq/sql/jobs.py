@@ -13,7 +13,10 @@ __all__ = (
     "INSERT_DEFAULT_JOB",
     "INSERT_JOB",
     "INSERT_JOBS",
+    "INSERT_KEYED_JOB",
+    "INSERT_KEYED_JOBS",
     "INSERT_UNIQUE_JOB",
+    "INSERT_UNIQUE_JOB_FOR",
     "TABLE_DEFAULTS",
     "claim_set",
 )
@@ -79,6 +82,95 @@ SELECT $1, $2, a.args::jsonb, $3,
 FROM unnest($8::text[]) WITH ORDINALITY AS a(args, n)
 ORDER BY a.n
 RETURNING id
+""",
+    integer,
+)
+
+# INSERT_JOB's parameters and $10 the job's concurrency key (docs/architecture.md, "Per-key
+# concurrency"); jobs without a key take INSERT_JOB, unchanged.
+INSERT_KEYED_JOB = Statement(
+    """
+INSERT INTO {s}.jobs
+    (queue, task, args, priority, run_at, max_attempts, lease, traceparent, concurrency_key)
+VALUES ($1, $2, $3::text::jsonb, $4,
+        coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
+        $7, make_interval(secs => $8::float8), $9, $10)
+RETURNING id
+""",
+    integer,
+)
+
+# INSERT_JOBS's parameters and $10 each job's concurrency key, in the order of $8.
+INSERT_KEYED_JOBS = Statement(
+    """
+INSERT INTO {s}.jobs
+    (queue, task, args, priority, run_at, max_attempts, lease, traceparent, concurrency_key)
+SELECT $1, $2, a.args::jsonb, $3,
+       coalesce($4::timestamptz, now() + make_interval(secs => $5::float8)),
+       $6, make_interval(secs => $7::float8), $9, a.key
+FROM unnest($8::text[], $10::text[]) WITH ORDINALITY AS a(args, key, n)
+ORDER BY a.n
+RETURNING id
+""",
+    integer,
+)
+
+# A unique job with a window, a replace, or a concurrency key (docs/architecture.md, "Unique
+# jobs"): INSERT_UNIQUE_JOB's parameters, $11 the window in seconds (NULL: none), $12 whether
+# to replace a pending live job's arguments and run time, $13 the concurrency key.
+# - a live job holds the key: its id (with $12, its arguments and run time replaced while it
+#   is pending: a claim that took it first wins, the replace then changes nothing);
+# - with a window: the uniques row is the gate. Its primary key makes a concurrent defer of
+#   the key wait for this one's commit; ON CONFLICT then sees the committed row even if this
+#   statement's snapshot does not, and takes it over only if it has expired. The job gets its
+#   id in the gate (the jobs' identity sequence), so one statement writes both rows;
+# - a conflict this statement's snapshot cannot see returns no id: the caller asks again.
+INSERT_UNIQUE_JOB_FOR = Statement(
+    """
+WITH live AS (
+    SELECT id FROM {s}.jobs
+    WHERE unique_key = $10 AND status IN ('pending', 'running')
+),
+replaced AS (
+    UPDATE {s}.jobs AS j
+    SET args = $3::text::jsonb,
+        run_at = coalesce($5::timestamptz, now() + make_interval(secs => $6::float8))
+    FROM live
+    WHERE $12 AND j.id = live.id AND j.status = 'pending'
+    RETURNING j.id
+),
+gate AS (
+    INSERT INTO {s}.uniques AS u (key, job_id, expires_at)
+    SELECT $10, nextval(pg_get_serial_sequence('{s}.jobs', 'id')),
+           now() + make_interval(secs => $11::float8)
+    WHERE $11::float8 IS NOT NULL AND NOT EXISTS (SELECT FROM live)
+    ON CONFLICT (key) DO UPDATE SET job_id = EXCLUDED.job_id, expires_at = EXCLUDED.expires_at
+    WHERE u.expires_at <= now()
+    RETURNING job_id
+),
+inserted AS (
+    INSERT INTO {s}.jobs (id, queue, task, args, priority, run_at, max_attempts, lease,
+                          traceparent, unique_key, concurrency_key)
+    OVERRIDING SYSTEM VALUE
+    SELECT g.id, $1, $2, $3::text::jsonb, $4,
+           coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
+           $7, make_interval(secs => $8::float8), $9, $10, $13
+    FROM (SELECT job_id AS id FROM gate
+          UNION ALL
+          SELECT nextval(pg_get_serial_sequence('{s}.jobs', 'id'))
+          WHERE $11::float8 IS NULL AND NOT EXISTS (SELECT FROM live)) AS g
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+    DO NOTHING
+    RETURNING id
+)
+SELECT id FROM inserted
+UNION ALL
+SELECT id FROM live
+UNION ALL
+SELECT job_id FROM {s}.uniques
+WHERE key = $10 AND expires_at > now() AND $11::float8 IS NOT NULL
+  AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM gate)
+LIMIT 1
 """,
     integer,
 )

@@ -16,6 +16,7 @@ __all__ = (
     "PRUNE_ARCHIVE",
     "PRUNE_ENDED",
     "PRUNE_RESULTS",
+    "PRUNE_UNIQUES",
     "VACUUM_JOBS",
     "VACUUM_TIMEOUT",
     "DeadTuples",
@@ -71,6 +72,27 @@ WITH deleted AS (
     WHERE id IN (
         SELECT id FROM {s}.results
         WHERE expires_at < now()
+        ORDER BY expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+""",
+    integer,
+)
+
+
+# Unique windows that have ended, at most $1 (docs/architecture.md, "Unique jobs"). A defer
+# taking an expired row over holds its lock: SKIP LOCKED leaves it to that defer.
+PRUNE_UNIQUES = Statement(
+    """
+WITH deleted AS (
+    DELETE FROM {s}.uniques
+    WHERE key IN (
+        SELECT key FROM {s}.uniques
+        WHERE expires_at <= now()
         ORDER BY expires_at
         LIMIT $1
         FOR UPDATE SKIP LOCKED

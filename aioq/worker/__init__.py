@@ -5,10 +5,13 @@ group; docs/architecture.md, "Inside a worker"."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import socket
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -17,14 +20,25 @@ import anyio
 import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 
-from aioq.errors import ConfigError
+from aioq.errors import ConfigError, StartupError
 from aioq.metrics import Metrics
 from aioq.migrate import check_installed
 from aioq.service import Service
 from aioq.sql import DEFAULT_SCHEMA, quote_schema
 from aioq.stats_history import DEFAULT_STATS_INTERVAL, DEFAULT_STATS_RETENTION
-from aioq.task import DEFAULT_QUEUE, Registry, check_duration, check_queue, default_registry
+from aioq.task import (
+    DEFAULT_QUEUE,
+    Lifespan,
+    Middleware,
+    Registry,
+    check_duration,
+    check_lifespan,
+    check_middleware,
+    check_queue,
+    default_registry,
+)
 from aioq.worker.claimer import DEFAULT_REFRESH
+from aioq.worker.health import Health, judge_health
 from aioq.worker.run import Run
 
 __all__ = ("Worker", "WorkerConfig")
@@ -41,7 +55,12 @@ DEFAULT_HEARTBEAT_INTERVAL = 5.0
 DEFAULT_PREFETCH: int | Literal["auto"] = "auto"
 DEFAULT_REAPER_INTERVAL = 5.0
 DEFAULT_REAPER_BATCH = 1000
-DEFAULT_SHUTDOWN_GRACE = 30.0
+# Inside Kubernetes' default 30 s termination grace, with room for what follows it: the
+# final outcome write and the release of what is left (bounded at 10 s, usually well under a
+# second). docs/architecture.md, "Health".
+DEFAULT_SHUTDOWN_GRACE = 20.0
+# How long the closing of a lifespan may take before the worker gives up on it.
+LIFESPAN_CLOSE = 10.0
 # A claim takes every free slot up to this: at concurrency 1 000 a cap of 100 was the bend of
 # the I/O-bound drain (each claim filled the cap, so jobs/s <= 100 / claim round trip, about
 # 80 % of the ideal), and fewer, larger claims cost PostgreSQL a quarter less CPU per job.
@@ -204,6 +223,12 @@ class Worker:
     Options come as a :class:`WorkerConfig` (``config=``), as keyword arguments naming its
     fields, or both (the keywords override the config's fields). The schema, unless given,
     is the registry's.
+
+    ``middleware``: ``async def mw(job, call_next)`` functions around every run, after the
+    registry's. ``lifespan``: ``lifespan(worker)``, an async context manager opened before the
+    first claim and closed after the last outcome is written; what it yields is
+    ``aioq.current_job().state``. It replaces the registry's; if it fails to open, the run
+    raises :class:`aioq.StartupError` and claims nothing.
     """
 
     def __init__(
@@ -214,9 +239,15 @@ class Worker:
         registry: Registry | None = None,
         config: WorkerConfig | None = None,
         metrics: Metrics | None = None,
+        middleware: Sequence[Middleware] = (),
+        lifespan: Lifespan | None = None,
         **options: Any,
     ) -> None:
         self.registry = registry if registry is not None else default_registry
+        # The registry's middleware first (outermost), then the worker's; the worker's lifespan
+        # instead of the registry's (docs/architecture.md, "Middleware and lifespan").
+        self.middleware = (*self.registry.middleware, *check_middleware(middleware))
+        self.lifespan = check_lifespan(lifespan) or self.registry.lifespan
         queues = options.get("queues")
         if isinstance(queues, str):
             options["queues"] = (queues,)
@@ -261,6 +292,32 @@ class Worker:
             if isinstance(service, kind):
                 return service
         raise LookupError(f"this worker runs no {kind.__name__}")
+
+    def health(self) -> Health:
+        """Return whether this worker is live and ready, and why (what ``aioq worker
+        --health-port`` serves on /livez and /readyz; docs/architecture.md, "Health")."""
+        run = self.current if self._running else None
+        now = time.monotonic()
+        if run is None:
+            return judge_health(
+                started=False,
+                stopping=self.stopping.is_set(),
+                listening=None,
+                answered_at=None,
+                started_at=None,
+                loop_lag=0.0,
+                now=now,
+            )
+        listener = run.listener
+        return judge_health(
+            started=run.serving,
+            stopping=self.stopping.is_set(),
+            listening=None if listener is None else listener.connected.is_set(),
+            answered_at=run.probe.answered_at,
+            started_at=run.began,
+            loop_lag=run.probe.woke_late,
+            now=now,
+        )
 
     def stop(self) -> None:
         """Stop claiming; running jobs get ``shutdown_grace`` seconds, then are released.
@@ -348,16 +405,19 @@ class Worker:
             )
             try:
                 await check_installed(pool, self.schema)  # one clear error, not a failing loop
-                self.current = run = Run(
-                    config=self.config,
-                    registry=self.registry,
-                    pool=pool,
-                    stopping=self.stopping,
-                    connect_listener=self._connect_listener,
-                    metrics=self.metrics,
-                )
-                served = True
-                await run.serve(until_idle=until_idle, on_started=_Started(self, task_status))
+                async with self._lifespan() as state:
+                    self.current = run = Run(
+                        config=self.config,
+                        registry=self.registry,
+                        pool=pool,
+                        stopping=self.stopping,
+                        connect_listener=self._connect_listener,
+                        metrics=self.metrics,
+                        middleware=self.middleware,
+                        state=state,
+                    )
+                    served = True
+                    await run.serve(until_idle=until_idle, on_started=_Started(self, task_status))
             finally:
                 if pool is not self.pool:  # ours to close; an application's pool is not
                     with anyio.CancelScope(shield=True), anyio.move_on_after(10) as closing:
@@ -370,6 +430,31 @@ class Worker:
             self._running = False
             if served:  # a worker that could not start says so in its error, not in a log line
                 logger.info("worker %s stopped", self.id)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self) -> AsyncIterator[object]:
+        """Open the lifespan before the first claim; close it once the run (its last outcome
+        written, its leftovers released) is over, however it ends."""
+        if self.lifespan is None:
+            yield None
+            return
+        try:
+            manager = self.lifespan(self)
+            state = await manager.__aenter__()
+        except Exception as exc:
+            raise StartupError(
+                f"worker {self.id}: its lifespan failed to open: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            yield state
+        finally:
+            # Shielded: a hard cancel of the worker still closes what the lifespan opened.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(LIFESPAN_CLOSE) as closing:
+                await manager.__aexit__(None, None, None)
+            if closing.cancelled_caught:
+                logger.warning(
+                    "worker %s: its lifespan did not close within %gs", self.id, LIFESPAN_CLOSE
+                )
 
     def _warn_unserved(self) -> None:
         """Warn once per registered task whose queue the explicitly given queues leave out."""

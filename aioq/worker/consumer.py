@@ -10,7 +10,7 @@ import logging
 import math
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +20,8 @@ import anyio.lowlevel
 from aioq import hooks
 from aioq.codec import decode_args, encode_result
 from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
-from aioq.job import Claim, JobContext, OutcomeKind, _current
-from aioq.task import Backoff, Registry, Task
+from aioq.job import Claim, JobContext, OutcomeKind, _current, current_job
+from aioq.task import Backoff, Middleware, Registry, Task
 from aioq.worker.claims import CancelReason, Claims, Running
 from aioq.worker.completer import Completer, Outcome
 from aioq.worker.control import RunHandle
@@ -124,6 +124,10 @@ def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt
     if error is not None:
         # SystemExit, KeyboardInterrupt, ... raised by the task's own code too: a failure like
         # any other, never the end of the worker or of the batch-mates.
+        if not task.retries(error):  # retry_on / no_retry_on: dead at once
+            return Outcome(
+                claim, OutcomeKind.BURY, attempt.duration, error=format_error(error), result_ttl=ttl
+            )
         return _failed(claim, task.retry, ttl, attempt.started, format_error(error))
     if running.cancel_requested:
         if running.cancel_reason is CancelReason.LEASE_LOST:
@@ -155,6 +159,8 @@ def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt
             attempt.duration,
         )
     error_text = f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s"
+    if not task.retries(TimeoutError(error_text)):  # a timeout is a TimeoutError to retry_on
+        return Outcome(claim, OutcomeKind.BURY, attempt.duration, error=error_text, result_ttl=ttl)
     return _failed(claim, task.retry, ttl, attempt.started, error_text)
 
 
@@ -170,8 +176,14 @@ class Consumer:
         completer: Completer,
         stopping: anyio.Event,
         threads: anyio.CapacityLimiter,
+        middleware: Sequence[Middleware] = (),
+        state: object = None,
     ) -> None:
         self.registry = registry
+        # Around every run, the first outermost (docs/architecture.md, "Middleware and
+        # lifespan"); none: the task is called directly, as before.
+        self.middleware = tuple(middleware)
+        self.state = state  # what the worker's lifespan yielded: JobContext.state
         self.worker_id = worker_id
         self.claims = claims
         self.completer = completer
@@ -267,6 +279,7 @@ class Consumer:
             snoozes=claim.snoozes,
             scheduled_at=claim.scheduled_at,
             handle=RunHandle(running, self.completer.schema, self.completer.db, self.worker_id),
+            state=self.state,
         )
 
     async def _call(
@@ -287,7 +300,11 @@ class Consumer:
                     hooks.running(self.worker_id, running.claim) if hooks.observers else _NO_HOOK
                 )
                 with observed:
-                    if task.is_async:
+                    if self.middleware:
+                        attempt.value = await self._through_middleware(
+                            task, kwargs, running, attempt
+                        )
+                    elif task.is_async:
                         attempt.value = await task.fn(**kwargs)
                     else:
                         attempt.value = await self._in_thread(task, kwargs, running)
@@ -304,11 +321,37 @@ class Consumer:
                 attempt.error.__cause__ = exc
             except BaseException as exc:
                 attempt.error = exc
-                attempt.returned = not task.is_async
+                if not self.middleware:  # with middleware, the task's own call says it
+                    attempt.returned = not task.is_async
         # A thread is never interrupted: whether the scope was cancelled while it attempt is what
         # says the attempt overstayed (a timeout) or outlived its claim.
         attempt.interrupted = scope.cancelled_caught or (not task.is_async and scope.cancel_called)
         return attempt
+
+    async def _through_middleware(
+        self, task: Task[..., Any], kwargs: dict[str, Any], running: Running, attempt: Attempt
+    ) -> object:
+        """Run the task inside the middleware chain, in the event loop (a sync task's thread is
+        the innermost call); return what the outermost middleware returned."""
+
+        async def call_task() -> object:
+            if task.is_async:
+                return await task.fn(**kwargs)
+            try:
+                value = await self._in_thread(task, kwargs, running)
+            except asyncio.CancelledError:
+                raise
+            except BaseException:
+                attempt.returned = True
+                raise
+            attempt.returned = True
+            return value
+
+        job = current_job()
+        call: Callable[[], Awaitable[object]] = call_task
+        for mw in reversed(self.middleware):
+            call = functools.partial(mw, job, call)
+        return await call()
 
     async def _in_thread(
         self, task: Task[..., Any], kwargs: dict[str, Any], running: Running

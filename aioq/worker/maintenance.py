@@ -16,7 +16,8 @@ logger = logging.getLogger(__name__)
 
 
 class Pruner(Service[int]):
-    """Deletes archived, dead and cancelled jobs past their retention, and expired results.
+    """Deletes archived, dead and cancelled jobs past their retention, expired results and
+    ended unique windows.
 
     One bounded batch per kind per pass.
 
@@ -59,7 +60,8 @@ class Pruner(Service[int]):
             # Cancelled jobs are kept like dead ones, for as long.
             cancelled = await _count(sql.PRUNE_ENDED, db, schema, *ended, "cancelled")
         results = await _count(sql.PRUNE_RESULTS, db, schema, batch)
-        self._full = max(archived, dead, cancelled, results) >= self.batch_size
+        uniques = await _count(sql.PRUNE_UNIQUES, db, schema, batch)  # ended unique_for windows
+        self._full = max(archived, dead, cancelled, results, uniques) >= self.batch_size
         if archived or dead or cancelled or results:
             logger.info(
                 "pruner: deleted %d archived, %d dead and %d cancelled jobs, %d expired results",
@@ -74,7 +76,9 @@ class Pruner(Service[int]):
                     "results": results,
                 },
             )
-        return archived + dead + cancelled + results
+        if uniques:
+            logger.debug("pruner: deleted %d ended unique windows", uniques)
+        return archived + dead + cancelled + results + uniques
 
     def interval(self) -> float:
         """Seconds between passes."""

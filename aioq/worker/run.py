@@ -9,6 +9,8 @@ until the run ends.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -20,12 +22,13 @@ from aioq.schedule import Scheduler
 from aioq.service import Service
 from aioq.sql import DEFAULT_SCHEMA, control_channel
 from aioq.stats_history import StatsRecorder, StatsWriter
-from aioq.task import Registry
+from aioq.task import Middleware, Registry
 from aioq.worker.claimer import Claimer
 from aioq.worker.claims import CancelReason, Claims
 from aioq.worker.completer import Completer
 from aioq.worker.consumer import Consumer
 from aioq.worker.control import CancelWatch
+from aioq.worker.health import Probe
 from aioq.worker.lease import Heartbeat, Reaper
 from aioq.worker.maintenance import Pruner, Vacuumer
 from aioq.worker.monitor import LoopLag
@@ -56,6 +59,8 @@ class Run:
         stopping: anyio.Event,
         connect_listener: Any,
         metrics: Metrics | None,
+        middleware: Sequence[Middleware] = (),
+        state: object = None,
     ) -> None:
         cfg = self.config = config
         schema, worker_id = cfg.schema, cfg.worker_id
@@ -130,9 +135,15 @@ class Run:
             completer=self.completer,
             stopping=stopping,
             threads=anyio.CapacityLimiter(cfg.concurrency),
+            middleware=middleware,
+            state=state,
         )
+        # Worker.health() and the probes' server read these (docs/architecture.md, "Health").
+        self.probe = Probe(schema=schema, db=pool)
+        self.began = time.monotonic()
+        self.serving = False  # the services are up and the consumers started
         # In start order; the producer last: it starts with the jobs.
-        self.services: list[Service[Any]] = [self.completer, cancel_watch]
+        self.services: list[Service[Any]] = [self.completer, self.probe, cancel_watch]
         if self.listener is not None:
             self.services.append(self.listener)
         self.services += _upkeep(cfg, registry, pool, self.claims, self.history, metrics)
@@ -155,6 +166,7 @@ class Run:
             async with anyio.create_task_group() as services:
                 for service in self.services[:-1]:  # the producer starts with the jobs
                     await services.start(service.run)
+                self.serving = True
                 on_started.started()
                 async with anyio.create_task_group() as jobs:
                     jobs.start_soon(self._enforce_grace)

@@ -41,7 +41,7 @@ import aioq
 from aioq.job import OutcomeKind
 from aioq.migrate import migrations
 from aioq.schedule import Scheduler
-from aioq.sql.maintenance import PRUNE_ARCHIVE, PRUNE_RESULTS
+from aioq.sql.maintenance import PRUNE_ARCHIVE, PRUNE_RESULTS, PRUNE_UNIQUES
 
 pytestmark = pytest.mark.chaos
 
@@ -260,6 +260,13 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
     async def prune_results(conn: asyncpg.Connection) -> object:
         return await PRUNE_RESULTS.row(conn, "aioq", 10)
 
+    async def defer_once(conn: asyncpg.Connection) -> object:
+        """A unique_for defer of a new key: the window's gate and the job's id first."""
+        return await work.options(unique_key=f"once-{next(ticks)}", unique_for=60).defer(conn, n=1)
+
+    async def prune_uniques(conn: asyncpg.Connection) -> object:
+        return await PRUNE_UNIQUES.row(conn, "aioq", 10)
+
     needed: list[tuple[str, Op]] = [
         ("USAGE ON SCHEMA aioq", defer),
         ("INSERT ON aioq.jobs", defer),
@@ -287,13 +294,20 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         ("SELECT ON aioq.results", prune_results),
         ("UPDATE ON aioq.results", prune_results),
         ("DELETE ON aioq.results", prune_results),
+        # Unique windows: the defer's gate (an upsert that reads the row) and the pruner.
+        ("INSERT ON aioq.uniques", defer_once),
+        ("SELECT ON aioq.uniques", defer_once),
+        ("UPDATE ON aioq.uniques", defer_once),
+        ("DELETE ON aioq.uniques", prune_uniques),
+        ("USAGE ON SEQUENCE aioq.jobs_id_seq", defer_once),
     ]
 
     async def scenario() -> None:
         owner = await asyncpg.connect(dsn)
         conn = await asyncpg.connect(app_dsn)
         try:
-            # Not needed: the doorbell trigger's function, the identity column's sequence.
+            # Not needed: the doorbell trigger's function, the identity column's sequence
+            # (unique_for defers excepted: the Permissions section grants USAGE on it for them).
             await owner.execute("REVOKE EXECUTE ON FUNCTION aioq.ring_doorbell() FROM PUBLIC")
             rung: list[str] = []
             await owner.add_listener("aioq:aioq", lambda *args: rung.append(args[-1]))

@@ -149,7 +149,9 @@ def django_site(dsn: str, tmp_path: Path) -> Iterator[str]:
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "asgi:application", "--app-dir", str(tmp_path),
          "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        env={**os.environ, "AIOQ_DSN": dsn},
+        # Its own settings: a Django set up in this process (tests/test_django.py) leaves its
+        # DJANGO_SETTINGS_MODULE in the environment.
+        env={**os.environ, "AIOQ_DSN": dsn, "DJANGO_SETTINGS_MODULE": "settings"},
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,

@@ -966,7 +966,7 @@ def method(repeats: int) -> list[str]:
         "Flat: the least-squares slope of RSS over the second half of the steady part implies "
         f"a change over that half of at most {FLAT_MB:g} MiB or {FLAT_SHARE:.0%} of the RSS.",
         "- ceiling: `ceiling.py` runs aioq's own CLAIM_ONE_QUEUE and COMPLETE statements (rendered "
-        "from aioq/queries.py) from k asyncpg connections with 50-job claims; pgbench runs the same "
+        "from aioq/sql/jobs.py) from k asyncpg connections with 50-job claims; pgbench runs the same "
         "claim then deletes the client's running rows (pgbench cannot pass arrays of claimed ids).",
         f"- workflow: {plan.WORKFLOW_STEPS:,} no-op steps and one fan-in, the worker at c50, at most "
         f"{plan.WORKFLOW_LIMIT} s.",

@@ -35,8 +35,12 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy --strict aioq examples docs/hooks.py
 
+# The suite on PYTEST_WORKERS processes (pytest-xdist), each with its own embedded PostgreSQL
+# and a fresh database per test: most tests wait on the server and on worker processes rather
+# than compute, so two processes share a 2-core machine well. PYTEST_WORKERS=0 runs it in one.
+PYTEST_WORKERS ?= 2
 pytest: $(VENV)/.installed-dev pgbouncer chromium
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 test: lint typecheck pytest django6
 

@@ -217,13 +217,13 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         if args.json:
             print_json(values)
             return EXIT_OK
+        width = max(len(key) for key in values) + 2  # every value in one column
         for key, value in values.items():
             if key == "args" or (key == "result" and job.result is not None):
                 value = json.dumps(value)
             elif value is None:
                 value = "-"
-            label = key + ":"
-            print(f"{label:<18}{value}" if len(label) < 18 else f"{label} {value}")
+            print(f"{key + ':':<{width}}{value}")
         return EXIT_OK
 
     return with_db(args, run)

@@ -60,8 +60,13 @@ HOWS = ("run", "run_until_idle", "async with")
 STATES = {
     "missing": ([], "is not installed in this database: run: aioq schema apply"),
     "older": (
+        [f"DELETE FROM aioq.migrations WHERE version = {LATEST}"],
+        f"is at version {LATEST - 1}, this aioq needs {LATEST}: run: aioq schema apply",
+    ),
+    "by hand": (
         ["DELETE FROM aioq.migrations"],
-        f"is at version 0, this aioq needs {LATEST}: run: aioq schema apply",
+        "has its tables but no recorded version (applied by hand from schema.sql?): run: aioq"
+        " schema apply, which records the migrations already there and applies the rest",
     ),
     "newer": (
         ["INSERT INTO aioq.migrations (version) VALUES (999)"],

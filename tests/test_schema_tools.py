@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +164,35 @@ async def _check(conn: asyncpg.Connection) -> str:
     except aioq.SchemaError as exc:
         return str(exc)
     return ""
+
+
+ALEMBIC = Path(__file__).parent / "alembic_project"
+
+
+def test_the_alembic_recipe_installs_the_schema_and_downgrades(dsn: str) -> None:
+    """docs/operations-and-cli.md's revision, run by the real alembic on a database without
+    aioq's schema: installed at the version it pins, recorded; the downgrade drops it."""
+    pytest.importorskip("alembic")
+    revision = ALEMBIC / "versions" / "a10c0001_aioq_schema.py"
+    pinned = int(re.findall(r"to_version=(\d+)", revision.read_text())[0])
+    run(dsn, lambda c: c.execute('DROP SCHEMA "aioq" CASCADE'))
+    url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+
+    def alembic(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "alembic", "-c", str(ALEMBIC / "alembic.ini"), *args],
+            env={**os.environ, "ALEMBIC_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    upgraded = alembic("upgrade", "head")
+    assert upgraded.returncode == 0, upgraded.stderr
+    shown = json.loads(aioq_cli(dsn, "schema", "status", "--json").stdout)
+    assert shown["installed"] == pinned
+    assert shown["pending"] == list(range(pinned + 1, LATEST + 1))
+    downgraded = alembic("downgrade", "base")
+    assert downgraded.returncode == 0, downgraded.stderr
+    assert run(dsn, lambda c: c.fetchval("SELECT to_regnamespace('aioq') IS NULL")) is True

@@ -104,11 +104,23 @@ async def test_bad_values_change_nothing(
 
 @pytest.mark.anyio
 async def test_a_queue_with_nothing_yet_can_be_paused_not_resumed(
-    conn: asyncpg.Connection,
+    conn: asyncpg.Connection, make_worker: MakeWorker, registry: aioq.Registry
 ) -> None:
+    @registry.task(name="charge", queue="billing")
+    async def charge() -> None: ...
+
     # Pausing ahead of a deploy: the queue has no limit and no jobs yet.
     info = await aioq.set_queue(conn, "billing", paused=True)
     assert (info.name, info.paused, info.max_running, info.ready) == ("billing", True, None, 0)
+    # The deploy defers; two workers leave the job alone until the resume.
+    job_id = await charge.defer(conn)
+    async with anyio.create_task_group() as tg:
+        for _ in range(2):
+            tg.start_soon(make_worker(queues=["billing"]).run_until_idle)
+    assert await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", job_id) == "pending"
+    await aioq.set_queue(conn, "billing", paused=False)
+    await make_worker(queues=["billing"]).run_until_idle()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
     # A resume of a queue that was never paused is a typo.
     with pytest.raises(aioq.ConfigError, match=r"unknown queue 'bilint'.*a typo") as caught:
         await aioq.set_queue(conn, "bilint", paused=False)

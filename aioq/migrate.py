@@ -110,8 +110,9 @@ def schema_sql(
     # schema.sql's own header (how install() uses it) gives way to what this script is.
     statements = prologue[prologue.index("\nCREATE ") :].strip("\n")
     head = (
-        f"-- aioq schema {schema}: from version {from_version} to {to}.\n-- Run it once, in one transaction; each migration records its"
-        f" version in {q.quote_schema(schema)}.migrations.\n\n"
+        f"-- aioq schema {schema}: from version {from_version} to {to}.\n"
+        "-- Run it once, in one transaction; each migration records its version in"
+        f" {q.quote_schema(schema)}.migrations.\n\n"
     )
     parts = [head + statements + "\n\n" + script_guard(schema, from_version)]
     for migration in found[from_version:to]:

@@ -556,8 +556,14 @@ def test_a_django_migration_installs_aioqs_schema(admin_dsn: str) -> None:
     try:
         migrated = manage("migrate", "jobschema")
         assert migrated.returncode == 0, migrated.stderr
-        status = subprocess.run([AIOQ, "schema", "status", "--json", "--dsn", dsn], env=env,
-                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        status = subprocess.run(
+            [AIOQ, "schema", "status", "--json", "--dsn", dsn],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         state = orjson.loads(status.stdout)
         assert (state["installed"], state["latest"]) == (pinned, latest_version())
         assert state["pending"] == list(range(pinned + 1, latest_version() + 1))

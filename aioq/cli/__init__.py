@@ -3,10 +3,11 @@
 Each subcommand is one ``cmd_<name>(args) -> int`` function (``aioq/cli/worker.py`` runs
 servers and workers, ``aioq/cli/admin.py`` looks after the queue), declared with its options by
 one builder (``_worker_command``, ...) that :func:`_build_parser` calls in ``--help`` order.
-Exit status: 0 ok, including an empty ``jobs list`` (a listing that found nothing answered its question, as ``ls`` and ``psql`` do); 1 a check failed or a job named
-on the command line was not found (``jobs show`` of an unknown id, ``jobs retry``/``cancel`` of
-ids that were not dead/pending, ``stats --check`` over a threshold, ``schema status`` with
-pending migrations); 2 a usage, configuration, connection or database error, printed on one
+Exit status: 0 ok, including an empty ``jobs list`` (a listing that found nothing answered its
+question, as ``ls`` and ``psql`` do); 1 a check failed or a job named on the command line was
+not found (``jobs show`` of an unknown id, ``jobs retry``/``cancel`` of ids that were not
+dead/pending, ``stats --check`` over a threshold, ``schema status`` with pending migrations);
+2 a usage, configuration, connection or database error, printed on one
 line (``--debug`` shows the traceback instead); 141 (128 + SIGPIPE), silently, when stdout's
 reader went away (``| head``).
 """

@@ -14,7 +14,7 @@ from aioq.job import Job, JobStatus
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql import admin as sql
 from aioq.sql.control import CANCEL_JOBS
-from aioq.sql.history import RECENT_OUTCOMES
+from aioq.sql.history import RECENT_OUTCOMES, RecentOutcomes
 from aioq.sql.maintenance import PRUNE_ENDED
 from aioq.task import check_duration
 
@@ -47,10 +47,12 @@ class QueueStats:
     cancelled: int  # cancelled before they ran, or while running; kept until dead_retention
     oldest_ready_age: float
     expired_leases: int  # running past their lease, not yet reaped
-    completed_last_minute: int | None  # None unless completed jobs are archived
-    # From the workers' per-minute history (the last full minute and the current one): None
-    # when no worker wrote any history (older workers, or stats_history off).
-    failed_last_minute: int | None = None
+    # From the workers' per-minute history, as the dashboard reads it (the last full minute and
+    # the current one, as far as the workers wrote it: once a stats_interval): None when no
+    # worker wrote any history (stats_history off) and completed jobs are not archived either
+    # (then completions are counted in the archive).
+    completed_last_minute: int | None
+    failed_last_minute: int | None = None  # None when no worker wrote any history
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +73,18 @@ class Stats:
 
     queues: tuple[QueueStats, ...]
     table: TableStats
-    archived: bool  # whether the archive holds completed jobs (else completions are n/a)
+    archived: bool  # whether the archive holds completed jobs
+
+
+def _completed(
+    queue: str, recent: dict[str, RecentOutcomes], archived: dict[str, int]
+) -> int | None:
+    """A queue's completions in the last minute: the history's, else the archive's, else None."""
+    if recent:
+        return recent[queue].completed if queue in recent else 0
+    if archived:
+        return archived.get(queue, 0)
+    return None
 
 
 async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
@@ -98,7 +111,7 @@ async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
                 cancelled=row.cancelled if row else 0,
                 oldest_ready_age=row.oldest_ready_age if row else 0.0,
                 expired_leases=row.expired if row else 0,
-                completed_last_minute=completed.get(name, 0) if archived else None,
+                completed_last_minute=_completed(name, recent, completed),
                 failed_last_minute=(recent[name].failed if name in recent else 0)
                 if recent
                 else None,

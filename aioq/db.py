@@ -9,7 +9,8 @@ names no integration.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import asyncpg
@@ -20,7 +21,18 @@ from aioq.errors import ConfigError
 if TYPE_CHECKING:  # only for the annotations: SQLAlchemy is imported when a caller passes it
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-__all__ = ("ADAPTERS", "Connection", "Executor", "Row", "SyncExecutor", "Target", "executor")
+__all__ = (
+    "ADAPTERS",
+    "WAIT_ADAPTERS",
+    "Connection",
+    "Executor",
+    "Opener",
+    "Row",
+    "SyncExecutor",
+    "Target",
+    "executor",
+    "wait_opener",
+)
 
 Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 """A connection the caller owns: ``defer`` runs on it, inside its transaction."""
@@ -62,11 +74,39 @@ Adapter: TypeAlias = Callable[[Any], Awaitable[Executor]]
 
 
 @functools.cache
-def _adapter(package: str) -> Adapter | None:
+def _adapter(package: str, group: str = ADAPTERS) -> Any:
     from importlib.metadata import entry_points  # only off the asyncpg path: it reads metadata
 
-    found = entry_points(group=ADAPTERS, name=package)
+    found = entry_points(group=group, name=package)
     return next((point.load() for point in found), None)
+
+
+WAIT_ADAPTERS = "aioq.wait_executors"
+"""The entry-point group of adapters that wait outside the caller's transaction.
+
+Awaiting a result (:func:`aioq.result`) on a session must not poll inside the session's open
+transaction (which it would begin if none was open, and where a LISTEN takes effect only at
+commit). An entry point here (named as in :data:`ADAPTERS`) is an ``async def (obj) -> (key,
+opener)``: ``opener()`` an async context manager lending a connection of the object's own
+pool, outside any transaction; ``key`` names that pool, so that every waiter of the process on
+it shares one such connection (aioq's own: ``aioq.contrib.sqlalchemy:wait_opener``).
+"""
+
+Opener: TypeAlias = Callable[[], AbstractAsyncContextManager[asyncpg.Connection]]
+"""Lends a connection outside any transaction, and takes it back on exit."""
+
+
+async def wait_opener(target: Target) -> tuple[Hashable, Opener] | None:
+    """Return the pool's key and the opener of a connection outside ``target``'s transaction,
+    for a library object whose adapter has one; None for asyncpg's own objects."""
+    if isinstance(target, _ASYNCPG):
+        return None
+    for cls in type(target).__mro__:
+        resolve = _adapter(cls.__module__.partition(".")[0], WAIT_ADAPTERS)
+        if resolve is not None:
+            found: tuple[Hashable, Opener] | None = await resolve(target)
+            return found
+    return None
 
 
 async def executor(target: Target) -> Executor:
@@ -75,7 +115,7 @@ async def executor(target: Target) -> Executor:
         return target
     # By the class or a base: an application's own AsyncSession subclass lives in its module.
     for cls in type(target).__mro__:
-        resolve = _adapter(cls.__module__.partition(".")[0])
+        resolve: Adapter | None = _adapter(cls.__module__.partition(".")[0])
         if resolve is not None:
             return await resolve(target)
     raise ConfigError(

@@ -103,9 +103,10 @@ async def set_queue(
     concurrency key (``options(concurrency_key=...)`` or the task's key function) running at
     once across all workers; at equal priority the claim then takes the keys in turn, so a
     key with a large backlog does not delay the others. Workers see a change without a restart.
-    Pausing or resuming a queue that has neither settings nor live jobs raises ConfigError
-    (a typo); setting a limit creates the queue's settings. Bad values raise ConfigError and
-    change nothing.
+    Pausing any valid queue name creates its settings (pause a queue before a deploy sends it
+    jobs); resuming a queue that has neither settings nor live jobs raises ConfigError (a typo:
+    it was never paused). Setting a limit creates the queue's settings. Bad values raise
+    ConfigError and change nothing.
     """
     name = check_queue("queue", queue)
     nothing = max_running is UNSET and rate is UNSET and max_running_per_key is UNSET
@@ -131,7 +132,7 @@ async def set_queue(
         *(max_running is not UNSET, limit),
         *(rate is not UNSET, per[0] if per else None, per[1] if per else None),
         *(paused is not UNSET, bool(paused) if paused is not UNSET else False),
-        nothing,  # must exist: a pause or resume alone
+        nothing and paused is False,  # must exist: a resume alone
         channel_name(schema),
         max_running_per_key is not UNSET,
         per_key,
@@ -139,8 +140,8 @@ async def set_queue(
     if changed is None:
         raise ConfigError(
             "queue",
-            f"unknown queue {name!r}: it has no settings and no pending or running jobs"
-            " (a typo?); set a limit on it first to create it",
+            f"unknown queue {name!r}: it has no settings and no pending or running jobs,"
+            " so it is not paused (a typo?)",
         )
     info = {q.name: q for q in await queues(db, schema=schema)}
     return info[name]

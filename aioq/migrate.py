@@ -1,4 +1,12 @@
-"""Install and upgrade the schema from ``schema.sql``, in place and idempotently."""
+"""Install and upgrade the schema from ``schema.sql``, in place and idempotently.
+
+``install`` applies the migrations not yet recorded in ``<schema>.migrations``. ``schema_sql``
+renders the same migrations as one SQL script for a migration tool (psql, Alembic, Flyway,
+Django): each migration followed by the row that records it, after a guard that refuses to run
+on a schema at another version than the script starts from. A schema applied by hand without
+those rows (an older ``aioq schema sql``, or ``schema.sql`` itself) is recognised by ``install``,
+which records the migrations already applied instead of failing on their tables.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +19,21 @@ import asyncpg
 from aioq import sql as q
 from aioq.db import Connection, Executor
 from aioq.errors import SchemaError
-from aioq.sql.schema import INSTALLED_VERSION, LOCK_SCHEMA, RECORD_MIGRATION, SCHEMA_EXISTS
+from aioq.sql.schema import (
+    INSTALLED_VERSION,
+    LOCK_SCHEMA,
+    RECORD_MIGRATION,
+    SCHEMA_EXISTS,
+    script_guard,
+    script_record,
+)
 
 __all__ = (
     "Migration",
     "SchemaStatus",
     "check_installed",
     "install",
+    "latest_version",
     "migrations",
     "schema_sql",
     "status",
@@ -67,9 +83,43 @@ def migrations(schema: str = q.DEFAULT_SCHEMA) -> list[Migration]:
     return _split(schema)[1]
 
 
-def schema_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
-    """Return the full DDL for a schema, as ``aioq schema sql`` prints it."""
-    return _source().replace("{{schema}}", q.quote_schema(schema))
+def latest_version() -> int:
+    """Return the version ``schema.sql`` brings a schema to: its last migration's number."""
+    return len(migrations())
+
+
+def schema_sql(
+    schema: str = q.DEFAULT_SCHEMA, *, from_version: int = 0, to_version: int | None = None
+) -> str:
+    """Return the SQL that upgrades a schema from ``from_version`` (0: none) to ``to_version``
+    (default: the latest), recording each migration, as ``aioq schema sql`` prints it.
+
+    For a migration tool: run it once, in one transaction (``psql --single-transaction``; an
+    Alembic or Django migration is one). It starts with a guard that raises unless the schema
+    is at ``from_version``; then ``aioq schema status`` reports ``to_version`` and workers start.
+    Pin both versions in a migration file, so that a later aioq-pg does not change what it runs.
+    """
+    latest = latest_version()
+    to = latest if to_version is None else to_version
+    if not 0 <= from_version <= to <= latest:
+        raise SchemaError(
+            f"cannot upgrade from version {from_version} to {to}: the versions go from 0"
+            f" (nothing installed) to {latest}, the latest this aioq knows, upwards"
+        )
+    prologue, found = _split(schema)
+    # schema.sql's own header (how install() uses it) gives way to what this script is.
+    statements = prologue[prologue.index("\nCREATE ") :].strip("\n")
+    head = (
+        f"-- aioq schema {schema}: from version {from_version} to {to}.\n"
+        "-- Run it once, in one transaction; each migration records its version in"
+        f" {q.quote_schema(schema)}.migrations.\n\n"
+    )
+    parts = [head + statements + "\n\n" + script_guard(schema, from_version)]
+    for migration in found[from_version:to]:
+        body = migration.sql.strip("\n")
+        record = script_record(schema, migration.version)
+        parts.append(f"-- aioq:migration {migration.version}\n\n{body}\n\n{record}\n")
+    return "\n".join(parts)
 
 
 async def _installed(conn: Executor, schema: str) -> int:
@@ -98,6 +148,12 @@ async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]
             await LOCK_SCHEMA.run(conn, schema, q.channel_name(schema))
             await conn.execute(prologue)
             current = await _installed(conn, schema)
+            if current == 0 and await SCHEMA_EXISTS.row(
+                conn, schema, f"{q.quote_schema(schema)}.jobs"
+            ):
+                current = await _version_by_hand(conn, found)
+                for migration in found[:current]:
+                    await RECORD_MIGRATION.run(conn, schema, migration.version)
             for migration in found[current:]:
                 await conn.execute(migration.sql)
                 await RECORD_MIGRATION.run(conn, schema, migration.version)
@@ -109,6 +165,43 @@ async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]
             " (or, for a first install, a role that may create schemas in this database)"
         ) from exc
     return applied
+
+
+# What a migration's DDL raises on a schema that already has its objects.
+_ALREADY_THERE = (
+    asyncpg.DuplicateTableError,
+    asyncpg.DuplicateObjectError,
+    asyncpg.DuplicateColumnError,
+    asyncpg.DuplicateFunctionError,
+)
+
+
+async def _version_by_hand(conn: Connection, found: list[Migration]) -> int:
+    """The version of a schema applied without its rows: the last migration whose DDL finds
+    its objects already there.
+
+    Each migration is tried alone under a savepoint that is always rolled back, so nothing of
+    it stays. One that creates a table, a column, an index or a function raises a "duplicate"
+    error when applied already. One that only replaces what exists (a function body), or fails
+    for another reason (it needs what a later one changed, or an earlier one not there), says
+    nothing: the later migrations decide, and if none does it runs again, as is harmless for a
+    migration that creates nothing.
+    """
+    version = 0
+    for migration in found:
+        try:
+            async with conn.transaction():  # a savepoint
+                await conn.execute(migration.sql)
+                raise _Rollback
+        except _ALREADY_THERE:
+            version = migration.version
+        except (_Rollback, asyncpg.PostgresError):
+            pass
+    return version
+
+
+class _Rollback(Exception):
+    """Leave a savepoint, undoing what ran inside it."""
 
 
 async def check_installed(conn: Executor, schema: str = q.DEFAULT_SCHEMA) -> None:
@@ -130,6 +223,12 @@ async def check_installed(conn: Executor, schema: str = q.DEFAULT_SCHEMA) -> Non
     except asyncpg.InsufficientPrivilegeError:
         return
     latest = len(migrations(schema))
+    if installed == 0:
+        raise SchemaError(
+            f"the aioq schema {schema!r} has its tables but no recorded version (applied by"
+            f" hand from schema.sql?): run: aioq schema apply{_flag(schema)}, which records the"
+            " migrations already there and applies the rest"
+        )
     if installed < latest:
         raise SchemaError(
             f"the aioq schema {schema!r} is at version {installed}, this aioq needs {latest}:"

@@ -7,19 +7,27 @@ polls as the guarantee (a missed notification, a LISTEN that PgBouncer cannot ho
 delay that grows to a few seconds. All waiters of one process on one pool (or connection)
 share one LISTEN connection: the first one borrows it from the pool and the last one gives it
 back. A waiter holds no other connection while it waits; each poll borrows one for a statement.
+
+A SQLAlchemy session (or connection) is never waited on: its transaction (which reading on it
+would begin) would hold a snapshot and locks for the whole wait, and a LISTEN in a transaction
+only takes effect at its commit, so every wait would be a poll. The waiters of one engine share
+one connection of the engine's pool instead, outside any transaction, for their LISTEN and
+their polls (:data:`aioq.db.WAIT_ADAPTERS`); it goes back to the pool with the last of them.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Hashable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
 import asyncpg
 
 from aioq.codec import decode_result
-from aioq.db import Executor, Target, executor
+from aioq.db import Executor, Opener, Target, executor, wait_opener
 from aioq.errors import (
     ConfigError,
     JobCancelled,
@@ -44,8 +52,10 @@ _RELISTEN_AFTER = 1.0  # seconds between attempts to set the LISTEN up again
 class _Hub:
     """One LISTEN on the results channel for every waiter of one pool or connection."""
 
-    def __init__(self, db: Executor, channel: str) -> None:
-        self.db = db
+    def __init__(self, db: Executor | None, channel: str, opener: Opener | None = None) -> None:
+        self.db: Any = db  # None until open() when the connection comes from an opener
+        self.opener = opener
+        self._stack = AsyncExitStack()
         self.channel = channel
         self.waiters: dict[int, set[anyio.Event]] = {}
         self.count = 0
@@ -66,6 +76,14 @@ class _Hub:
             events.discard(event)
             if not events:
                 del self.waiters[job_id]
+
+    async def open(self) -> None:
+        """Take the connection to wait on from the opener, once (no-op without one)."""
+        if self.opener is None or self.db is not None:
+            return
+        async with self._lock:
+            if self.db is None:
+                self.db = await self._stack.enter_async_context(self.opener())
 
     @property
     def listening(self) -> bool:
@@ -107,7 +125,11 @@ class _Hub:
 
     async def close(self) -> None:
         async with self._lock:
-            await self._drop()
+            try:
+                await self._drop()
+            finally:
+                self.db = None
+                await self._stack.aclose()  # the opener's connection goes back
 
     async def _drop(self) -> None:
         conn, borrowed, self.conn, self.borrowed = self.conn, self.borrowed, None, False
@@ -134,7 +156,7 @@ class _NoLock:
 
 
 _NO_LOCK = _NoLock()
-_hubs: dict[tuple[int, str], _Hub] = {}
+_hubs: dict[tuple[Hashable, str], _Hub] = {}
 
 
 def listening_connections() -> int:
@@ -158,17 +180,17 @@ async def result(
     """
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         raise ConfigError("timeout", f"must be None or a number of seconds >= 0, got {timeout!r}")
-    db = await executor(db)  # an asyncpg connection or pool (or SQLAlchemy's, unwrapped)
     channel = results_channel(schema)
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
-    key = (id(db), channel)
-    hub = _hubs.get(key)
+    key, executor_, opener = await _wait_on(db)
+    hub = _hubs.get((key, channel))
     if hub is None:
-        hub = _hubs[key] = _Hub(db, channel)
+        hub = _hubs[key, channel] = _Hub(executor_, channel, opener)
     hub.count += 1
     event = anyio.Event()
     hub.add(job_id, event)
     try:
+        await hub.open()
         delay = _FIRST_POLL
         while True:
             await hub.ensure_listening()  # before reading: a later ring is never missed
@@ -192,9 +214,19 @@ async def result(
         hub.discard(job_id, event)
         hub.count -= 1
         if hub.count == 0:
-            del _hubs[key]  # a waiter that comes now builds a new hub
+            del _hubs[key, channel]  # a waiter that comes now builds a new hub
             with anyio.CancelScope(shield=True):
                 await hub.close()
+
+
+async def _wait_on(db: Target) -> tuple[Hashable, Executor | None, Opener | None]:
+    """What to wait on for ``db``: its key for the shared hub, and the asyncpg connection or
+    pool, or the opener of a connection outside a session's transaction."""
+    found = await wait_opener(db)
+    if found is not None:
+        return found[0], None, found[1]
+    conn = await executor(db)  # an asyncpg connection or pool (or a session's, unwrapped)
+    return id(conn), conn, None
 
 
 def judge_result(job_id: int, row: ResultState | None) -> str | None:

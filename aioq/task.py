@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec
@@ -802,7 +804,37 @@ def check_lifespan(lifespan: object) -> Lifespan | None:
 
 
 def _origin(fn: Callable[..., object]) -> str:
-    return f"{fn.__module__}.{fn.__qualname__}"
+    """A task's default name: the module a worker imports it from, and its qualified name."""
+    module = fn.__module__
+    if module == "__main__":
+        module = script_module() or module
+    return f"{module}.{fn.__qualname__}"
+
+
+def script_module() -> str | None:
+    """The name under which ``import`` finds the script running as ``__main__``, if any.
+
+    A task defined in a script run as ``python app/tasks.py`` has ``__module__ == "__main__"``;
+    a worker started as ``aioq worker tasks`` imports the same file as ``tasks``. Both must give
+    the task one name, so the script's tasks are named after its module: ``python -m pkg.mod``
+    records it (``__main__.__spec__``); for a file, its stem, prefixed with the packages (the
+    directories holding an ``__init__.py``) it sits in, as ``aioq worker pkg.mod`` imports it.
+    None when ``__main__`` is no file (the REPL, ``python -c``, a notebook).
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name not in ("__main__", None):
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return None
+    file = Path(path).resolve()
+    parts = [file.stem]
+    folder = file.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts)
 
 
 default_registry = Registry()

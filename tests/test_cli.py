@@ -170,8 +170,13 @@ def test_defer_list_show(dsn: str) -> None:
     assert shown["priority"] == 3
     assert shown["status"] == "pending"
     text = aioq_cli(dsn, "jobs", "show", str(job_id))
-    assert "task:             shop.charge" in text.stdout
-    assert 'args:             {"order_id": 7}' in text.stdout
+    fields = dict(line.split(":", 1) for line in text.stdout.splitlines())
+    assert fields["task"].strip() == "shop.charge"
+    assert fields["args"].strip() == '{"order_id": 7}'
+    assert fields["cancel_requested_at"].strip() == "-"
+    # Every value starts in one column, the longest key's included.
+    starts = {len(k) + 1 + len(v) - len(v.lstrip(" ")) for k, v in fields.items()}
+    assert starts == {len("cancel_requested_at") + 2}, text.stdout
 
     missing = aioq_cli(dsn, "jobs", "show", "999999")
     assert missing.returncode == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -532,3 +533,42 @@ def test_the_dashboard_mounted_beside_django_in_one_asgi_app(project: dict[str, 
         assert page.status_code == 200
         assert "shop.tasks.charge" in page.text
         assert 'href="/aioq/' in page.text  # its links stay under the mount
+
+
+def test_a_django_migration_installs_aioqs_schema(admin_dsn: str) -> None:
+    """docs/django.md's migration (tests/django_project/jobschema) on a database without aioq:
+    `manage.py migrate` installs the schema at the version it pins, recorded, and `migrate
+    jobschema zero` removes it."""
+    from aioq.migrate import latest_version
+
+    migration = PROJECT / "jobschema" / "migrations" / "0001_aioq_schema.py"
+    pinned = int(re.findall(r"to_version=(\d+)", migration.read_text())[0])
+    name = f"aioq_django_schema_{os.urandom(6).hex()}"
+    run_sql(admin_dsn, f'CREATE DATABASE "{name}"')
+    dsn = with_database(admin_dsn, name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOQ_", "DJANGO_"))}
+    env.update(AIOQ_TEST_DJANGO_DSN=dsn, AIOQ_TEST_DJANGO_SCHEMA_APP="1")
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+    try:
+        migrated = manage("migrate", "jobschema")
+        assert migrated.returncode == 0, migrated.stderr
+        status = subprocess.run(
+            [AIOQ, "schema", "status", "--json", "--dsn", dsn],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        state = orjson.loads(status.stdout)
+        assert (state["installed"], state["latest"]) == (pinned, latest_version())
+        assert state["pending"] == list(range(pinned + 1, latest_version() + 1))
+        undone = manage("migrate", "jobschema", "zero")
+        assert undone.returncode == 0, undone.stderr
+        assert sql(dsn, "SELECT to_regnamespace('aioq') IS NULL") == [(True,)]
+    finally:
+        run_sql(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -5,7 +5,8 @@ Every fenced block names its language, and each language has its check:
 - ``python``: parses (top-level ``await`` allowed); every ``aioq.*`` name it uses exists, and
   every keyword it passes to an aioq callable is one that callable takes. A block after
   ``<!-- quote: PATH -->`` must be a verbatim part of that file, which other tests run.
-- ``sh``: each ``aioq ...`` line parses with the real CLI's parser; ``pip install`` names
+- ``sh``: each ``aioq ...`` command (of a pipeline too) parses with the real CLI's parser;
+  ``psql`` runs its script in one transaction, stopping at an error; ``pip install`` names
   existing extras, ``make`` existing targets, ``python`` existing files; a command of any other
   program fails the test until it is given a check here.
 - ``sql``: runs, in a transaction rolled back, on a database with aioq's schema.
@@ -249,9 +250,18 @@ def test_quoted_blocks_are_verbatim_parts_of_their_files(block: Block) -> None:
 
 
 def commands(block: Block) -> list[list[str]]:
-    """The block's commands as argument lists: continuations joined, comments dropped."""
+    """The block's commands as argument lists: continuations joined, comments dropped, each
+    command of a pipeline on its own."""
     joined = block.text.replace("\\\n", " ")
-    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+    found = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        while "|" in words:
+            found.append(words[: words.index("|")])
+            words = words[words.index("|") + 1 :]
+        if words:
+            found.append(words)
+    return found
 
 
 def cli_problem(args: list[str]) -> str | None:
@@ -322,6 +332,9 @@ def sh_problems(block: Block) -> list[str]:
                 problems.append(f"{line}: no {factory}")
         elif program == "export":
             problems += [f"{line}: not NAME=value" for a in args if "=" not in a]
+        elif program == "psql":  # the PostgreSQL client, running a script from a pipe
+            if not {"-1", "--single-transaction"} & set(args) or "ON_ERROR_STOP=1" not in args:
+                problems.append(f"{line}: psql without -1 and ON_ERROR_STOP")
         elif program == "." or program in ("apt-get", "brew"):
             pass  # activating a venv; installing PostgreSQL
         else:
@@ -361,6 +374,12 @@ def test_the_sh_check_catches_unknown_flags_extras_targets_and_programs() -> Non
         "python manage.py aioq worker --concurency 2:"
     )
     assert problems("python manage.py migrate\ndjango-admin startproject x\n") == []
+    assert problems("aioq schema sql | psql -1 -v ON_ERROR_STOP=1 app\n") == []
+    piped, _ = problems("aioq schema sql --form 3 | psql app\n")
+    assert "unrecognized arguments: --form 3" in piped
+    assert problems("aioq schema sql | psql app\n") == [
+        "psql app: psql without -1 and ON_ERROR_STOP"
+    ]
 
 
 def cli_words_problem(words: list[str]) -> str | None:

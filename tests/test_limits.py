@@ -103,15 +103,31 @@ async def test_bad_values_change_nothing(
 
 
 @pytest.mark.anyio
-async def test_pausing_an_unknown_queue_is_refused(conn: asyncpg.Connection) -> None:
+async def test_a_queue_with_nothing_yet_can_be_paused_not_resumed(
+    conn: asyncpg.Connection, make_worker: MakeWorker, registry: aioq.Registry
+) -> None:
+    @registry.task(name="charge", queue="billing")
+    async def charge() -> None: ...
+
+    # Pausing ahead of a deploy: the queue has no limit and no jobs yet.
+    info = await aioq.set_queue(conn, "billing", paused=True)
+    assert (info.name, info.paused, info.max_running, info.ready) == ("billing", True, None, 0)
+    # The deploy defers; two workers leave the job alone until the resume.
+    job_id = await charge.defer(conn)
+    async with anyio.create_task_group() as tg:
+        for _ in range(2):
+            tg.start_soon(make_worker(queues=["billing"]).run_until_idle)
+    assert await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", job_id) == "pending"
+    await aioq.set_queue(conn, "billing", paused=False)
+    await make_worker(queues=["billing"]).run_until_idle()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+    # A resume of a queue that was never paused is a typo.
     with pytest.raises(aioq.ConfigError, match=r"unknown queue 'bilint'.*a typo") as caught:
-        await aioq.set_queue(conn, "bilint", paused=True)
-    assert caught.value.field == "queue"
-    with pytest.raises(aioq.ConfigError, match="unknown queue"):
         await aioq.set_queue(conn, "bilint", paused=False)
+    assert caught.value.field == "queue"
     with pytest.raises(aioq.ConfigError, match="non-empty name"):
         await aioq.set_queue(conn, "", max_running=1)
-    assert await settings(conn) == []
+    assert [row["name"] for row in await settings(conn)] == ["billing"]
 
 
 # --- the claim ---
@@ -402,10 +418,15 @@ def test_queues_cli(dsn: str) -> None:
     assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing", "--rate", "-5/1s"), "rate")
     assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing", "--rate", "5/0s"), "rate")
     assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing"), "give max_running")
-    assert_one_line_error(aioq_cli(dsn, "queues", "pause", "bilint"), "unknown queue 'bilint'")
+    assert_one_line_error(aioq_cli(dsn, "queues", "resume", "bilint"), "unknown queue 'bilint'")
+    # Any valid name can be paused, before it has a limit or a job (ahead of a deploy).
+    fresh = aioq_cli(dsn, "queues", "pause", "reports", "--json")
+    assert fresh.returncode == 0, fresh
+    assert json.loads(fresh.stdout)[0]["paused"] is True
     after = json.loads(aioq_cli(dsn, "queues", "list", "--json").stdout)
     assert [(q["name"], q["max_running"], q["rate"], q["paused"]) for q in after] == [
-        ("billing", 5, None, False)
+        ("billing", 5, None, False),
+        ("reports", None, None, True),
     ]
 
 

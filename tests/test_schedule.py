@@ -510,6 +510,35 @@ async def test_worker_cli_no_periodic(dsn: str, conn: asyncpg.Connection, tmp_pa
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
 
 
+@pytest.mark.anyio
+async def test_schedules_cli_shows_a_tick_never_enqueued_as_never(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @aioq.periodic(every=60)
+    @registry.task(name="fresh")
+    async def fresh() -> None: ...
+
+    @aioq.periodic(every=60)
+    @registry.task(name="ticked")
+    async def ticked() -> None: ...
+
+    now = utc(2026, 5, 4, 10, 17, 42)
+    await scheduler(registry, conn).run_once(now)  # first sight of both: nothing enqueued
+    only_ticked = Scheduler(schema="aioq", db=conn, schedules=[registry.schedules["ticked"]])
+    await only_ticked.run_once(now + timedelta(seconds=18))  # 10:18 of 'ticked' enqueued
+    listed = aioq_cli(dsn, "schedules", "--json")
+    assert listed.returncode == 0, listed
+    by_name = {s["name"]: s for s in json.loads(listed.stdout)}
+    assert by_name["fresh"]["last_tick"] is None
+    assert by_name["fresh"]["next_tick"] == "2026-05-04T10:18:00+00:00"
+    assert datetime.fromisoformat(by_name["ticked"]["last_tick"]) == utc(2026, 5, 4, 10, 18)
+    table = aioq_cli(dsn, "schedules")
+    assert table.returncode == 0, table
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:]}
+    assert rows["fresh"][5:] == ["never", "2026-05-04", "10:18:00Z"]
+    assert rows["ticked"][5:] == ["2026-05-04", "10:18:00Z", "2026-05-04", "10:19:00Z"]
+
+
 def test_schedules_cli_without_database_or_schema(dsn: str) -> None:
     assert_one_line_error(aioq_cli(None, "schedules"), "no database")
     empty = aioq_cli(dsn, "schedules")

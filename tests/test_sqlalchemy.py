@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+import anyio
 import asyncpg
 import orjson
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from waits import wait_for
+from waits import HANG_GUARD, eventually, wait_for
 
 import aioq
+import aioq.results
 from examples.fastapi_sqlalchemy import asyncpg_url, create_app
 
 pytestmark = pytest.mark.anyio
@@ -188,3 +190,54 @@ def test_fastapi_sqlalchemy_example_commit_rollback_and_exception_in_begin(dsn: 
         # good: its user does not exist, so the welcome fails on the foreign key and retries.
         counts = counts_reach(client, "the resent welcome", jobs=0)
         assert counts == {"users": 1, "welcomes": 1, "jobs": 0}
+
+
+async def test_awaiting_a_result_on_a_session_waits_outside_its_transaction(
+    engine: AsyncEngine,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    @registry.task(result_ttl=60)
+    async def double(n: int) -> int:
+        return 2 * n
+
+    async with AsyncSession(engine) as session:
+        async with session.begin():
+            job_id = await double.defer(session, n=21)
+        # No polls after the first read: only the results channel's notification can wake the
+        # waiter, and a LISTEN inside a transaction would hear nothing until it commits.
+        monkeypatch.setattr(aioq.results, "_FIRST_POLL", 3600.0)
+        await session.execute(text("SELECT 1"))  # the caller's own transaction is open
+        mine = await session.scalar(text("SELECT pg_backend_pid()"))
+        got: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def wait() -> None:
+                got.append(await aioq.result(session, job_id, timeout=HANG_GUARD))
+
+            tg.start_soon(wait)
+            await eventually(lambda: aioq.results.listening_connections() == 1, "the LISTEN")
+            [hub] = aioq.results._hubs.values()
+            pid = hub.db.get_server_pid()
+            assert pid != mine  # not the session's connection ...
+            assert await state_of(engine, pid) == "idle"  # ... and in no transaction
+            await make_worker().run_until_idle()
+        assert got == [42]
+        assert session.in_transaction()  # the caller's transaction, untouched
+        assert await session.scalar(text("SELECT pg_backend_pid()")) == mine
+    # A session with no transaction open stays without one; the engine has its connection back.
+    async with AsyncSession(engine) as session:
+        assert await aioq.result(session, job_id) == 42
+        assert not session.in_transaction()
+    assert aioq.results.listening_connections() == 0
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+async def state_of(engine: AsyncEngine, pid: int) -> str:
+    """A backend's state: idle, idle in transaction, active."""
+    async with engine.connect() as sa_conn:
+        found = await sa_conn.scalar(
+            text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        )
+        return str(found)

@@ -60,8 +60,13 @@ HOWS = ("run", "run_until_idle", "async with")
 STATES = {
     "missing": ([], "is not installed in this database: run: aioq schema apply"),
     "older": (
+        [f"DELETE FROM aioq.migrations WHERE version = {LATEST}"],
+        f"is at version {LATEST - 1}, this aioq needs {LATEST}: run: aioq schema apply",
+    ),
+    "by hand": (
         ["DELETE FROM aioq.migrations"],
-        f"is at version 0, this aioq needs {LATEST}: run: aioq schema apply",
+        "has its tables but no recorded version (applied by hand from schema.sql?): run: aioq"
+        " schema apply, which records the migrations already there and applies the rest",
     ),
     "newer": (
         ["INSERT INTO aioq.migrations (version) VALUES (999)"],
@@ -131,9 +136,14 @@ def test_cli_worker_without_schema_exits_2_with_one_line(
 
 def test_cli_worker_with_an_outdated_schema_exits_2_with_one_line(dsn: str, tmp_path: Path) -> None:
     (tmp_path / "jobs_mod.py").write_text(TASKS)
-    run_sql(dsn, "DELETE FROM aioq.migrations")
+    run_sql(dsn, f"DELETE FROM aioq.migrations WHERE version = {LATEST}")
     result = aioq_cli(dsn, "worker", "jobs_mod", cwd=tmp_path)
-    assert_one_line_error(result, "version 0", f"needs {LATEST}", "run: aioq schema apply")
+    assert_one_line_error(
+        result, f"version {LATEST - 1}", f"needs {LATEST}", "run: aioq schema apply"
+    )
+    run_sql(dsn, "DELETE FROM aioq.migrations")  # applied by hand: the same line says so
+    result = aioq_cli(dsn, "worker", "jobs_mod", cwd=tmp_path)
+    assert_one_line_error(result, "no recorded version", "run: aioq schema apply")
 
 
 def test_cli_worker_without_a_server_exits_2_with_one_line(

@@ -179,10 +179,13 @@ async def test_workers_record_every_outcome_and_aioq_stats_shows_failures(
     (default,) = snapshot.queues
     assert default.failed_last_minute == 6
     assert default.dead == 3
+    # Completions too come from the history: the workers kept nothing in the archive.
+    assert default.completed_last_minute == 20
+    assert not snapshot.archived
     shown = await anyio.to_thread.run_sync(lambda: aioq_cli(dsn, "stats").stdout.splitlines())
-    assert shown[0].split()[-1] == "FAILED_1M"
+    assert shown[0].split()[-2:] == ["COMPLETED_1M", "FAILED_1M"]
     assert shown[1].split()[0] == "default"
-    assert shown[1].split()[-1] == "6"
+    assert shown[1].split()[-2:] == ["20", "6"]
 
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         for name in ("hour", "day"):

@@ -266,3 +266,18 @@ def test_the_sql_check_sees_sql() -> None:
         assert _SQL.search(text), text
     for prose in ("Select the jobs to retry", "an INSERT ring", "DELETE the row", "SELECT them"):
         assert not _SQL.search(prose), prose
+
+
+# A command's options are declared by a builder of its own: the CLI stays readable per command.
+CLI_FUNCTION_LINES = 80
+
+
+def test_no_function_of_the_cli_is_longer_than_a_screen() -> None:
+    long = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > CLI_FUNCTION_LINES:
+                    long.append(f"{path.name}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, long

@@ -1,12 +1,13 @@
 """The ``aioq`` command line.
 
 Each subcommand is one ``cmd_<name>(args) -> int`` function (``aioq/cli/worker.py`` runs
-servers and workers, ``aioq/cli/admin.py`` looks after the queue) registered in
-:func:`_build_parser`. Exit status: 0 ok, including an empty ``jobs list`` (a listing that
-found nothing answered its question, as ``ls`` and ``psql`` do); 1 a check failed or a job named
-on the command line was not found (``jobs show`` of an unknown id, ``jobs retry``/``cancel`` of
-ids that were not dead/pending, ``stats --check`` over a threshold, ``schema status`` with
-pending migrations); 2 a usage, configuration, connection or database error, printed on one
+servers and workers, ``aioq/cli/admin.py`` looks after the queue), declared with its options by
+one builder (``_worker_command``, ...) that :func:`_build_parser` calls in ``--help`` order.
+Exit status: 0 ok, including an empty ``jobs list`` (a listing that found nothing answered its
+question, as ``ls`` and ``psql`` do); 1 a check failed or a job named on the command line was
+not found (``jobs show`` of an unknown id, ``jobs retry``/``cancel`` of ids that were not
+dead/pending, ``stats --check`` over a threshold, ``schema status`` with pending migrations);
+2 a usage, configuration, connection or database error, printed on one
 line (``--debug`` shows the traceback instead); 141 (128 + SIGPIPE), silently, when stdout's
 reader went away (``| head``).
 """
@@ -21,7 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import asyncpg
 
@@ -37,7 +38,15 @@ from aioq.cli.admin import (
     cmd_schema_status,
     cmd_stats,
 )
-from aioq.cli.common import EXIT_ERROR, UsageError, duration, port_number, positive_int, use_django
+from aioq.cli.common import (
+    EXIT_ERROR,
+    UsageError,
+    duration,
+    non_negative_int,
+    port_number,
+    positive_int,
+    use_django,
+)
 from aioq.cli.queues import (
     cmd_queues_list,
     cmd_queues_pause,
@@ -48,7 +57,7 @@ from aioq.cli.queues import (
 )
 from aioq.cli.schedules import cmd_schedules
 from aioq.cli.web import cmd_web
-from aioq.cli.worker import add_worker_flags, cmd_dev, cmd_worker
+from aioq.cli.worker import DEFAULT_METRICS_ADDR, add_worker_flags, cmd_dev, cmd_worker
 from aioq.errors import AioqError
 from aioq.job import JobStatus
 from aioq.limits import UNSET
@@ -124,8 +133,7 @@ def _describe(exc: BaseException) -> str | None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    # Over 80 lines on purpose: a flat declaration of every command and option, read top to
-    # bottom like --help; split up, the CLI's shape would be scattered over helpers.
+    """The whole command line: global options, then one builder per command, in --help order."""
     parser = _Parser(prog="aioq", description="An asyncio job queue on PostgreSQL.")
     parser.add_argument(
         "--debug", action="store_true", help="log at DEBUG and show tracebacks of errors"
@@ -147,7 +155,24 @@ def _build_parser() -> argparse.ArgumentParser:
     out = _Parser(add_help=False)
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
     commands = parser.add_subparsers(title="commands", dest="command", required=True)
+    _dev_command(commands)
+    _worker_command(commands, db)
+    _schema_command(commands, [db, out])
+    _stats_command(commands, [db, out])
+    _jobs_command(commands, [db, out])
+    _web_command(commands, db)
+    _queues_command(commands, [db, out])
+    _schedules_command(commands, [db, out])
+    _defer_command(commands, [db, out])
+    return parser
 
+
+# What add_subparsers returns (argparse keeps the class private).
+_Commands = Any
+_Parents = list[argparse.ArgumentParser]
+
+
+def _dev_command(commands: _Commands) -> None:
     dev = commands.add_parser(
         "dev",
         help="run a throwaway PostgreSQL until Ctrl-C",
@@ -160,6 +185,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     dev.set_defaults(handler=cmd_dev)
 
+
+def _worker_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
     worker = commands.add_parser(
         "worker",
         parents=[db],
@@ -191,6 +218,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_worker_flags(worker)
     worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    _endpoint_flags(worker)
+    worker.add_argument(
+        "--listen-dsn",
+        default=None,
+        help="a direct connection for LISTEN when --dsn goes through PgBouncer in transaction"
+        " mode (default: $AIOQ_LISTEN_DSN, else the DSN)",
+    )
+    worker.set_defaults(handler=cmd_worker)
+
+
+def _endpoint_flags(worker: argparse.ArgumentParser) -> None:
+    """The worker's HTTP endpoints: Prometheus metrics and the health probes."""
     worker.add_argument(
         "--metrics-port",
         type=int,
@@ -198,7 +237,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus /metrics on this port (needs aioq-pg[prometheus]); with"
         " --processes N, child i serves on PORT + i",
     )
-    worker.add_argument("--metrics-addr", default="0.0.0.0", help="address for --metrics-port")
+    worker.add_argument(
+        "--metrics-addr",
+        default=DEFAULT_METRICS_ADDR,
+        help="address for --metrics-port (default: %(default)s; 0.0.0.0 for a scraper on"
+        " another host)",
+    )
     worker.add_argument(
         "--health-port",
         type=port_number,
@@ -213,25 +257,44 @@ def _build_parser() -> argparse.ArgumentParser:
         help="address for --health-port (default: %(default)s; 0.0.0.0 for probes from"
         " outside the pod's network namespace)",
     )
-    worker.add_argument(
-        "--listen-dsn",
-        default=None,
-        help="a direct connection for LISTEN when --dsn goes through PgBouncer in transaction"
-        " mode (default: $AIOQ_LISTEN_DSN, else the DSN)",
-    )
-    worker.set_defaults(handler=cmd_worker)
 
+
+def _schema_command(commands: _Commands, parents: _Parents) -> None:
     schema = commands.add_parser("schema", help="install or inspect the schema")
     actions = schema.add_subparsers(title="actions", dest="action", required=True)
-    for name, handler, text in (
-        ("apply", cmd_schema_apply, "install or upgrade the schema in place"),
-        ("sql", cmd_schema_sql, "print the DDL (needs no database)"),
-        ("status", cmd_schema_status, "installed version and pending migrations; 1 if any"),
-    ):
-        actions.add_parser(name, parents=[db, out], help=text).set_defaults(handler=handler)
+    actions.add_parser(
+        "apply", parents=parents, help="install or upgrade the schema in place"
+    ).set_defaults(handler=cmd_schema_apply)
+    sql = actions.add_parser(
+        "sql",
+        parents=parents,
+        help="print the SQL that installs or upgrades the schema (needs no database)",
+        description="Print the SQL that brings the schema from version --from (0: nothing"
+        " installed) to --to (default: the latest), for psql or a migration tool. It records"
+        " each migration it applies, so `aioq schema status` and the workers see the version,"
+        " and it refuses to run on a schema at another version than --from. Run it once, in"
+        " one transaction (psql -1).",
+    )
+    sql.add_argument(
+        "--from",
+        dest="from_version",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="the installed version to upgrade from (default: 0, a fresh install)",
+    )
+    sql.add_argument(
+        "--to", type=non_negative_int, default=None, metavar="M", help="default: the latest"
+    )
+    sql.set_defaults(handler=cmd_schema_sql)
+    actions.add_parser(
+        "status", parents=parents, help="installed version and pending migrations; 1 if any"
+    ).set_defaults(handler=cmd_schema_status)
 
+
+def _stats_command(commands: _Commands, parents: _Parents) -> None:
     stats = commands.add_parser(
-        "stats", parents=[db, out], help="per-queue counts and the jobs table's health"
+        "stats", parents=parents, help="per-queue counts and the jobs table's health"
     )
     stats.add_argument("--watch", type=duration, metavar="SECONDS", help="repeat until Ctrl-C")
     stats.add_argument("--check", action="store_true", help="exit 1 when a threshold is crossed")
@@ -239,33 +302,37 @@ def _build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--max-dead", type=int, help="dead jobs in any queue")
     stats.set_defaults(handler=cmd_stats)
 
+
+def _jobs_command(commands: _Commands, parents: _Parents) -> None:
     jobs = commands.add_parser("jobs", help="list, show, retry, cancel and purge jobs")
     verbs = jobs.add_subparsers(title="actions", dest="action", required=True)
-    ls = verbs.add_parser("list", parents=[db, out], help="jobs in the table, oldest first")
+    ls = verbs.add_parser("list", parents=parents, help="jobs in the table, oldest first")
     ls.add_argument("--status", choices=[s.value for s in JobStatus])
     ls.add_argument("--task")
     ls.add_argument("--queue")
     ls.add_argument("--limit", type=positive_int, default=100)
     ls.set_defaults(handler=cmd_jobs_list)
-    show = verbs.add_parser("show", parents=[db, out], help="one job; exit 1 if not found")
+    show = verbs.add_parser("show", parents=parents, help="one job; exit 1 if not found")
     show.add_argument("id", type=int)
     show.set_defaults(handler=cmd_jobs_show)
-    retry = verbs.add_parser("retry", parents=[db, out], help="make dead jobs pending again")
+    retry = verbs.add_parser("retry", parents=parents, help="make dead jobs pending again")
     retry.add_argument("ids", type=int, nargs="*", metavar="ID")
     retry.add_argument("--dead", action="store_true", help="every dead job (or by task/queue)")
     retry.add_argument("--task")
     retry.add_argument("--queue")
     retry.set_defaults(handler=cmd_jobs_retry)
     cancel = verbs.add_parser(
-        "cancel", parents=[db, out], help="cancel jobs: pending ones at once, running ones too"
+        "cancel", parents=parents, help="cancel jobs: pending ones at once, running ones too"
     )
     cancel.add_argument("ids", type=int, nargs="+", metavar="ID")
     cancel.set_defaults(handler=cmd_jobs_cancel)
-    purge = verbs.add_parser("purge", parents=[db, out], help="delete dead jobs in batches")
+    purge = verbs.add_parser("purge", parents=parents, help="delete dead jobs in batches")
     purge.add_argument("--dead", action="store_true", required=True, help="purge dead jobs")
     purge.add_argument("--older-than", type=duration, metavar="DURATION", help="e.g. 7d")
     purge.set_defaults(handler=cmd_jobs_purge)
 
+
+def _web_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
     web = commands.add_parser(
         "web",
         parents=[db],
@@ -283,16 +350,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     web.set_defaults(handler=cmd_web)
 
+
+def _queues_command(commands: _Commands, parents: _Parents) -> None:
     queues = commands.add_parser(
         "queues", help="queue limits: list, set, pause, resume (obeyed by the whole fleet)"
     )
     steer = queues.add_subparsers(title="actions", dest="action", required=True)
     steer.add_parser(
-        "list", parents=[db, out], help="queues with their limits, state and counts"
+        "list", parents=parents, help="queues with their limits, state and counts"
     ).set_defaults(handler=cmd_queues_list)
     limit = steer.add_parser(
         "set",
-        parents=[db, out],
+        parents=parents,
         help="set a queue's limits",
         description="Set the fleet-wide limits of queue NAME; running workers obey the new"
         " values without a restart. `none` removes a limit; what is not given stays.",
@@ -325,21 +394,25 @@ def _build_parser() -> argparse.ArgumentParser:
         ("pause", cmd_queues_pause, "stop claims of a queue fleet-wide; running jobs finish"),
         ("resume", cmd_queues_resume, "claim a paused queue again, at once"),
     ):
-        action = steer.add_parser(verb, parents=[db, out], help=text)
+        action = steer.add_parser(verb, parents=parents, help=text)
         action.add_argument("name", metavar="NAME")
         action.set_defaults(handler=handler)
 
+
+def _schedules_command(commands: _Commands, parents: _Parents) -> None:
     commands.add_parser(
         "schedules",
-        parents=[db, out],
+        parents=parents,
         help="periodic schedules with their last and next tick",
         description="List the @aioq.periodic schedules the workers have seen: the last tick"
-        " enqueued and the next one.",
+        " enqueued (never, until the first one) and the next one.",
     ).set_defaults(handler=cmd_schedules)
 
+
+def _defer_command(commands: _Commands, parents: _Parents) -> None:
     defer = commands.add_parser(
         "defer",
-        parents=[db, out],
+        parents=parents,
         help="enqueue a job by task name; print its id",
         description="Enqueue a job and print its id. Name the registry first (as for `aioq"
         " worker`) to use the task's own queue, priority, max_attempts and lease, with the"
@@ -356,4 +429,3 @@ def _build_parser() -> argparse.ArgumentParser:
     defer.add_argument("--lease", type=duration)
     defer.add_argument("--unique-key", help="return the live job with this key, if any")
     defer.set_defaults(handler=cmd_defer)
-    return parser

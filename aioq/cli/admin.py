@@ -50,10 +50,17 @@ def cmd_schema_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_schema_sql(args: argparse.Namespace) -> int:
-    """Print the DDL."""
-    sql = migrate.schema_sql(schema_from(args))
+    """Print the SQL that installs the schema, or upgrades it from --from, recording versions."""
+    latest = migrate.latest_version()
+    to = latest if args.to is None else args.to
+    if not 0 <= args.from_version <= to <= latest:
+        raise UsageError(
+            f"schema sql: --from {args.from_version} --to {to}: the versions go from 0 (nothing"
+            f" installed) to {latest}, the latest this aioq knows, upwards"
+        )
+    sql = migrate.schema_sql(schema_from(args), from_version=args.from_version, to_version=to)
     if args.json:
-        print_json({"schema": schema_from(args), "sql": sql})
+        print_json({"schema": schema_from(args), "from": args.from_version, "to": to, "sql": sql})
     else:
         print(sql, end="")
     return EXIT_OK
@@ -217,13 +224,13 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         if args.json:
             print_json(values)
             return EXIT_OK
+        width = max(len(key) for key in values) + 2  # every value in one column
         for key, value in values.items():
             if key == "args" or (key == "result" and job.result is not None):
                 value = json.dumps(value)
             elif value is None:
                 value = "-"
-            label = key + ":"
-            print(f"{label:<18}{value}" if len(label) < 18 else f"{label} {value}")
+            print(f"{key + ':':<{width}}{value}")
         return EXIT_OK
 
     return with_db(args, run)

@@ -12,7 +12,7 @@ from aioq.sql.schedules import LIST_SCHEDULES
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
-    """List schedules: name, task, queue, schedule, last tick enqueued, next tick."""
+    """List schedules: name, task, queue, schedule, last tick enqueued (or never), next tick."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         rows = await LIST_SCHEDULES.rows(conn, schema_from(args))
@@ -27,7 +27,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                     row.task,
                     row.queue,
                     row.spec,
-                    format_time(row.last_tick),
+                    format_time(row.last_tick) or "never",
                     format_time(row.next_tick),
                 )
                 for row in rows

@@ -27,9 +27,11 @@ from aioq.cli.common import (
 from aioq.dev.server import EmbeddedPostgres
 from aioq.errors import ConfigError
 from aioq.migrate import check_installed
+from aioq.stats_history import DEFAULT_STATS_RETENTION
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import Registry, default_registry
 from aioq.worker import (
+    DEFAULT_ARCHIVE_RETENTION,
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
@@ -41,6 +43,9 @@ from aioq.worker import (
 from aioq.worker.health import serve_health
 
 log = logging.getLogger("aioq.cli")
+
+# Metrics stay on the host unless asked for (--metrics-addr 0.0.0.0), as the health probes do.
+DEFAULT_METRICS_ADDR = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,16 @@ class _Flag:
 
 def _prefetch(text: str) -> int | str:
     return text if text == "auto" else non_negative_int(text)
+
+
+def _retention(text: str) -> float | None:
+    """Parse a retention: a duration (``7d``, ``12h``, ``0``), or ``none`` to keep rows forever."""
+    return None if text.strip().lower() == "none" else duration(text)
+
+
+def _arg(value: object) -> str:
+    """A flag's value as its parser reads it back (a child's command line)."""
+    return "none" if value is None else str(value)
 
 
 # The worker's options, written once: the parser, the argv of the supervisor's children and
@@ -85,6 +100,29 @@ WORKER_FLAGS = (
         None,
         False,
         "move finished jobs to the archive table instead of deleting them",
+    ),
+    _Flag(
+        "--archive-retention",
+        "archive_retention",
+        _retention,
+        DEFAULT_ARCHIVE_RETENTION,
+        "prune jobs kept by --keep-completed this long after they finished, e.g. 7d, or none"
+        " to keep them (default: 7d)",
+    ),
+    _Flag(
+        "--dead-retention",
+        "dead_retention",
+        _retention,
+        None,
+        "prune dead and cancelled jobs this long after they were last due, e.g. 30d, or none"
+        " (default: none, kept until `aioq jobs purge`)",
+    ),
+    _Flag(
+        "--stats-retention",
+        "stats_retention",
+        duration,
+        DEFAULT_STATS_RETENTION,
+        "keep the per-minute history of `aioq stats` and the dashboard this long (default: 2d)",
     ),
     _Flag(
         "--no-statement-cache",
@@ -121,7 +159,7 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
         if f.type is None:
             argv += [f.flag] if value != f.default else []
         else:
-            argv += [f.flag, str(value)]
+            argv += [f.flag, _arg(value)]
     return argv
 
 

@@ -15,12 +15,14 @@ caller's own first statement would, on a driver that takes ``pyformat`` paramete
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from aioq.dbapi import SyncExecutor, named_rows
@@ -28,7 +30,7 @@ from aioq.errors import ConfigError
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql.admin import PING
 
-__all__ = ("executor", "sync_executor")
+__all__ = ("executor", "sync_executor", "wait_opener")
 
 SUPPORTED = (
     "aioq runs on asyncpg: use an engine URL of the form 'postgresql+asyncpg://...'"
@@ -60,6 +62,33 @@ async def executor(target: AsyncSession | AsyncConnection) -> asyncpg.Connection
         # isolation it begins nothing and the job commits at once, as the caller's own would.
         await conn.execute(text(PING.text(DEFAULT_SCHEMA)))
     return driver
+
+
+async def wait_opener(
+    target: AsyncSession | AsyncConnection,
+) -> tuple[Hashable, Callable[[], AbstractAsyncContextManager[asyncpg.Connection]]] | None:
+    """Return the engine of ``target`` (its key) and an opener of one of its connections,
+    outside any transaction: what ``aioq.result`` waits on, instead of the caller's connection
+    and its transaction. None when the session has no engine to draw from (per-mapper binds):
+    the wait then runs on the session's own connection."""
+    bind = target.bind if isinstance(target, AsyncSession) else target.engine
+    engine = bind.engine if isinstance(bind, AsyncConnection) else bind
+    if not isinstance(engine, AsyncEngine):
+        return None
+    check_driver(engine.dialect.driver)
+
+    @asynccontextmanager
+    async def opener() -> AsyncIterator[asyncpg.Connection]:
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            if not isinstance(driver, asyncpg.Connection):
+                raise ConfigError("conn", f"a SQLAlchemy engine without asyncpg; {SUPPORTED}")
+            # aioq runs on the driver, so SQLAlchemy begins nothing: each statement commits
+            # on its own, and a LISTEN takes effect at once.
+            yield driver
+
+    return id(engine), opener
 
 
 def check_driver(driver: str | None) -> None:

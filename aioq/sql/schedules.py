@@ -37,12 +37,13 @@ LEFT JOIN {s}.schedules AS s ON s.name = n.name
 )
 
 # First sight of a schedule ($1 name, $2 task, $3 queue, $4 spec, $5 last tick, $6 next tick):
-# record its latest past tick as done, so its first job is the next tick. A worker that finds
+# record its latest past tick as done (not ticked: nothing was enqueued for it), so its first
+# job is the next tick. A worker that finds
 # the row already there changes nothing (no row comes back).
 SCHEDULE_START = Statement(
     """
-INSERT INTO {s}.schedules (name, task, queue, spec, last_tick, next_tick)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO {s}.schedules (name, task, queue, spec, last_tick, next_tick, ticked)
+VALUES ($1, $2, $3, $4, $5, $6, false)
 ON CONFLICT (name) DO NOTHING
 RETURNING name
 """,
@@ -60,7 +61,7 @@ WITH advanced AS (
     UPDATE {s}.schedules
     SET task = $2, queue = $3, spec = $4,
         last_tick = ($5::timestamptz[])[cardinality($5::timestamptz[])], next_tick = $6,
-        updated_at = now()
+        ticked = true, updated_at = now()
     WHERE name = $1 AND last_tick < ($5::timestamptz[])[1]
     RETURNING name
 )
@@ -83,14 +84,15 @@ class ScheduleRow:
     task: str
     queue: str
     spec: str
-    last_tick: datetime
+    last_tick: datetime | None  # None: no tick enqueued yet (only the first sight recorded)
     next_tick: datetime | None
     updated_at: datetime
 
 
 LIST_SCHEDULES = Statement(
     """
-SELECT name, task, queue, spec, last_tick, next_tick, updated_at
+SELECT name, task, queue, spec, CASE WHEN ticked THEN last_tick END AS last_tick, next_tick,
+       updated_at
 FROM {s}.schedules
 ORDER BY name
 """,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aioq.sql import Statement, boolean, integer, nothing
+from aioq.sql import Statement, boolean, integer, nothing, render
 
 __all__ = (
     "DROP_SCHEMA",
@@ -12,6 +12,8 @@ __all__ = (
     "SCHEMA_EXISTS",
     "create_database",
     "drop_database",
+    "script_guard",
+    "script_record",
 )
 
 # $1 a qualified table name.
@@ -41,3 +43,30 @@ def create_database(name: str) -> str:
 def drop_database(name: str) -> str:
     """DROP DATABASE of a throwaway database, closing its sessions."""
     return f"DROP DATABASE IF EXISTS {_database(name)} WITH (FORCE)"
+
+
+# The script `aioq schema sql` prints (aioq.migrate.schema_sql) runs without bind parameters:
+# the versions are integers, the schema name admits letters, digits and _ only.
+
+
+def script_guard(schema: str, from_version: int) -> str:
+    """A statement that raises unless the schema's recorded version is ``from_version``."""
+    return render(
+        f"""DO $aioq$
+DECLARE installed integer := (SELECT coalesce(max(version), 0) FROM {{s}}.migrations);
+BEGIN
+    IF installed <> {int(from_version)} THEN
+        RAISE EXCEPTION 'the aioq schema ''{schema}'' is at version %%, this SQL upgrades from'
+            ' version {int(from_version)} (print the right one: aioq schema sql --from %%)',
+            installed, installed;
+    END IF;
+END
+$aioq$;
+""",
+        schema,
+    ).replace("%%", "%")
+
+
+def script_record(schema: str, version: int) -> str:
+    """The statement that records a migration as applied."""
+    return render(f"INSERT INTO {{s}}.migrations (version) VALUES ({int(version)});", schema)

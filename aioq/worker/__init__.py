@@ -61,6 +61,8 @@ DEFAULT_REAPER_BATCH = 1000
 DEFAULT_SHUTDOWN_GRACE = 20.0
 # How long the closing of a lifespan may take before the worker gives up on it.
 LIFESPAN_CLOSE = 10.0
+# The start line names at most this many tasks that a worker given its queues leaves out.
+_UNSERVED_NAMED = 5
 # A claim takes every free slot up to this: at concurrency 1 000 a cap of 100 was the bend of
 # the I/O-bound drain (each claim filled the cap, so jobs/s <= 100 / claim round trip, about
 # 80 % of the ideal), and fewer, larger claims cost PostgreSQL a quarter less CPU per job.
@@ -456,19 +458,18 @@ class Worker:
                     "worker %s: its lifespan did not close within %gs", self.id, LIFESPAN_CLOSE
                 )
 
-    def _warn_unserved(self) -> None:
-        """Warn once per registered task whose queue the explicitly given queues leave out."""
-        if not self.queues_given:
-            return
-        for task in self.registry.unserved(self.queues):
-            logger.warning(
-                "worker %s does not serve queue %r of task %r: its jobs wait for another"
-                " worker (serving: %s)",
-                self.id,
-                task.defaults.queue,
-                task.name,
-                ",".join(self.queues),
-            )
+    def _unserved_note(self) -> str:
+        """Name the registered tasks whose queue the given queues leave out, for the start line.
+
+        Not a warning: a worker given its queues (a dedicated per-queue worker) leaves the other
+        tasks to other workers on purpose; the note says which, in the one line it logs at start.
+        """
+        left = self.registry.unserved(self.queues) if self.queues_given else []
+        if not left:
+            return ""
+        named = ", ".join(f"{t.name} ({t.defaults.queue})" for t in left[:_UNSERVED_NAMED])
+        more = f" and {len(left) - _UNSERVED_NAMED} more" if len(left) > _UNSERVED_NAMED else ""
+        return f"; tasks of other queues, left to other workers: {named}{more}"
 
 
 class _Started:
@@ -480,11 +481,11 @@ class _Started:
 
     def started(self, value: None = None) -> None:
         worker = self.worker
-        worker._warn_unserved()
         logger.info(
-            "worker %s serving queues %s with %d consumers",
+            "worker %s serving queues %s with %d consumers%s",
             worker.id,
             ",".join(worker.queues),
             worker.config.concurrency,
+            worker._unserved_note(),
         )
         self.task_status.started()

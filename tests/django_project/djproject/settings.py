@@ -1,7 +1,8 @@
 """A Django project on aioq for the tests: its database comes from AIOQ_TEST_DJANGO_DSN.
 
 AIOQ_TEST_DJANGO_JOBS_DSN, when set, adds a second database "jobs" and a TASKS backend
-"jobs" whose jobs live there.
+"jobs" whose jobs live there. AIOQ_TEST_DJANGO_SCHEMA_APP, when set, adds the app whose
+migration installs aioq's schema (docs/django.md).
 """
 
 import importlib.util
@@ -32,6 +33,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["aioq.contrib.django", "shop"]
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport
     INSTALLED_APPS.append("django_tasks")
+if os.environ.get("AIOQ_TEST_DJANGO_SCHEMA_APP"):  # aioq's schema in a Django migration
+    INSTALLED_APPS.append("jobschema")
 
 DATABASES = {"default": database(os.environ["AIOQ_TEST_DJANGO_DSN"])}
 TASKS = {

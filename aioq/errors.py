@@ -55,6 +55,11 @@ from datetime import timedelta
 
 MAX_RETRY_DELAY = 366 * 24 * 3600.0  # a year and a day: beyond this, a retry is a mistake
 
+MAX_DURATION = 100 * 365.25 * 86400.0
+"""The longest delay, lease or schedule period, in seconds (a century): far inside PostgreSQL's
+interval and timestamp range and Python's timedelta and datetime, so ``now() + delay``, ``now() +
+lease`` and a schedule's tick arithmetic can never overflow."""
+
 
 class AioqError(Exception):
     """Root of every error aioq raises."""

@@ -20,7 +20,7 @@ from aioq.codec import encode_args
 from aioq.db import Executor, Target, executor
 from aioq.dbapi import SyncTarget
 from aioq.dbapi import executor as sync_executor
-from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
+from aioq.errors import MAX_DURATION, ArgumentError, ConfigError, DeferError, OptionError
 from aioq.job import JobContext
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
@@ -52,10 +52,6 @@ MIN_LEASE = 1.0
 after the claim and after each extension, so a lease of one second leaves a beat 0.33 s
 (two beats) of slack for a slow statement or a busy event loop; below that, a healthy
 worker would lose its own jobs to another worker's reaper."""
-
-MAX_DURATION = 100 * 365.25 * 86400.0
-"""The longest delay or lease, in seconds (a century): far inside PostgreSQL's interval and
-timestamp range, so ``now() + delay`` and ``now() + lease`` can never overflow at defer or claim."""
 
 
 def check_text(field: str, value: str) -> None:

@@ -195,8 +195,13 @@ class ResultTimeout(AioqError, TimeoutError):
     def __init__(self, job_id: int, timeout: float, status: str) -> None:
         self.job_id = job_id
         self.timeout = timeout
-        self.status = status
-        super().__init__(f"job {job_id} is still {status} after {timeout:g}s")
+        self.status = status  # "unknown": no connection came free to read it in time
+        if status == "unknown":
+            super().__init__(
+                f"job {job_id}: no connection came free to read its state within {timeout:g}s"
+            )
+        else:
+            super().__init__(f"job {job_id} is still {status} after {timeout:g}s")
 
 
 class JobControl(AioqError):

@@ -7,6 +7,12 @@ polls as the guarantee (a missed notification, a LISTEN that PgBouncer cannot ho
 delay that grows to a few seconds. All waiters of one process on one pool (or connection)
 share one LISTEN connection: the first one borrows it from the pool and the last one gives it
 back. A waiter holds no other connection while it waits; each poll borrows one for a statement.
+
+The LISTEN never takes the application's last connection: it is borrowed only while the pool
+has a connection to spare beyond it (counting the application's, not the waiters' own short
+reads), and given back as soon as a waiter sees that the application needs it; meanwhile the
+waiters poll. Every wait (for a connection, for the LISTEN's set-up, for a read) is bounded by
+the waiter's timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from aioq.errors import (
     ResultMissing,
     ResultTimeout,
 )
+from aioq.job import possible_id
 from aioq.sql import DEFAULT_SCHEMA, results_channel
 from aioq.sql.control import RESULT_STATE, ResultState
 
@@ -37,8 +44,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_RESULT_TIMEOUT = 30.0
 _FIRST_POLL = 0.25  # then doubling, up to:
 _MAX_POLL = 5.0  # while the LISTEN works (a notification is the fast path)
-_MAX_POLL_DEAF = 1.0  # while it does not
+_MAX_POLL_DEAF = 1.0  # while it does not, or while the application may soon need its connection
 _RELISTEN_AFTER = 1.0  # seconds between attempts to set the LISTEN up again
+_READ_FLOOR = 1.0  # a read's statement may take this long even when less time remains
+_CONNECT_FLOOR = 0.001  # a waiter out of time still takes a connection that is free at once
 
 
 class _Hub:
@@ -53,6 +62,7 @@ class _Hub:
         self.borrowed = False  # conn came from the pool and goes back to it
         self.retry_at = 0.0
         self.listens = 0  # how many times a LISTEN was set up (for tests and debugging)
+        self.reads = 0  # the waiters' reads holding a pool connection now
         self._lock = anyio.Lock()
         # A plain connection runs one statement at a time: its waiters take turns.
         self._turn = anyio.Lock() if not isinstance(db, asyncpg.Pool) else None
@@ -71,6 +81,19 @@ class _Hub:
     def listening(self) -> bool:
         return self.conn is not None and not self.conn.is_closed()
 
+    def spare(self) -> int:
+        """Connections the pool could still lend the application beyond the LISTEN's own.
+
+        The application's are those in use that are neither the LISTEN nor a waiter's read
+        (a read gives its connection back within a statement). A plain connection: no limit.
+        """
+        pool = self.db
+        if not isinstance(pool, asyncpg.Pool):
+            return 1 << 30
+        in_use = pool.get_size() - pool.get_idle_size()
+        ours = self.reads + (1 if self.borrowed else 0)
+        return pool.get_max_size() - max(0, in_use - ours) - 1
+
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         try:
             job_id = int(str(payload))
@@ -79,31 +102,76 @@ class _Hub:
         for event in self.waiters.get(job_id, ()):
             event.set()
 
-    async def ensure_listening(self) -> None:
-        """Set the LISTEN up if it is not (at most once a second while it keeps failing)."""
-        if self.listening or anyio.current_time() < self.retry_at:
-            return
-        async with self._lock:
-            if self.listening:
-                return
-            await self._drop()
-            try:
-                if isinstance(self.db, asyncpg.Pool):
-                    self.conn, self.borrowed = await self.db.acquire(), True
-                    await self.conn.add_listener(self.channel, self._on_notify)
-                else:
-                    self.conn = self.db
-                    async with self._turn or _NO_LOCK:
-                        await self.conn.add_listener(self.channel, self._on_notify)
-                self.listens += 1
-            except Exception as exc:  # polling goes on; try again later
-                logger.debug("results LISTEN failed (%s); polling", exc)
-                self.retry_at = anyio.current_time() + _RELISTEN_AFTER
-                await self._drop()
+    async def ensure_listening(self, deadline: float) -> None:
+        """Set the LISTEN up if it is not and the pool can spare it, giving up at ``deadline``.
 
-    async def query(self, schema: str, job_id: int) -> ResultState | None:
-        async with self._turn or _NO_LOCK:
-            return await RESULT_STATE.row(self.db, schema, job_id)
+        At most once a second while it keeps failing; given back when the application needs
+        the connection (a pool that can spare none beyond it).
+        """
+        if self.listening and self.borrowed and self.spare() < 1:
+            async with self._lock:  # the application's turn: poll until it can spare one
+                if self.listening and self.borrowed and self.spare() < 1:
+                    logger.debug("results LISTEN gives its connection back to the application")
+                    self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                    with anyio.CancelScope(shield=True):
+                        await self._drop()
+            return
+        if self.listening or anyio.current_time() < self.retry_at or self.spare() < 1:
+            return
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            async with self._lock:
+                if self.listening or self.spare() < 1:
+                    return
+                await self._drop()
+                try:
+                    if isinstance(self.db, asyncpg.Pool):
+                        self.conn, self.borrowed = await self.db.acquire(), True
+                        await self.conn.add_listener(self.channel, self._on_notify)
+                    else:
+                        self.conn = self.db
+                        async with self._turn or _NO_LOCK:
+                            await self.conn.add_listener(self.channel, self._on_notify)
+                    self.listens += 1
+                except Exception as exc:  # polling goes on; try again later
+                    logger.debug("results LISTEN failed (%s); polling", exc)
+                    self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                    await self._drop()
+                except BaseException:  # out of time: leave no half-made LISTEN behind
+                    self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                    with anyio.CancelScope(shield=True):
+                        await self._drop()
+                    raise
+
+    async def query(self, schema: str, job_id: int, deadline: float) -> ResultState | None:
+        """Read the job's state; raise TimeoutError if no connection came free by ``deadline``."""
+        budget = max(deadline - anyio.current_time(), _CONNECT_FLOOR)
+        within = max(deadline - anyio.current_time(), _READ_FLOOR)
+        if isinstance(self.db, asyncpg.Pool):
+            self.reads += 1
+            try:
+                conn = None
+                with anyio.move_on_after(budget):
+                    conn = await self.db.acquire()
+                if conn is None:
+                    raise TimeoutError
+                try:
+                    return await RESULT_STATE.row(conn, schema, job_id, within=within)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.db.release(conn)
+            finally:
+                self.reads -= 1
+        turn = self._turn or _NO_LOCK
+        got = False
+        with anyio.move_on_after(budget):
+            await turn.__aenter__()
+            got = True
+        if not got:
+            raise TimeoutError
+        try:
+            return await RESULT_STATE.row(self.db, schema, job_id, within=within)
+        finally:
+            await turn.__aexit__(None, None, None)
 
     async def close(self) -> None:
         async with self._lock:
@@ -154,10 +222,13 @@ async def result(
     Raises :class:`JobFailed` (dead), :class:`JobCancelled`, :class:`ResultMissing` (no
     result stored: expired, a task without ``result_ttl``, or no such job), and
     :class:`ResultTimeout` (a ``TimeoutError``) when the job is still pending or running
-    after ``timeout`` seconds (None: wait for ever); the job itself is left alone.
+    after ``timeout`` seconds (None: wait for ever), or no connection came free to read it;
+    the job itself is left alone.
     """
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         raise ConfigError("timeout", f"must be None or a number of seconds >= 0, got {timeout!r}")
+    if not possible_id(job_id):
+        judge_result(job_id, None)  # no job has it: ResultMissing
     db = await executor(db)  # an asyncpg connection or pool (or SQLAlchemy's, unwrapped)
     channel = results_channel(schema)
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
@@ -168,13 +239,17 @@ async def result(
     hub.count += 1
     event = anyio.Event()
     hub.add(job_id, event)
+    status = "unknown"  # until a read tells
     try:
         delay = _FIRST_POLL
         while True:
-            await hub.ensure_listening()  # before reading: a later ring is never missed
-            row = await hub.query(schema, job_id)
-            status = judge_result(job_id, row)
-            if status is None:
+            await hub.ensure_listening(deadline)  # before reading: a later ring is never missed
+            try:
+                row = await hub.query(schema, job_id, deadline)
+            except TimeoutError:  # no connection came free in time (or the read was too slow)
+                raise ResultTimeout(job_id, timeout or 0.0, status) from None
+            status = judge_result(job_id, row) or ""
+            if not status:
                 assert row is not None
                 return decode_result(row.result or "null")
             remaining = deadline - anyio.current_time()
@@ -187,7 +262,10 @@ async def result(
                 event = anyio.Event()
                 hub.add(job_id, event)
             else:
-                delay = min(2 * delay, _MAX_POLL if hub.listening else _MAX_POLL_DEAF)
+                # Deaf, or a pool one connection short of the application's need: look again
+                # (and give the LISTEN back) within a second.
+                deaf = not hub.listening or hub.spare() < 2
+                delay = min(2 * delay, _MAX_POLL_DEAF if deaf else _MAX_POLL)
     finally:
         hub.discard(job_id, event)
         hub.count -= 1

@@ -237,6 +237,29 @@ def test_stats_watch_until_interrupted(
     assert proc.returncode == 0
 
 
+def test_ids_past_bigint_are_absent_jobs(dsn: str) -> None:
+    """An id no job can have (past bigint, or negative) is not found, never a driver error."""
+    job_id = int(aioq_cli(dsn, "defer", "t").stdout)
+    for absent in (str(2**63), str(2**64 + 5), "-1", str(-(2**63) - 1)):
+        shown = aioq_cli(dsn, "jobs", "show", absent)
+        assert shown.returncode == 1, shown
+        assert f"job {absent} not found" in shown.stderr
+        cancelled = aioq_cli(dsn, "jobs", "cancel", absent, str(job_id), "--json")
+        assert cancelled.returncode == 1, cancelled
+        states = json.loads(cancelled.stdout)
+        assert (states["missing"], states["cancelled"]) == ([int(absent)], [job_id])
+        retried = aioq_cli(dsn, "jobs", "retry", absent, "--json")
+        assert retried.returncode == 1, retried
+        assert json.loads(retried.stdout) == {"retried": [], "missing": [int(absent)]}
+
+
+def test_stats_watch_needs_a_sane_interval(dsn: str) -> None:
+    for interval in ("0", "0.01"):
+        assert_one_line_error(
+            aioq_cli(dsn, "stats", "--watch", interval), "--watch must be at least 0.1 seconds"
+        )
+
+
 def test_stats_and_check(dsn: str) -> None:
     empty = aioq_cli(dsn, "stats")
     assert empty.returncode == 0

@@ -92,11 +92,16 @@ def cmd_schema_status(args: argparse.Namespace) -> int:
 
 # --- stats ---
 
+MIN_WATCH = 0.1
+"""The shortest --watch interval: each sample runs the full stats statements."""
+
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print queue counts and table health; with --check, exit 1 when a threshold is crossed."""
     if args.watch is not None and args.check:
         raise UsageError("--watch and --check do not go together")
+    if args.watch is not None and not args.watch >= MIN_WATCH:
+        raise UsageError(f"--watch must be at least {MIN_WATCH:g} seconds, got {args.watch:g}")
     if (args.max_age is not None or args.max_dead is not None) and not args.check:
         raise UsageError("--max-age and --max-dead need --check")
 

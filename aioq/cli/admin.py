@@ -25,6 +25,7 @@ from aioq.cli.common import (
     print_json,
     print_table,
     schema_from,
+    until_interrupted,
     with_db,
 )
 from aioq.codec import encode_args
@@ -115,10 +116,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 return EXIT_FAILED if failures else EXIT_OK
             await anyio.sleep(args.watch)
 
-    try:
-        return with_db(args, run)
-    except KeyboardInterrupt:
-        return EXIT_OK
+    return with_db(args, run) if args.watch is None else until_interrupted(args, run)
 
 
 def _check(snapshot: admin.Stats, args: argparse.Namespace) -> list[str]:

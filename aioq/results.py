@@ -147,19 +147,17 @@ class _Hub:
         budget = max(deadline - anyio.current_time(), _CONNECT_FLOOR)
         within = max(deadline - anyio.current_time(), _READ_FLOOR)
         if isinstance(self.db, asyncpg.Pool):
-            self.reads += 1
+            conn = None
+            with anyio.move_on_after(budget):
+                conn = await self.db.acquire()
+            if conn is None:
+                raise TimeoutError
+            self.reads += 1  # holding one: not the application's
             try:
-                conn = None
-                with anyio.move_on_after(budget):
-                    conn = await self.db.acquire()
-                if conn is None:
-                    raise TimeoutError
-                try:
-                    return await RESULT_STATE.row(conn, schema, job_id, within=within)
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.db.release(conn)
+                return await RESULT_STATE.row(conn, schema, job_id, within=within)
             finally:
+                with anyio.CancelScope(shield=True):
+                    await self.db.release(conn)
                 self.reads -= 1
         turn = self._turn or _NO_LOCK
         got = False

@@ -232,6 +232,42 @@ async def test_the_listen_leaves_the_application_its_last_connection(
         assert got == [3]
 
 
+async def test_the_listen_gives_its_connection_back_when_the_application_runs_short(
+    conn: asyncpg.Connection,
+    dsn: str,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    @registry.task(result_ttl=60)
+    async def echo(value: int) -> int:
+        return value
+
+    job_id = await echo.defer(conn, value=5)
+    async with asyncpg.create_pool(dsn, min_size=3, max_size=3) as pool:
+        got: list[int] = []
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+
+                async def wait() -> None:
+                    got.append(await aioq.result(pool, job_id, timeout=15))
+
+                tg.start_soon(wait)
+                await eventually(lambda: results.listening_connections() == 1, "the LISTEN")
+                # Two fill the pool beside the LISTEN: the third is the LISTEN's, given back
+                # once the waiter sees the application short.
+                async with (
+                    pool.acquire() as first,
+                    pool.acquire() as second,
+                    pool.acquire() as third,
+                ):
+                    assert results.listening_connections() == 0
+                    values = [await c.fetchval("SELECT 1") for c in (first, second, third)]
+                    assert values == [1, 1, 1]
+                async with make_worker():
+                    await eventually(lambda: got, "the result")
+    assert got == [5]
+
+
 async def test_cancelled_job_raises_job_cancelled(
     conn: asyncpg.Connection, pool: asyncpg.Pool, registry: aioq.Registry
 ) -> None:

@@ -48,6 +48,7 @@ _MAX_POLL_DEAF = 1.0  # while it does not, or while the application may soon nee
 _RELISTEN_AFTER = 1.0  # seconds between attempts to set the LISTEN up again
 _READ_FLOOR = 1.0  # a read's statement may take this long even when less time remains
 _CONNECT_FLOOR = 0.001  # a waiter out of time still takes a connection that is free at once
+_DROP_WITHIN = 2.0  # seconds to UNLISTEN and give the connection back; then it is closed
 
 
 class _Hub:
@@ -180,15 +181,19 @@ class _Hub:
         if conn is None:
             return
         try:
-            if not conn.is_closed():
-                async with self._turn or _NO_LOCK:
-                    await conn.remove_listener(self.channel, self._on_notify)
+            # Bounded: the last waiter gives the LISTEN back after its own wait ended.
+            with anyio.move_on_after(_DROP_WITHIN) as late:
+                if not conn.is_closed():
+                    async with self._turn or _NO_LOCK:
+                        await conn.remove_listener(self.channel, self._on_notify)
+            if late.cancelled_caught and borrowed:
+                conn.terminate()  # the pool's: it makes a new one when needed
         except Exception as exc:
             logger.debug("results UNLISTEN failed: %s", exc)
         finally:
             if borrowed:
                 assert isinstance(self.db, asyncpg.Pool)
-                await self.db.release(conn)
+                await self.db.release(conn, timeout=_DROP_WITHIN)
 
 
 class _NoLock:

@@ -110,12 +110,14 @@ class _Hub:
         the connection (a pool that can spare none beyond it).
         """
         if self.listening and self.borrowed and self.spare() < 1:
-            async with self._lock:  # the application's turn: poll until it can spare one
-                if self.listening and self.borrowed and self.spare() < 1:
-                    logger.debug("results LISTEN gives its connection back to the application")
-                    self.retry_at = anyio.current_time() + _RELISTEN_AFTER
-                    with anyio.CancelScope(shield=True):
-                        await self._drop()
+            # The application's turn: poll until the pool can spare one again.
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                async with self._lock:
+                    if self.listening and self.borrowed and self.spare() < 1:
+                        logger.debug("results LISTEN gives its connection back")
+                        self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                        with anyio.CancelScope(shield=True):
+                            await self._drop()
             return
         if self.listening or anyio.current_time() < self.retry_at or self.spare() < 1:
             return

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
@@ -95,7 +94,12 @@ def to_seconds(field: str, value: object, *, where: str = "") -> float:
         raise ConfigError(
             field, f"{where}must be seconds or a timedelta, got {type(value).__name__}"
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range: past every bound
+        raise ConfigError(
+            field, f"{where}must be a number of seconds, got an integer past float's range"
+        ) from None
 
 
 def check_duration(
@@ -104,9 +108,13 @@ def check_duration(
     """Raise ConfigError unless ``value`` is a finite number of seconds in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(field, f"must be a number of seconds, got {type(value).__name__}")
-    if not (math.isfinite(value) and minimum <= value <= maximum):
+    # Compared as they are: NaN and infinities fail, and so does an int past float's range
+    # (math.isfinite would raise OverflowError on it).
+    if not minimum <= value <= maximum:
+        huge = isinstance(value, int) and abs(value) >= 10**30  # its repr may not even exist
+        shown = "an integer past float's range" if huge else repr(value)
         raise ConfigError(
-            field, f"must be finite, between {minimum:g} and {maximum:.0f} seconds; got {value!r}"
+            field, f"must be finite, between {minimum:g} and {maximum:.0f} seconds; got {shown}"
         )
 
 

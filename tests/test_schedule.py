@@ -81,6 +81,8 @@ def test_periodic_registers_a_schedule(registry: aioq.Registry) -> None:
         ({"every": 1e12}, "every", "at most 3155760000 (a century)"),
         ({"every": math.nan}, "every", "got nan"),
         ({"every": timedelta.max}, "every", "a century"),
+        ({"every": 10**400}, "every", "an integer past float's range"),
+        ({"every": 60, "catch_up": 10**400}, "catch_up", "an integer past float's range"),
         ({"every": 60, "catch_up": math.inf}, "catch_up", "(a century), got inf"),
         ({"every": 60, "catch_up": 1e12}, "catch_up", "a century"),
         ({"every": 60, "catch_up": math.nan}, "catch_up", "got nan"),

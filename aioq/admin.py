@@ -10,7 +10,7 @@ import asyncpg
 
 from aioq.db import Connection, Target, executor
 from aioq.errors import AioqError
-from aioq.job import Job, JobStatus
+from aioq.job import Job, JobStatus, possible_id
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql import admin as sql
 from aioq.sql.control import CANCEL_JOBS
@@ -152,7 +152,8 @@ async def cancel_jobs(
     conn = await executor(conn)
     ids = sorted({int(i) for i in job_ids})
     channels = (control_channel(schema), results_channel(schema))
-    states: dict[int, str] = {}
+    states: dict[int, str] = dict.fromkeys((i for i in ids if not possible_id(i)), "missing")
+    ids = [i for i in ids if possible_id(i)]
     for _ in range(CANCEL_RACES):
         if not ids:
             break
@@ -182,7 +183,8 @@ async def delete_jobs(
     """Delete jobs that are pending, dead or cancelled; return the ids deleted (running jobs
     are kept: cancel them)."""
     conn = await executor(conn)
-    return sorted(await sql.DELETE_JOBS.rows(conn, schema, list(job_ids)))
+    ids = [i for i in job_ids if possible_id(i)]
+    return sorted(await sql.DELETE_JOBS.rows(conn, schema, ids)) if ids else []
 
 
 async def purge_dead(
@@ -241,6 +243,8 @@ async def retry_dead(
         raise ValueError("retry_dead needs job_id, task, queue or all=True")
     db = await executor(conn)
     ids = [job_id] if isinstance(job_id, int) else job_id
+    if ids is not None:
+        ids = [i for i in ids if possible_id(i)]  # an id past bigint names no job
     if isinstance(db, asyncpg.Pool):
         async with db.acquire() as own:
             return await _replay(own, ids, task, queue, schema)
@@ -282,6 +286,8 @@ async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) ->
     in the archive until pruned after ``archive_retention``. ``progress`` and
     ``progress_note`` are as the task last reported them.
     """
+    if not possible_id(job_id):
+        return None  # no job has it (and the driver would refuse to send it)
     conn = await executor(conn)
     found = await sql.GET_JOB.row(conn, schema, job_id)
     return found if found is not None else await sql.GET_ARCHIVED_JOB.row(conn, schema, job_id)

@@ -55,6 +55,11 @@ from datetime import timedelta
 
 MAX_RETRY_DELAY = 366 * 24 * 3600.0  # a year and a day: beyond this, a retry is a mistake
 
+MAX_DURATION = 100 * 365.25 * 86400.0
+"""The longest delay, lease or schedule period, in seconds (a century): far inside PostgreSQL's
+interval and timestamp range and Python's timedelta and datetime, so ``now() + delay``, ``now() +
+lease`` and a schedule's tick arithmetic can never overflow."""
+
 
 class AioqError(Exception):
     """Root of every error aioq raises."""
@@ -190,8 +195,13 @@ class ResultTimeout(AioqError, TimeoutError):
     def __init__(self, job_id: int, timeout: float, status: str) -> None:
         self.job_id = job_id
         self.timeout = timeout
-        self.status = status
-        super().__init__(f"job {job_id} is still {status} after {timeout:g}s")
+        self.status = status  # "unknown": no connection came free to read it in time
+        if status == "unknown":
+            super().__init__(
+                f"job {job_id}: no connection came free to read its state within {timeout:g}s"
+            )
+        else:
+            super().__init__(f"job {job_id} is still {status} after {timeout:g}s")
 
 
 class JobControl(AioqError):

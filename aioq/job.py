@@ -24,9 +24,19 @@ __all__ = (
     "JobStatus",
     "OutcomeKind",
     "current_job",
+    "possible_id",
 )
 
 S = TypeVar("S")
+
+MIN_JOB_ID, MAX_JOB_ID = -(2**63), 2**63 - 1
+"""Job ids are bigint: no job has an id outside this range, and the driver refuses to send one."""
+
+
+def possible_id(job_id: int) -> bool:
+    """Whether a job could have this id (a caller's id outside bigint is an absent job)."""
+    return MIN_JOB_ID <= job_id <= MAX_JOB_ID
+
 
 ClaimKey = tuple[int, int]
 """(job id, claim number): the identity of one claim, never reused."""

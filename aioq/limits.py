@@ -16,7 +16,6 @@ for the next claim. ``set_queue`` rings the queue's doorbell, so a resume is cla
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -30,7 +29,12 @@ from aioq.task import check_queue
 
 __all__ = ("UNSET", "QueueInfo", "queues", "set_queue")
 
-MAX_INT = 2**31 - 1
+MAX_INT = 2**31 - 1  # the limits are integer columns
+# The rate's period is an interval (microseconds; CHECK > 0) whose tenth is a counting slot
+# (aioq.sql.limits.CLAIM_LIMITED): a period under a millisecond would round to an empty
+# interval or to slots too short to count in.
+MIN_RATE_PERIOD = 0.001
+MAX_RATE_PERIOD = 366 * 86400.0
 
 
 class _Unset(enum.Enum):
@@ -71,7 +75,10 @@ def _check_rate(
 ) -> tuple[int, float] | None:
     if value is None:
         return None
-    problem = f"queue {queue!r}: must be (claims, seconds) with claims >= 1 and seconds > 0"
+    problem = (
+        f"queue {queue!r}: must be (claims, seconds) with claims from 1 to {MAX_INT} and seconds"
+        f" from {MIN_RATE_PERIOD:g} to {MAX_RATE_PERIOD:.0f} (a year)"
+    )
     if not isinstance(value, tuple) or len(value) != 2:
         raise ConfigError("rate", f"{problem}, got {value!r}")
     count, period = value
@@ -80,8 +87,8 @@ def _check_rate(
         raise ConfigError("rate", f"{problem}, got {value!r}")
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ConfigError("rate", f"{problem}, got {value!r}")
-    if not 0 < seconds <= 366 * 86400 or not math.isfinite(seconds):
-        raise ConfigError("rate", f"{problem} (at most a year), got {value!r}")
+    if not MIN_RATE_PERIOD <= seconds <= MAX_RATE_PERIOD:  # NaN fails both
+        raise ConfigError("rate", f"{problem}, got {value!r}")
     return count, float(seconds)
 
 

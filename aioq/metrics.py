@@ -90,6 +90,13 @@ class Metrics:
         self.lease_lost = counter(
             "jobs_lease_lost", "Claims whose lease was lost to the reaper before their outcome."
         )
+        self.schedule_failures: Counter = pc.Counter(
+            "schedule_failures",
+            "Passes of a schedule that raised; the other schedules went on.",
+            ("schedule",),
+            namespace=ns,
+            registry=reg,
+        )
         self.duration: Histogram = pc.Histogram(
             "job_duration_seconds",
             "Run time of one attempt, by outcome.",
@@ -177,6 +184,10 @@ class Metrics:
     def observe_lease_lost(self, claim: Claim) -> None:
         """Record a claim this worker lost before it could write the outcome."""
         self.lease_lost.labels(claim.queue, claim.task).inc()
+
+    def observe_schedule_failure(self, schedule: str) -> None:
+        """Record a pass of a schedule that raised."""
+        self.schedule_failures.labels(schedule).inc()
 
     def set_queue_stats(self, rows: Sequence[QueueCounts]) -> None:
         """Set the queue gauges from rows of the stats query; queues gone from it read 0."""

@@ -8,6 +8,12 @@ delay that grows to a few seconds. All waiters of one process on one pool (or co
 share one LISTEN connection: the first one borrows it from the pool and the last one gives it
 back. A waiter holds no other connection while it waits; each poll borrows one for a statement.
 
+The LISTEN never takes the application's last connection: it is borrowed only while the pool
+has a connection to spare beyond it (counting the application's, not the waiters' own short
+reads), and given back as soon as a waiter sees that the application needs it; meanwhile the
+waiters poll. Every wait (for a connection, for the LISTEN's set-up, for a read) is bounded by
+the waiter's timeout.
+
 A SQLAlchemy session (or connection) is never waited on: its transaction (which reading on it
 would begin) would hold a snapshot and locks for the whole wait, and a LISTEN in a transaction
 only takes effect at its commit, so every wait would be a poll. The waiters of one engine share
@@ -35,6 +41,7 @@ from aioq.errors import (
     ResultMissing,
     ResultTimeout,
 )
+from aioq.job import possible_id
 from aioq.sql import DEFAULT_SCHEMA, results_channel
 from aioq.sql.control import RESULT_STATE, ResultState
 
@@ -45,8 +52,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_RESULT_TIMEOUT = 30.0
 _FIRST_POLL = 0.25  # then doubling, up to:
 _MAX_POLL = 5.0  # while the LISTEN works (a notification is the fast path)
-_MAX_POLL_DEAF = 1.0  # while it does not
+_MAX_POLL_DEAF = 1.0  # while it does not, or while the application may soon need its connection
 _RELISTEN_AFTER = 1.0  # seconds between attempts to set the LISTEN up again
+_READ_FLOOR = 1.0  # a read's statement may take this long even when less time remains
+_CONNECT_FLOOR = 0.001  # a waiter out of time still takes a connection that is free at once
+_DROP_WITHIN = 2.0  # seconds to UNLISTEN and give the connection back; then it is closed
 
 
 class _Hub:
@@ -63,6 +73,7 @@ class _Hub:
         self.borrowed = False  # conn came from the pool and goes back to it
         self.retry_at = 0.0
         self.listens = 0  # how many times a LISTEN was set up (for tests and debugging)
+        self.reads = 0  # the waiters' reads holding a pool connection now
         self._lock = anyio.Lock()
         # A plain connection runs one statement at a time: its waiters take turns.
         self._turn = anyio.Lock() if not isinstance(db, asyncpg.Pool) else None
@@ -89,6 +100,19 @@ class _Hub:
     def listening(self) -> bool:
         return self.conn is not None and not self.conn.is_closed()
 
+    def spare(self) -> int:
+        """Connections the pool could still lend the application beyond the LISTEN's own.
+
+        The application's are those in use that are neither the LISTEN nor a waiter's read
+        (a read gives its connection back within a statement). A plain connection: no limit.
+        """
+        pool = self.db
+        if not isinstance(pool, asyncpg.Pool):
+            return 1 << 30
+        in_use = pool.get_size() - pool.get_idle_size()
+        ours = self.reads + (1 if self.borrowed else 0)
+        return pool.get_max_size() - max(0, in_use - ours) - 1
+
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         try:
             job_id = int(str(payload))
@@ -97,54 +121,104 @@ class _Hub:
         for event in self.waiters.get(job_id, ()):
             event.set()
 
-    async def ensure_listening(self) -> None:
-        """Set the LISTEN up if it is not (at most once a second while it keeps failing)."""
-        if self.listening or anyio.current_time() < self.retry_at:
-            return
-        async with self._lock:
-            if self.listening:
-                return
-            await self._drop()
-            try:
-                if isinstance(self.db, asyncpg.Pool):
-                    self.conn, self.borrowed = await self.db.acquire(), True
-                    await self.conn.add_listener(self.channel, self._on_notify)
-                else:
-                    self.conn = self.db
-                    async with self._turn or _NO_LOCK:
-                        await self.conn.add_listener(self.channel, self._on_notify)
-                self.listens += 1
-            except Exception as exc:  # polling goes on; try again later
-                logger.debug("results LISTEN failed (%s); polling", exc)
-                self.retry_at = anyio.current_time() + _RELISTEN_AFTER
-                await self._drop()
+    async def ensure_listening(self, deadline: float) -> None:
+        """Set the LISTEN up if it is not and the pool can spare it, giving up at ``deadline``.
 
-    async def query(self, schema: str, job_id: int) -> ResultState | None:
-        async with self._turn or _NO_LOCK:
-            return await RESULT_STATE.row(self.db, schema, job_id)
+        At most once a second while it keeps failing; given back when the application needs
+        the connection (a pool that can spare none beyond it).
+        """
+        if self.listening and self.borrowed and self.spare() < 1:
+            # The application's turn: poll until the pool can spare one again.
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                async with self._lock:
+                    if self.listening and self.borrowed and self.spare() < 1:
+                        logger.debug("results LISTEN gives its connection back")
+                        self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                        with anyio.CancelScope(shield=True):
+                            await self._drop()
+            return
+        if self.listening or anyio.current_time() < self.retry_at or self.spare() < 1:
+            return
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            async with self._lock:
+                if self.listening or self.spare() < 1:
+                    return
+                await self._drop()
+                try:
+                    if isinstance(self.db, asyncpg.Pool):
+                        self.conn, self.borrowed = await self.db.acquire(), True
+                        await self.conn.add_listener(self.channel, self._on_notify)
+                    else:
+                        self.conn = self.db
+                        async with self._turn or _NO_LOCK:
+                            await self.conn.add_listener(self.channel, self._on_notify)
+                    self.listens += 1
+                except Exception as exc:  # polling goes on; try again later
+                    logger.debug("results LISTEN failed (%s); polling", exc)
+                    self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                    await self._drop()
+                except BaseException:  # out of time: leave no half-made LISTEN behind
+                    self.retry_at = anyio.current_time() + _RELISTEN_AFTER
+                    with anyio.CancelScope(shield=True):
+                        await self._drop()
+                    raise
+
+    async def query(self, schema: str, job_id: int, deadline: float) -> ResultState | None:
+        """Read the job's state; raise TimeoutError if no connection came free by ``deadline``."""
+        budget = max(deadline - anyio.current_time(), _CONNECT_FLOOR)
+        within = max(deadline - anyio.current_time(), _READ_FLOOR)
+        if isinstance(self.db, asyncpg.Pool):
+            conn = None
+            with anyio.move_on_after(budget):
+                conn = await self.db.acquire()
+            if conn is None:
+                raise TimeoutError
+            self.reads += 1  # holding one: not the application's
+            try:
+                return await RESULT_STATE.row(conn, schema, job_id, within=within)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.db.release(conn)
+                self.reads -= 1
+        turn = self._turn or _NO_LOCK
+        got = False
+        with anyio.move_on_after(budget):
+            await turn.__aenter__()
+            got = True
+        if not got:
+            raise TimeoutError
+        try:
+            return await RESULT_STATE.row(self.db, schema, job_id, within=within)
+        finally:
+            await turn.__aexit__(None, None, None)
 
     async def close(self) -> None:
         async with self._lock:
             try:
                 await self._drop()
             finally:
-                self.db = None
-                await self._stack.aclose()  # the opener's connection goes back
+                if self.opener is not None:
+                    self.db = None
+                    await self._stack.aclose()  # the opener's connection goes back
 
     async def _drop(self) -> None:
         conn, borrowed, self.conn, self.borrowed = self.conn, self.borrowed, None, False
         if conn is None:
             return
         try:
-            if not conn.is_closed():
-                async with self._turn or _NO_LOCK:
-                    await conn.remove_listener(self.channel, self._on_notify)
+            # Bounded: the last waiter gives the LISTEN back after its own wait ended.
+            with anyio.move_on_after(_DROP_WITHIN) as late:
+                if not conn.is_closed():
+                    async with self._turn or _NO_LOCK:
+                        await conn.remove_listener(self.channel, self._on_notify)
+            if late.cancelled_caught and borrowed:
+                conn.terminate()  # the pool's: it makes a new one when needed
         except Exception as exc:
             logger.debug("results UNLISTEN failed: %s", exc)
         finally:
             if borrowed:
                 assert isinstance(self.db, asyncpg.Pool)
-                await self.db.release(conn)
+                await self.db.release(conn, timeout=_DROP_WITHIN)
 
 
 class _NoLock:
@@ -176,10 +250,13 @@ async def result(
     Raises :class:`JobFailed` (dead), :class:`JobCancelled`, :class:`ResultMissing` (no
     result stored: expired, a task without ``result_ttl``, or no such job), and
     :class:`ResultTimeout` (a ``TimeoutError``) when the job is still pending or running
-    after ``timeout`` seconds (None: wait for ever); the job itself is left alone.
+    after ``timeout`` seconds (None: wait for ever), or no connection came free to read it;
+    the job itself is left alone.
     """
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         raise ConfigError("timeout", f"must be None or a number of seconds >= 0, got {timeout!r}")
+    if not possible_id(job_id):
+        judge_result(job_id, None)  # no job has it: ResultMissing
     channel = results_channel(schema)
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
     key, executor_, opener = await _wait_on(db)
@@ -189,14 +266,21 @@ async def result(
     hub.count += 1
     event = anyio.Event()
     hub.add(job_id, event)
+    status = "unknown"  # until a read tells
     try:
-        await hub.open()
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            await hub.open()
+        if hub.db is None:  # no connection of the engine came free in time
+            raise ResultTimeout(job_id, timeout or 0.0, status)
         delay = _FIRST_POLL
         while True:
-            await hub.ensure_listening()  # before reading: a later ring is never missed
-            row = await hub.query(schema, job_id)
-            status = judge_result(job_id, row)
-            if status is None:
+            await hub.ensure_listening(deadline)  # before reading: a later ring is never missed
+            try:
+                row = await hub.query(schema, job_id, deadline)
+            except TimeoutError:  # no connection came free in time (or the read was too slow)
+                raise ResultTimeout(job_id, timeout or 0.0, status) from None
+            status = judge_result(job_id, row) or ""
+            if not status:
                 assert row is not None
                 return decode_result(row.result or "null")
             remaining = deadline - anyio.current_time()
@@ -209,7 +293,10 @@ async def result(
                 event = anyio.Event()
                 hub.add(job_id, event)
             else:
-                delay = min(2 * delay, _MAX_POLL if hub.listening else _MAX_POLL_DEAF)
+                # Deaf, or a pool one connection short of the application's need: look again
+                # (and give the LISTEN back) within a second.
+                deaf = not hub.listening or hub.spare() < 2
+                delay = min(2 * delay, _MAX_POLL_DEAF if deaf else _MAX_POLL)
     finally:
         hub.discard(job_id, event)
         hub.count -= 1

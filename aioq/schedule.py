@@ -24,9 +24,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
 
+from aioq.backoff import Failures
 from aioq.db import Executor
-from aioq.errors import ConfigError
-from aioq.service import Service
+from aioq.errors import MAX_DURATION, ConfigError
+from aioq.metrics import Metrics
+from aioq.service import STEP_BACKOFF, Service
 from aioq.sql import schedules as sql
 
 __all__ = ("Schedule", "Scheduler")
@@ -78,12 +80,20 @@ class Schedule:
         where = f"task {self.task!r}"
         if (self.every is None) == (self.cron is None):
             raise ConfigError("periodic", f"{where}: give exactly one of every= or cron=")
-        if self.every is not None and not self.every >= MIN_EVERY:
+        # Bounded like every other duration: a tick past year 9999 (every=1e12, inf) or a
+        # catch-up window before year 1 (catch_up=inf) would overflow datetime on every pass.
+        if self.every is not None and not MIN_EVERY <= self.every <= MAX_DURATION:
             raise ConfigError(
-                "every", f"{where}: must be at least {MIN_EVERY:g} second, got {self.every!r}"
+                "every",
+                f"{where}: must be at least {MIN_EVERY:g} second and at most {MAX_DURATION:.0f}"
+                f" (a century), got {self.every!r}",
             )
-        if not self.catch_up >= 0:
-            raise ConfigError("catch_up", f"{where}: must be >= 0 seconds, got {self.catch_up!r}")
+        if not 0 <= self.catch_up <= MAX_DURATION:
+            raise ConfigError(
+                "catch_up",
+                f"{where}: must be >= 0 seconds and at most {MAX_DURATION:.0f} (a century),"
+                f" got {self.catch_up!r}",
+            )
         try:
             zone = ZoneInfo(self.tz)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -191,16 +201,31 @@ def _from_us(us: int) -> datetime:
 
 
 class Scheduler(Service[float]):
-    """Enqueues the due ticks of a registry's schedules; safe to run on every worker."""
+    """Enqueues the due ticks of a registry's schedules; safe to run on every worker.
+
+    Each schedule is handled on its own: one that raises (a statement the database refuses,
+    a bug) is logged, counted (``aioq_schedule_failures_total``) and tried again with backoff,
+    while the others go on.
+    """
 
     name = "scheduler"
 
-    def __init__(self, *, schema: str, db: Executor, schedules: Sequence[Schedule]) -> None:
+    def __init__(
+        self,
+        *,
+        schema: str,
+        db: Executor,
+        schedules: Sequence[Schedule],
+        metrics: Metrics | None = None,
+    ) -> None:
         super().__init__()
         self.schema = schema
         self.db = db
         self.schedules = list(schedules)
+        self.metrics = metrics
         self.enqueued = 0  # jobs this scheduler inserted (tests and logs)
+        self.failed = 0  # passes of a schedule that raised (tests and logs)
+        self._failing: dict[str, tuple[Failures, str]] = {}  # name: its failures, last error
         self._delay = 0.0  # seconds from the last pass to the next tick
 
     async def run_once(self, now: datetime | None = None) -> float:
@@ -214,15 +239,55 @@ class Scheduler(Service[float]):
         last_ticks = {r.name: r.last_tick for r in rows if r.last_tick is not None}
         db_now = rows[0].now
         now = now or db_now
+        wake = now + timedelta(seconds=MAX_SLEEP)
         for schedule in self.schedules:
-            last = last_ticks.get(schedule.name)
-            if last is None:
-                await self._start(schedule, now)
+            try:
+                last = last_ticks.get(schedule.name)
+                if last is None:
+                    await self._start(schedule, now)
+                else:
+                    await self._tick(schedule, last, now)
+                upcoming = schedule.next_after(now)
+            except Exception as exc:  # this schedule's failure; the others go on
+                upcoming = now + timedelta(seconds=self._failure(schedule, exc))
             else:
-                await self._tick(schedule, last, now)
-        upcoming = min(s.next_after(now) for s in self.schedules)
-        self._delay = min(max((upcoming - now).total_seconds(), 0.001), MAX_SLEEP)
+                self._recovered(schedule)
+            wake = min(wake, upcoming)
+        self._delay = min(max((wake - now).total_seconds(), 0.001), MAX_SLEEP)
         return self._delay
+
+    def _failure(self, schedule: Schedule, exc: Exception) -> float:
+        """Log and count a failed pass of one schedule; return the seconds until its next try."""
+        self.failed += 1
+        if self.metrics is not None:
+            self.metrics.observe_schedule_failure(schedule.name)
+        failures, last_error = self._failing.get(schedule.name) or (Failures(STEP_BACKOFF), "")
+        delay = failures.next()
+        error = f"{type(exc).__name__}: {exc}"
+        # Loud when it starts failing or fails differently; quiet while it repeats itself.
+        loud = error != last_error
+        logger.log(
+            logging.ERROR if loud else logging.DEBUG,
+            "schedule %s (%s) failed (%d in a row), the other schedules go on; retrying in %.2fs",
+            schedule.name,
+            schedule.spec,
+            failures.count,
+            delay,
+            exc_info=exc if loud else None,
+            extra={"schedule": schedule.name},
+        )
+        self._failing[schedule.name] = (failures, error)
+        return delay
+
+    def _recovered(self, schedule: Schedule) -> None:
+        failing = self._failing.pop(schedule.name, None)
+        if failing is not None:
+            logger.info(
+                "schedule %s: working again after %d failed passes",
+                schedule.name,
+                failing[0].count,
+                extra={"schedule": schedule.name},
+            )
 
     async def _start(self, schedule: Schedule, now: datetime) -> None:
         """First sight of a schedule: its first job is the next tick, not one in the past."""

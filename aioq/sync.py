@@ -15,7 +15,7 @@ from aioq.admin import CANCEL_RACES, cancel_outcome, settle_cancels
 from aioq.codec import decode_result
 from aioq.dbapi import SyncTarget, executor
 from aioq.errors import ConfigError, ResultTimeout
-from aioq.job import Job
+from aioq.job import Job, possible_id
 from aioq.results import DEFAULT_RESULT_TIMEOUT, judge_result
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql.admin import GET_ARCHIVED_JOB, GET_JOB
@@ -29,6 +29,8 @@ _MAX_POLL = 1.0
 
 def get_job_sync(conn: SyncTarget, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
     """Return a job, as :func:`aioq.get_job` does, from synchronous code."""
+    if not possible_id(job_id):
+        return None
     db = executor(conn)
     found = GET_JOB.row_sync(db, schema, job_id)
     return found if found is not None else GET_ARCHIVED_JOB.row_sync(db, schema, job_id)
@@ -41,7 +43,8 @@ def cancel_jobs_sync(
     db = executor(conn)
     ids = sorted({int(i) for i in job_ids})
     channels = (control_channel(schema), results_channel(schema))
-    states: dict[int, str] = {}
+    states: dict[int, str] = dict.fromkeys((i for i in ids if not possible_id(i)), "missing")
+    ids = [i for i in ids if possible_id(i)]
     for _ in range(CANCEL_RACES):
         if not ids:
             break
@@ -70,7 +73,7 @@ def result_sync(
     deadline = math.inf if timeout is None else time.monotonic() + timeout
     delay = _FIRST_POLL
     while True:
-        state = RESULT_STATE.row_sync(db, schema, job_id)
+        state = RESULT_STATE.row_sync(db, schema, job_id) if possible_id(job_id) else None
         status = judge_result(job_id, state)
         if status is None:
             assert state is not None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -22,7 +21,7 @@ from aioq.codec import encode_args
 from aioq.db import Executor, Target, executor
 from aioq.dbapi import SyncTarget
 from aioq.dbapi import executor as sync_executor
-from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
+from aioq.errors import MAX_DURATION, ArgumentError, ConfigError, DeferError, OptionError
 from aioq.job import JobContext
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
@@ -54,10 +53,6 @@ MIN_LEASE = 1.0
 after the claim and after each extension, so a lease of one second leaves a beat 0.33 s
 (two beats) of slack for a slow statement or a busy event loop; below that, a healthy
 worker would lose its own jobs to another worker's reaper."""
-
-MAX_DURATION = 100 * 365.25 * 86400.0
-"""The longest delay or lease, in seconds (a century): far inside PostgreSQL's interval and
-timestamp range, so ``now() + delay`` and ``now() + lease`` can never overflow at defer or claim."""
 
 
 def check_text(field: str, value: str) -> None:
@@ -101,7 +96,12 @@ def to_seconds(field: str, value: object, *, where: str = "") -> float:
         raise ConfigError(
             field, f"{where}must be seconds or a timedelta, got {type(value).__name__}"
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range: past every bound
+        raise ConfigError(
+            field, f"{where}must be a number of seconds, got an integer past float's range"
+        ) from None
 
 
 def check_duration(
@@ -110,9 +110,13 @@ def check_duration(
     """Raise ConfigError unless ``value`` is a finite number of seconds in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(field, f"must be a number of seconds, got {type(value).__name__}")
-    if not (math.isfinite(value) and minimum <= value <= maximum):
+    # Compared as they are: NaN and infinities fail, and so does an int past float's range
+    # (math.isfinite would raise OverflowError on it).
+    if not minimum <= value <= maximum:
+        huge = isinstance(value, int) and abs(value) >= 10**30  # its repr may not even exist
+        shown = "an integer past float's range" if huge else repr(value)
         raise ConfigError(
-            field, f"must be finite, between {minimum:g} and {maximum:.0f} seconds; got {value!r}"
+            field, f"must be finite, between {minimum:g} and {maximum:.0f} seconds; got {shown}"
         )
 
 

@@ -76,6 +76,26 @@ async def test_cancel_pending_and_scheduled_jobs_never_run(
     assert await aioq.cancel_jobs(conn, [kept]) == {kept: "missing"}  # no trace left
 
 
+async def test_ids_no_job_can_have_are_missing(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task(result_ttl=60)
+    async def some() -> None: ...
+
+    job_id = await some.defer(conn)
+    for absent in (2**63, 2**64, -(2**63) - 1):
+        assert await aioq.cancel_jobs(conn, [absent, job_id]) == {
+            absent: "missing",
+            job_id: "cancelled",
+        }
+        assert await aioq.get_job(conn, absent) is None
+        assert (await aioq.retry_dead(conn, job_id=absent)).retried == []
+        assert await aioq.delete_jobs(conn, [absent]) == []
+        with pytest.raises(aioq.ResultMissing):
+            await aioq.result(conn, absent, timeout=0)
+    assert await aioq.cancel_jobs(conn, [-1]) == {-1: "missing"}
+
+
 async def test_cancel_reports_dead_and_finished_jobs(
     conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
 ) -> None:

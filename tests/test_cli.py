@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import textwrap
 import urllib.request
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 from procs import (
     AIOQ,
@@ -25,7 +27,7 @@ from procs import (
     pid_of,
     spawner,
 )
-from waits import wait_for
+from waits import HANG_GUARD, wait_for
 
 from aioq.dev.pgbin import free_port
 from aioq.migrate import migrations
@@ -240,6 +242,88 @@ def test_stats_watch_until_interrupted(
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=10)
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stats_watch_ends_on_a_signal_even_when_started_ignoring_sigint(
+    dsn: str, tmp_path: Path, spawn: Callable[..., subprocess.Popen[str]], sig: signal.Signals
+) -> None:
+    """A shell starts a background job with SIGINT ignored, and the child inherits that:
+    asyncio's own Ctrl-C handling then never installs itself and the watch never ended."""
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = spawn("stats", "--watch", "0.1", cwd=tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("--- ")
+    proc.send_signal(sig)
+    proc.communicate(timeout=10)
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stats_watch_ends_on_a_signal_during_its_connect(
+    tmp_path: Path, spawn: Callable[..., subprocess.Popen[str]], sig: signal.Signals
+) -> None:
+    """A server that accepts and never answers: the signal lands inside asyncpg's connect."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(HANG_GUARD)
+        port = server.getsockname()[1]
+        proc = spawn(
+            "stats", "--watch", "0.1", "--dsn", f"postgresql://x@127.0.0.1:{port}/x", cwd=tmp_path
+        )
+        accepted, _ = server.accept()  # the command is in its connect now
+        with accepted:
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert (out, err) == ("", "")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stats_watch_ends_on_a_signal_during_a_statement(
+    dsn: str, tmp_path: Path, spawn: Callable[..., subprocess.Popen[str]], sig: signal.Signals
+) -> None:
+    """The first statement waits on a lock: the signal lands while it runs; the command ends
+    at once, closing its connection without waiting for the statement."""
+    waiting = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query LIKE '%aioq%'"
+    )
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE aioq.jobs IN ACCESS EXCLUSIVE MODE")  # its transaction stays
+        proc = spawn("stats", "--watch", "0.1", cwd=tmp_path)
+        wait_for(lambda: fetch(dsn, waiting), "the stats statement waiting on the lock")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
+        assert (out, err) == ("", "")
+        wait_for(lambda: not fetch(dsn, waiting), "the command's backend to go")
+        holder.rollback()
+
+
+def test_ids_past_bigint_are_absent_jobs(dsn: str) -> None:
+    """An id no job can have (past bigint, or negative) is not found, never a driver error."""
+    job_id = int(aioq_cli(dsn, "defer", "t").stdout)
+    for absent in (str(2**63), str(2**64 + 5), "-1", str(-(2**63) - 1)):
+        shown = aioq_cli(dsn, "jobs", "show", absent)
+        assert shown.returncode == 1, shown
+        assert f"job {absent} not found" in shown.stderr
+        cancelled = aioq_cli(dsn, "jobs", "cancel", absent, str(job_id), "--json")
+        assert cancelled.returncode == 1, cancelled
+        states = json.loads(cancelled.stdout)
+        assert (states["missing"], states["cancelled"]) == ([int(absent)], [job_id])
+        retried = aioq_cli(dsn, "jobs", "retry", absent, "--json")
+        assert retried.returncode == 1, retried
+        assert json.loads(retried.stdout) == {"retried": [], "missing": [int(absent)]}
+
+
+def test_stats_watch_needs_a_sane_interval(dsn: str) -> None:
+    for interval in ("0", "0.01"):
+        assert_one_line_error(
+            aioq_cli(dsn, "stats", "--watch", interval), "--watch must be at least 0.1 seconds"
+        )
 
 
 def test_stats_and_check(dsn: str) -> None:

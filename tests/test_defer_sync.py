@@ -500,6 +500,14 @@ def test_get_cancel_and_result_from_sync_code(
         aioq.result_sync(sync.target, 10**9, timeout=1)
     with pytest.raises(aioq.ConfigError, match="timeout"):
         aioq.result_sync(sync.target, b, timeout=-1)
+    # An id past bigint names no job, as any absent id (the driver would refuse it).
+    assert aioq.get_job_sync(sync.target, 2**63) is None
+    assert aioq.cancel_jobs_sync(sync.target, [2**63, -(2**63) - 1]) == {
+        -(2**63) - 1: "missing",
+        2**63: "missing",
+    }
+    with pytest.raises(aioq.ResultMissing):
+        aioq.result_sync(sync.target, 2**63, timeout=1)
 
 
 @pytest.mark.anyio

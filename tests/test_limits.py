@@ -21,6 +21,7 @@ from waits import eventually
 
 import aioq
 from aioq.db import Executor
+from aioq.limits import MAX_INT, MAX_RATE_PERIOD, MIN_RATE_PERIOD
 from aioq.worker.claimer import Claimer
 
 HANG_GUARD = 60.0
@@ -80,7 +81,19 @@ async def test_set_queue_and_queues(conn: asyncpg.Connection) -> None:
         ({"max_running": -3}, "max_running", "got -3"),
         ({"max_running": True}, "max_running", "got True"),
         ({"max_running": 2.5}, "max_running", "got 2.5"),
-        ({"rate": (-1, 1.0)}, "rate", "claims >= 1 and seconds > 0, got (-1, 1.0)"),
+        (
+            {"rate": (-1, 1.0)},
+            "rate",
+            "claims from 1 to 2147483647 and seconds from 0.001 to 31622400 (a year),"
+            " got (-1, 1.0)",
+        ),
+        # Under a millisecond the interval rounds to nothing (its CHECK) or slots to nothing.
+        ({"rate": (1, 4e-7)}, "rate", "got (1, 4e-07)"),
+        ({"rate": (1, 0.0009)}, "rate", "got (1, 0.0009)"),
+        ({"rate": (1, timedelta(microseconds=1))}, "rate", "seconds from 0.001"),
+        ({"rate": (1, float("nan"))}, "rate", "got (1, nan)"),
+        ({"rate": (1, 366 * 86400 + 1)}, "rate", "got (1, 31622401)"),
+        ({"rate": (2**31, 1.0)}, "rate", "got (2147483648, 1.0)"),
         ({"rate": (10, -1.0)}, "rate", "got (10, -1.0)"),
         ({"rate": (10, 0)}, "rate", "got (10, 0)"),
         ({"rate": (10, float("inf"))}, "rate", "got (10, inf)"),
@@ -128,6 +141,14 @@ async def test_a_queue_with_nothing_yet_can_be_paused_not_resumed(
     with pytest.raises(aioq.ConfigError, match="non-empty name"):
         await aioq.set_queue(conn, "", max_running=1)
     assert [row["name"] for row in await settings(conn)] == ["billing"]
+
+
+@pytest.mark.anyio
+async def test_the_rate_bounds_are_what_the_database_stores(conn: asyncpg.Connection) -> None:
+    shortest = await aioq.set_queue(conn, "fast", rate=(1, MIN_RATE_PERIOD))
+    assert shortest.rate == (1, MIN_RATE_PERIOD)
+    longest = await aioq.set_queue(conn, "slow", rate=(MAX_INT, MAX_RATE_PERIOD))
+    assert longest.rate == (MAX_INT, MAX_RATE_PERIOD)
 
 
 # --- the claim ---
@@ -417,6 +438,10 @@ def test_queues_cli(dsn: str) -> None:
     )
     assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing", "--rate", "-5/1s"), "rate")
     assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing", "--rate", "5/0s"), "rate")
+    # Parsed, then refused before the database's CHECK could be (no driver error).
+    tiny = aioq_cli(dsn, "queues", "set", "billing", "--rate", "1/0.0000001s")
+    message = assert_one_line_error(tiny, "rate", "queue 'billing'", "seconds from 0.001")
+    assert "database error" not in message
     assert_one_line_error(aioq_cli(dsn, "queues", "set", "billing"), "give max_running")
     assert_one_line_error(aioq_cli(dsn, "queues", "resume", "bilint"), "unknown queue 'bilint'")
     # Any valid name can be paused, before it has a limit or a job (ahead of a deploy).

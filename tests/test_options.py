@@ -51,6 +51,14 @@ def work(registry: aioq.Registry) -> aioq.Task[[int], None]:
     return work
 
 
+def test_an_int_past_floats_range_is_refused(work: aioq.Task[[int], None]) -> None:
+    for field in ("delay", "lease"):  # OverflowError from float() before
+        with pytest.raises(
+            aioq.OptionError, match=f"option {field}: .*an integer past float's range"
+        ):
+            work.options(**{field: 10**400})  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("options", BAD_OPTIONS, ids=repr)
 async def test_bad_duration_or_time_is_refused_and_the_transaction_stays_usable(
     conn: asyncpg.Connection, work: aioq.Task[[int], None], options: dict[str, Any]

@@ -165,6 +165,109 @@ async def test_timeout_raises_and_leaves_the_job_alone(
         await aioq.result(conn, job_id, timeout=-1)
 
 
+async def test_a_pool_of_one_connection_times_out_and_still_gets_results(
+    conn: asyncpg.Connection,
+    dsn: str,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """The LISTEN never takes a pool's only connection: the waiter polls on it instead."""
+
+    @registry.task(result_ttl=60)
+    async def echo(value: int) -> int:
+        return value
+
+    job_id = await echo.defer(conn, value=7)
+    async with asyncpg.create_pool(dsn, min_size=1, max_size=1) as pool:
+        with anyio.fail_after(10):  # a hang guard: it used to deadlock on its own LISTEN
+            with pytest.raises(aioq.ResultTimeout) as raised:
+                await aioq.result(pool, job_id, timeout=0.5)
+        assert raised.value.status == "pending"
+        assert results.listening_connections() == 0
+        async with pool.acquire():  # the application holds the only connection: no read
+            with anyio.fail_after(10), pytest.raises(aioq.ResultTimeout) as starved:
+                await aioq.result(pool, job_id, timeout=0.3)
+        assert starved.value.status == "unknown"
+        assert "no connection came free" in str(starved.value)
+        async with make_worker():
+            with anyio.fail_after(20):
+                assert await aioq.result(pool, job_id, timeout=15) == 7
+
+
+async def test_the_listen_leaves_the_application_its_last_connection(
+    conn: asyncpg.Connection,
+    dsn: str,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """max_size=3 and the application holding two: the third stays the application's."""
+
+    @registry.task(result_ttl=60)
+    async def echo(value: int) -> int:
+        return value
+
+    job_id = await echo.defer(conn, value=3)
+    async with (
+        asyncpg.create_pool(dsn, min_size=1, max_size=3) as pool,
+        pool.acquire() as first,
+        pool.acquire() as second,
+    ):
+        with anyio.fail_after(10):
+            with pytest.raises(aioq.ResultTimeout, match="still pending"):
+                await aioq.result(pool, job_id, timeout=0.5)
+            async with anyio.create_task_group() as tg:
+                got: list[int] = []
+
+                async def wait() -> None:
+                    got.append(await aioq.result(pool, job_id, timeout=8))
+
+                tg.start_soon(wait)
+                await eventually(lambda: results._hubs, "the waiter's hub")
+                async with pool.acquire() as third:  # free at once: no LISTEN holds it
+                    assert await third.fetchval("SELECT 1") == 1
+                assert results.listening_connections() == 0
+                assert [await c.fetchval("SELECT 1") for c in (first, second)] == [1, 1]
+                async with make_worker():
+                    await eventually(lambda: got, "the result")
+        assert got == [3]
+
+
+async def test_the_listen_gives_its_connection_back_when_the_application_runs_short(
+    conn: asyncpg.Connection,
+    dsn: str,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    @registry.task(result_ttl=60)
+    async def echo(value: int) -> int:
+        return value
+
+    job_id = await echo.defer(conn, value=5)
+    async with asyncpg.create_pool(dsn, min_size=3, max_size=3) as pool:
+        got: list[int] = []
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+
+                async def wait() -> None:
+                    got.append(await aioq.result(pool, job_id, timeout=15))
+
+                tg.start_soon(wait)
+                await eventually(lambda: results.listening_connections() == 1, "the LISTEN")
+                # Two fill the pool beside the LISTEN: the third is the LISTEN's, given back
+                # once the waiter sees the application short.
+                async with (
+                    pool.acquire() as first,
+                    pool.acquire() as second,
+                    pool.acquire() as third,
+                ):
+                    assert results.listening_connections() == 0
+                    values = [await c.fetchval("SELECT 1") for c in (first, second, third)]
+                    assert values == [1, 1, 1]
+                async with make_worker():
+                    await eventually(lambda: got, "the result")
+    assert got == [5]
+
+
 async def test_cancelled_job_raises_job_cancelled(
     conn: asyncpg.Connection, pool: asyncpg.Pool, registry: aioq.Registry
 ) -> None:

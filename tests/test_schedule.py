@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -19,9 +20,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from procs import LISTENERS, aioq_cli, assert_one_line_error, children
-from waits import eventually
+from waits import eventually, until_sql
 
 import aioq
+import aioq.metrics
 from aioq.schedule import MAX_CATCH_UP_TICKS, MAX_SKIPPED_COUNT, Scheduler
 
 HANG_GUARD = 60.0
@@ -74,6 +76,17 @@ def test_periodic_registers_a_schedule(registry: aioq.Registry) -> None:
         ({"every": 0}, "every", "at least 1 second"),
         ({"every": "60"}, "every", "seconds or a timedelta"),
         ({"every": 60, "catch_up": -1}, "catch_up", ">= 0"),
+        # Past a century, tick arithmetic overflows datetime on every pass of the scheduler.
+        ({"every": math.inf}, "every", "(a century), got inf"),
+        ({"every": 1e12}, "every", "at most 3155760000 (a century)"),
+        ({"every": math.nan}, "every", "got nan"),
+        ({"every": timedelta.max}, "every", "a century"),
+        ({"every": 10**400}, "every", "an integer past float's range"),
+        ({"every": 60, "catch_up": 10**400}, "catch_up", "an integer past float's range"),
+        ({"every": 60, "catch_up": math.inf}, "catch_up", "(a century), got inf"),
+        ({"every": 60, "catch_up": 1e12}, "catch_up", "a century"),
+        ({"every": 60, "catch_up": math.nan}, "catch_up", "got nan"),
+        ({"every": 60, "catch_up": timedelta.max}, "catch_up", "a century"),
         ({"cron": "* * * * *", "tz": "Mars/Olympus"}, "tz", "unknown time zone 'Mars/Olympus'"),
         ({"every": 60, "tz": PARIS}, "tz", "cron= only"),
         ({"every": 60, "kwargs": {"nope": 1}}, "kwargs", "nope"),
@@ -348,6 +361,45 @@ async def test_a_worker_runs_ticks_with_scheduled_at(
     # A job deferred by hand has no tick.
     plain = await heartbeat.defer(conn)
     assert await conn.fetchval("SELECT scheduled_at FROM aioq.jobs WHERE id = $1", plain) is None
+
+
+@pytest.mark.anyio
+async def test_a_failing_schedule_does_not_stop_the_others(
+    make_worker: Callable[..., aioq.Worker],
+    registry: aioq.Registry,
+    conn: asyncpg.Connection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @aioq.periodic(every=60)
+    @registry.task(name="broken")
+    async def broken() -> None: ...
+
+    @aioq.periodic(every=1)
+    @registry.task(name="valid")
+    async def valid() -> None: ...
+
+    # What every=inf did before it was refused at decoration: every pass of this schedule
+    # raises OverflowError (first sight and the next tick both compute with it). It comes
+    # first, so a pass that stopped at it would never reach the valid one.
+    object.__setattr__(registry.schedules["broken"], "every", math.inf)
+    metrics = aioq.metrics.Metrics()
+    worker = make_worker(queues=["elsewhere"], metrics=metrics)
+    with caplog.at_level(logging.DEBUG, logger="aioq.schedule"):
+        async with worker:
+            await until_sql(
+                conn, "SELECT count(*) >= 2 FROM aioq.jobs WHERE task = 'valid'", guard=20
+            )
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE task = 'broken'") == 0
+    failed = metrics.registry.get_sample_value(
+        "aioq_schedule_failures_total", {"schedule": "broken"}
+    )
+    assert failed is not None
+    assert failed >= 2
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "broken" in r.message]
+    assert len(errors) == 1  # loud once, quiet while it repeats itself
+    assert "the other schedules go on" in errors[0].message
+    assert errors[0].exc_info is not None
+    assert errors[0].exc_info[0] is OverflowError
 
 
 @pytest.mark.anyio

@@ -296,7 +296,12 @@ def _stats_command(commands: _Commands, parents: _Parents) -> None:
     stats = commands.add_parser(
         "stats", parents=parents, help="per-queue counts and the jobs table's health"
     )
-    stats.add_argument("--watch", type=duration, metavar="SECONDS", help="repeat until Ctrl-C")
+    stats.add_argument(
+        "--watch",
+        type=duration,
+        metavar="SECONDS",
+        help="repeat every SECONDS (at least 0.1) until Ctrl-C or SIGTERM",
+    )
     stats.add_argument("--check", action="store_true", help="exit 1 when a threshold is crossed")
     stats.add_argument("--max-age", type=duration, help="oldest ready job's age, any queue")
     stats.add_argument("--max-dead", type=int, help="dead jobs in any queue")

@@ -25,6 +25,7 @@ from aioq.cli.common import (
     print_json,
     print_table,
     schema_from,
+    until_interrupted,
     with_db,
 )
 from aioq.codec import encode_args
@@ -99,11 +100,16 @@ def cmd_schema_status(args: argparse.Namespace) -> int:
 
 # --- stats ---
 
+MIN_WATCH = 0.1
+"""The shortest --watch interval: each sample runs the full stats statements."""
+
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print queue counts and table health; with --check, exit 1 when a threshold is crossed."""
     if args.watch is not None and args.check:
         raise UsageError("--watch and --check do not go together")
+    if args.watch is not None and not args.watch >= MIN_WATCH:
+        raise UsageError(f"--watch must be at least {MIN_WATCH:g} seconds, got {args.watch:g}")
     if (args.max_age is not None or args.max_dead is not None) and not args.check:
         raise UsageError("--max-age and --max-dead need --check")
 
@@ -117,10 +123,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 return EXIT_FAILED if failures else EXIT_OK
             await anyio.sleep(args.watch)
 
-    try:
-        return with_db(args, run)
-    except KeyboardInterrupt:
-        return EXIT_OK
+    return with_db(args, run) if args.watch is None else until_interrupted(args, run)
 
 
 def _check(snapshot: admin.Stats, args: argparse.Namespace) -> list[str]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
 import importlib
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -25,6 +28,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
 LISTEN_DSN_ENV = "AIOQ_LISTEN_DSN"
+CLOSE_TIMEOUT = 5.0  # seconds an interrupted command waits for its connection to close
 
 DbCommand = Callable[[asyncpg.Connection, argparse.Namespace], Awaitable[int]]
 
@@ -92,6 +96,68 @@ def with_db(args: argparse.Namespace, command: DbCommand) -> int:
             await conn.close()
 
     return anyio.run(run)
+
+
+def until_interrupted(args: argparse.Namespace, command: DbCommand) -> int:
+    """Run a command that repeats until SIGINT (Ctrl-C) or SIGTERM; either ends it with 0.
+
+    The command's own handlers, installed before anything else runs: asyncio's would cancel
+    the main task once (a cancellation a library may absorb), is installed only when SIGINT
+    has Python's default handler (so never when the shell started the command with SIGINT
+    ignored, as it does for a background job), and leaves windows where the signal raises
+    KeyboardInterrupt in the middle of setting the event loop up or cancels a task that
+    then escapes as CancelledError. Here a signal at any point cancels one scope around the
+    connect and the command, a cancellation that stays in force until the scope exits.
+    """
+    dsn = dsn_from(args)
+    interrupted = False
+    scope: anyio.CancelScope | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        if loop is not None:
+            loop.set_exception_handler(_quiet_after_interrupt)
+        if scope is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to stop
+                loop.call_soon_threadsafe(scope.cancel)  # in the loop, and wakes it up
+
+    async def run() -> int:
+        nonlocal scope, loop
+        with anyio.CancelScope() as scope:
+            loop = asyncio.get_running_loop()
+            if interrupted:  # before the loop ran
+                scope.cancel()
+            conn = await asyncpg.connect(dsn, timeout=10)
+            try:
+                return await command(conn, args)
+            finally:
+                # A statement cut short is cancelled on the server too (a backend blocked on
+                # a lock would not notice its client left), within a bound.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT):
+                    await conn.close()
+                if not conn.is_closed():
+                    conn.terminate()
+        return EXIT_OK
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return anyio.run(run)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _quiet_after_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Drop the network errors of what the interrupt cut short, report anything else.
+
+    A connect cancelled before the server answered leaves asyncpg a future whose connection
+    error nobody reads; asyncio would log it as an ERROR on the way out.
+    """
+    if isinstance(context.get("exception"), OSError):
+        return
+    loop.default_exception_handler(context)
 
 
 def use_django(args: argparse.Namespace) -> None:

@@ -305,7 +305,9 @@ def _upkeep(
         )
         if cfg.vacuum_threshold is not None
         else None,
-        Scheduler(schema=schema, db=pool, schedules=list(registry.schedules.values()))
+        Scheduler(
+            schema=schema, db=pool, schedules=list(registry.schedules.values()), metrics=metrics
+        )
         if cfg.periodic and registry.schedules
         else None,
         QueueSampler(schema=schema, db=pool, metrics=metrics) if metrics is not None else None,

@@ -51,3 +51,12 @@ def test_no_database_points_at_aioq_dev(tmp_path: Path) -> None:
         aioq_cli(None, "worker", "tasks", cwd=tmp_path),
         "no database: pass --dsn or set AIOQ_DSN (aioq dev starts a throwaway PostgreSQL",
     )
+
+
+def test_every_command_s_help_explains_the_global_options_it_takes(tmp_path: Path) -> None:
+    for command in (["worker"], ["jobs", "list"], ["schema", "status"], ["queues", "pause"]):
+        shown = aioq_cli(None, *command, "--help", cwd=tmp_path)
+        assert shown.returncode == 0, shown
+        assert "as above" not in shown.stdout  # nothing is above: this help is all one sees
+        assert "--debug               log at DEBUG and show tracebacks of errors" in shown.stdout
+        assert "set up this Django project" in shown.stdout

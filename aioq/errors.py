@@ -189,19 +189,28 @@ class ResultMissing(NoResult):
     """No result is stored for the job: it expired, its task keeps none, or no such job."""
 
 
+UNCOMMITTED = (
+    "it was deferred in the transaction that waits for it, which has not committed, and no"
+    " worker sees a job before its commit: commit, then wait for the result"
+)
+"""Why a job cannot end while its own, uncommitted transaction waits for it."""
+
+
 class ResultTimeout(AioqError, TimeoutError):
     """The awaited job did not end within the timeout; it is left as it is."""
 
-    def __init__(self, job_id: int, timeout: float, status: str) -> None:
+    def __init__(
+        self, job_id: int, timeout: float, status: str, *, uncommitted: bool = False
+    ) -> None:
         self.job_id = job_id
         self.timeout = timeout
         self.status = status  # "unknown": no connection came free to read it in time
         if status == "unknown":
-            super().__init__(
-                f"job {job_id}: no connection came free to read its state within {timeout:g}s"
-            )
+            message = f"job {job_id}: no connection came free to read its state within {timeout:g}s"
         else:
-            super().__init__(f"job {job_id} is still {status} after {timeout:g}s")
+            message = f"job {job_id} is still {status} after {timeout:g}s"
+        why = f": {UNCOMMITTED}" if uncommitted else ""
+        super().__init__(message + why)
 
 
 class JobControl(AioqError):

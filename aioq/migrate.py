@@ -232,7 +232,8 @@ async def check_installed(conn: Executor, schema: str = q.DEFAULT_SCHEMA) -> Non
     if installed < latest:
         raise SchemaError(
             f"the aioq schema {schema!r} is at version {installed}, this aioq needs {latest}:"
-            f" run: aioq schema apply{_flag(schema)}"
+            f" run: aioq schema apply{_flag(schema)} (where a migration tool owns the schema,"
+            f" apply what aioq schema sql --from {installed}{_flag(schema)} prints)"
         )
     if installed > latest:
         raise SchemaError(

@@ -35,6 +35,7 @@ import asyncpg
 from aioq.codec import decode_result
 from aioq.db import Executor, Opener, Target, executor, wait_opener
 from aioq.errors import (
+    UNCOMMITTED,
     ConfigError,
     JobCancelled,
     JobFailed,
@@ -273,19 +274,23 @@ async def result(
         if hub.db is None:  # no connection of the engine came free in time
             raise ResultTimeout(job_id, timeout or 0.0, status)
         delay = _FIRST_POLL
+        warned = False
         while True:
             await hub.ensure_listening(deadline)  # before reading: a later ring is never missed
             try:
                 row = await hub.query(schema, job_id, deadline)
             except TimeoutError:  # no connection came free in time (or the read was too slow)
                 raise ResultTimeout(job_id, timeout or 0.0, status) from None
+            if row is None and executor_ is None:  # waited outside the session's transaction
+                await _missing_here(db, schema, job_id)
             status = judge_result(job_id, row) or ""
+            assert row is not None  # judge_result raised otherwise
             if not status:
-                assert row is not None
                 return decode_result(row.result or "null")
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
-                raise ResultTimeout(job_id, timeout or 0.0, status)
+                raise ResultTimeout(job_id, timeout or 0.0, status, uncommitted=row.uncommitted)
+            warned = warned or warn_uncommitted(job_id, row)
             with anyio.move_on_after(min(delay, remaining)):
                 await event.wait()
             if event.is_set():
@@ -314,6 +319,24 @@ async def _wait_on(db: Target) -> tuple[Hashable, Executor | None, Opener | None
         return found[0], None, found[1]
     conn = await executor(db)  # an asyncpg connection or pool (or a session's, unwrapped)
     return id(conn), conn, None
+
+
+async def _missing_here(db: Target, schema: str, job_id: int) -> None:
+    """Raise ResultMissing saying why if the job, unseen outside the transaction of ``db`` (a
+    SQLAlchemy session or connection), was deferred in that transaction and not committed."""
+    in_transaction = getattr(db, "in_transaction", None)
+    if not (callable(in_transaction) and in_transaction()):
+        return  # no transaction open: the job is missing indeed (and none is begun here)
+    row = await RESULT_STATE.row(await executor(db), schema, job_id)
+    if row is not None and row.uncommitted:
+        raise ResultMissing(job_id, UNCOMMITTED)
+
+
+def warn_uncommitted(job_id: int, row: ResultState) -> bool:
+    """Log once that the wait cannot end before its own transaction commits; True if logged."""
+    if row.uncommitted:
+        logger.warning("waiting for the result of job %d, but %s", job_id, UNCOMMITTED)
+    return row.uncommitted
 
 
 def judge_result(job_id: int, row: ResultState | None) -> str | None:

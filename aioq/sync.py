@@ -16,7 +16,7 @@ from aioq.codec import decode_result
 from aioq.dbapi import SyncTarget, executor
 from aioq.errors import ConfigError, ResultTimeout
 from aioq.job import Job, possible_id
-from aioq.results import DEFAULT_RESULT_TIMEOUT, judge_result
+from aioq.results import DEFAULT_RESULT_TIMEOUT, judge_result, warn_uncommitted
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql.admin import GET_ARCHIVED_JOB, GET_JOB
 from aioq.sql.control import CANCEL_JOBS, RESULT_STATE
@@ -72,14 +72,16 @@ def result_sync(
     db = executor(conn)
     deadline = math.inf if timeout is None else time.monotonic() + timeout
     delay = _FIRST_POLL
+    warned = False
     while True:
         state = RESULT_STATE.row_sync(db, schema, job_id) if possible_id(job_id) else None
         status = judge_result(job_id, state)
+        assert state is not None  # judge_result raised otherwise
         if status is None:
-            assert state is not None
             return decode_result(state.result or "null")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ResultTimeout(job_id, timeout or 0.0, status)
+            raise ResultTimeout(job_id, timeout or 0.0, status, uncommitted=state.uncommitted)
+        warned = warned or warn_uncommitted(job_id, state)
         time.sleep(min(delay, remaining))
         delay = min(2 * delay, _MAX_POLL)

@@ -275,4 +275,7 @@ def test_messages_point_the_right_way(dsn: str, app: Path) -> None:
     no_schema = assert_one_line_error(aioq_cli(dsn, "jobs", "list", "--schema", "elsewhere"))
     assert no_schema.replace("elsewhere", "aioq") in TROUBLESHOOTING
     no_dsn = assert_one_line_error(aioq_cli(None, "jobs", "list"))
-    assert no_dsn == "aioq: error: no database: pass --dsn or set AIOQ_DSN"
+    assert no_dsn == (
+        "aioq: error: no database: pass --dsn or set AIOQ_DSN"
+        " (aioq dev starts a throwaway PostgreSQL and prints one)"
+    )

@@ -535,3 +535,20 @@ async def test_result_sync_returns_what_a_worker_stored(
 
         async with make_worker():
             assert await anyio.to_thread.run_sync(wait_both) == {"sum": 5}
+
+
+def test_result_sync_in_the_job_s_own_uncommitted_transaction_says_so(
+    sync: Sync, send: aioq.Task[[int, str], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Deferred and awaited in one transaction: no worker can see the job before the commit.
+    job_id = send.defer_sync(sync.target, order_id=1)
+    with pytest.raises(aioq.ResultTimeout, match="deferred in the transaction that waits for it"):
+        aioq.result_sync(sync.target, job_id, timeout=0.2)
+    assert [r.levelname for r in caplog.records if r.name == "aioq.results"] == ["WARNING"]
+    sync.commit()
+    # Committed, then awaited in a transaction that wrote something else: a plain timeout.
+    sync.sql("CREATE TEMP TABLE scratch (x int)")  # this transaction now has an xid
+    with pytest.raises(aioq.ResultTimeout) as info:
+        aioq.result_sync(sync.target, job_id, timeout=0.2)
+    assert str(info.value) == f"job {job_id} is still pending after 0.2s"
+    sync.rollback()

@@ -166,21 +166,25 @@ async def _check(conn: asyncpg.Connection) -> str:
     return ""
 
 
-ALEMBIC = Path(__file__).parent / "alembic_project"
-
-
-def test_the_alembic_recipe_installs_the_schema_and_downgrades(dsn: str) -> None:
-    """docs/operations-and-cli.md's revision, run by the real alembic on a database without
-    aioq's schema: installed at the version it pins, recorded; the downgrade drops it."""
+@pytest.mark.parametrize(
+    ("project", "driver"), [("alembic_project", "psycopg"), ("alembic_async_project", "asyncpg")]
+)
+def test_the_alembic_recipe_installs_the_schema_and_downgrades(
+    dsn: str, project: str, driver: str
+) -> None:
+    """docs/operations-and-cli.md's revisions, run by the real alembic on a database without
+    aioq's schema: installed at the version it pins, recorded; the downgrade drops it. The
+    async env's (asyncpg) is the one a plain `op.execute(schema_sql(...))` fails on."""
     pytest.importorskip("alembic")
-    revision = ALEMBIC / "versions" / "a10c0001_aioq_schema.py"
+    alembic_dir = Path(__file__).parent / project
+    revision = alembic_dir / "versions" / "a10c0001_aioq_schema.py"
     pinned = int(re.findall(r"to_version=(\d+)", revision.read_text())[0])
     run(dsn, lambda c: c.execute('DROP SCHEMA "aioq" CASCADE'))
-    url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    url = dsn.replace("postgresql://", f"postgresql+{driver}://", 1)
 
     def alembic(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "alembic", "-c", str(ALEMBIC / "alembic.ini"), *args],
+            [sys.executable, "-m", "alembic", "-c", str(alembic_dir / "alembic.ini"), *args],
             env={**os.environ, "ALEMBIC_URL": url},
             capture_output=True,
             text=True,

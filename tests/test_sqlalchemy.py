@@ -241,3 +241,43 @@ async def state_of(engine: AsyncEngine, pid: int) -> str:
             text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
         )
         return str(found)
+
+
+async def test_a_result_awaited_in_the_job_s_own_uncommitted_transaction_says_so(
+    engine: AsyncEngine,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No worker sees a job before its transaction commits: awaiting it inside that transaction
+    can only time out (asyncpg, waiting in the transaction) or find nothing (a session, waiting
+    outside it); each says why."""
+
+    @registry.task(result_ttl=60)
+    async def double(n: int) -> int:
+        return 2 * n
+
+    why = "deferred in the transaction that waits for it, which has not committed"
+    async with conn.transaction():
+        job_id = await double.defer(conn, n=1)
+        with pytest.raises(aioq.ResultTimeout, match=why):
+            await aioq.result(conn, job_id, timeout=0.2)
+    assert [r.levelname for r in caplog.records if r.name == "aioq.results"] == ["WARNING"]
+    async with conn.transaction():  # committed now; this transaction writes something else
+        await conn.execute("CREATE TEMP TABLE scratch (x int)")
+        with pytest.raises(aioq.ResultTimeout) as info:
+            await aioq.result(conn, job_id, timeout=0.2)
+        assert str(info.value) == f"job {job_id} is still pending after 0.2s"
+        await conn.execute("DROP TABLE scratch")
+
+    async with AsyncSession(engine) as session, session.begin():
+        in_session = await double.defer(session, n=2)
+        with pytest.raises(aioq.ResultMissing, match=why):
+            await aioq.result(session, in_session, timeout=HANG_GUARD)
+        with pytest.raises(aioq.ResultMissing, match="no result is stored"):
+            await aioq.result(session, 10**9, timeout=HANG_GUARD)  # missing indeed
+        await session.rollback()
+    async with AsyncSession(engine) as session:  # no transaction: none is begun to look
+        with pytest.raises(aioq.ResultMissing, match="no result is stored"):
+            await aioq.result(session, 10**9)
+        assert not session.in_transaction()

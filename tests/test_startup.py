@@ -61,7 +61,8 @@ STATES = {
     "missing": ([], "is not installed in this database: run: aioq schema apply"),
     "older": (
         [f"DELETE FROM aioq.migrations WHERE version = {LATEST}"],
-        f"is at version {LATEST - 1}, this aioq needs {LATEST}: run: aioq schema apply",
+        f"is at version {LATEST - 1}, this aioq needs {LATEST}: run: aioq schema apply (where a"
+        f" migration tool owns the schema, apply what aioq schema sql --from {LATEST - 1} prints)",
     ),
     "by hand": (
         ["DELETE FROM aioq.migrations"],

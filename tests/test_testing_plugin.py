@@ -217,3 +217,21 @@ async def test_drain_runs_each_ready_job_once_and_leaves_scheduled_ones(
     assert sorted(seen) == list(range(20))
     assert {r.outcome for r in ran} == {"succeeded"}
     assert [w.id for w in await aioq.testing.deferred(conn, count)] == [scheduled]
+
+
+async def test_a_drain_on_a_registry_without_the_task_says_which_fixture_to_override(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    @registry.task(name="app.welcome")
+    async def welcome() -> None:
+        pass
+
+    await welcome.defer(conn)
+    [ran] = await aioq.testing.drain(dsn, aioq.Registry(), concurrency=1)  # not the app's
+    assert (ran.task, ran.outcome) == ("app.welcome", "retried")
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "aioq.testing.helpers"]
+    assert "the drain's registry (0 tasks) has no task app.welcome" in warning
+    assert "an aioq_registry fixture in conftest.py" in warning
+    caplog.clear()
+    assert await aioq.testing.drain(dsn, registry) == []  # the retry waits: nothing ran
+    assert [r for r in caplog.records if r.name == "aioq.testing.helpers"] == []

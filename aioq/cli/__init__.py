@@ -135,9 +135,8 @@ def _describe(exc: BaseException) -> str | None:
 def _build_parser() -> argparse.ArgumentParser:
     """The whole command line: global options, then one builder per command, in --help order."""
     parser = _Parser(prog="aioq", description="An asyncio job queue on PostgreSQL.")
-    parser.add_argument(
-        "--debug", action="store_true", help="log at DEBUG and show tracebacks of errors"
-    )
+    debug_help = "log at DEBUG and show tracebacks of errors"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     django_help = (
         "set up this Django project (its settings module) first: the DSN, schema and queues"
         " default to its aioq TASKS backend's, and the worker runs its Django tasks"
@@ -149,9 +148,12 @@ def _build_parser() -> argparse.ArgumentParser:
     db = _Parser(add_help=False)
     db.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: $AIOQ_DSN)")
     db.add_argument("--schema", default=None, help=f"aioq's schema (default: {DEFAULT_SCHEMA})")
-    db.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="as above")
-    db.add_argument("--django", metavar="SETTINGS", default=argparse.SUPPRESS, help="as above")
-    db.add_argument("--tasks-backend", metavar="ALIAS", default=argparse.SUPPRESS, help="as above")
+    # The global options' help again: `aioq COMMAND --help` shows only these.
+    db.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+    db.add_argument("--django", metavar="SETTINGS", default=argparse.SUPPRESS, help=django_help)
+    db.add_argument(
+        "--tasks-backend", metavar="ALIAS", default=argparse.SUPPRESS, help=backend_help
+    )
     out = _Parser(add_help=False)
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
     commands = parser.add_subparsers(title="commands", dest="command", required=True)

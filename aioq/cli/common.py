@@ -77,7 +77,10 @@ def non_negative_int(text: str) -> int:
 def dsn_from(args: argparse.Namespace) -> str:
     dsn: str | None = args.dsn or os.environ.get("AIOQ_DSN")
     if not dsn:
-        raise UsageError("no database: pass --dsn or set AIOQ_DSN")
+        raise UsageError(
+            "no database: pass --dsn or set AIOQ_DSN"
+            " (aioq dev starts a throwaway PostgreSQL and prints one)"
+        )
     return dsn
 
 
@@ -192,6 +195,15 @@ def load_registry(target: str) -> Registry:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise UsageError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    if getattr(module, "__file__", None) is None and hasattr(module, "__path__"):
+        # A directory without __init__.py, which Python imports as an empty namespace package
+        # (say ./app beside the app.py you meant): it defines no task and no registry.
+        where = ", ".join(str(path) for path in module.__path__)
+        raise UsageError(
+            f"{module_name!r} imported the directory {where} (it has no __init__.py), not a"
+            f" module of tasks: run aioq from the directory that holds"
+            f" {module_name.rpartition('.')[2]}.py (the current one comes first on sys.path)"
+        )
     if attribute:
         if not hasattr(module, attribute):
             raise UsageError(

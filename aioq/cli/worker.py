@@ -213,6 +213,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         registry = project.registry(registry)
         args.queue = served(project, registry, args.queue)
+    elif not len(registry) and args.parent_pid is None:  # once, not in every child
+        log.warning(
+            "%s registers no tasks: every job this worker claims fails with UnknownTaskError"
+            " (name the module that defines them, or one that imports it)",
+            args.target,
+        )
     if args.processes > 1:
         # Children would each fail on a missing schema and be restarted forever: check first.
         anyio.run(_check_schema, dsn, args.schema or registry.schema)

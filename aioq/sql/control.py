@@ -111,14 +111,20 @@ class ResultState:
     last_error: str | None
     result: str | None  # JSON text, for a succeeded job whose task keeps results
     expired: bool
+    uncommitted: bool  # written by the reading transaction, not committed: no worker sees it
 
 
-# The live or kept job's state, or its stored result.
+# The live or kept job's state, or its stored result. `uncommitted`: the job row's version was
+# written by this very transaction (its xid, without the epoch), which has not committed, so no
+# worker can claim it while this transaction waits (a row written in a savepoint has the
+# subtransaction's xid and is not recognised: the flag only ever adds a hint).
 RESULT_STATE = Statement(
     """
-SELECT status, last_error, NULL::text AS result, false AS expired FROM {s}.jobs WHERE id = $1
+SELECT status, last_error, NULL::text AS result, false AS expired,
+       coalesce(xmin::text::bigint = txid_current_if_assigned() % 4294967296, false) AS uncommitted
+FROM {s}.jobs WHERE id = $1
 UNION ALL
-SELECT 'succeeded', NULL, result::text, expires_at <= now() FROM {s}.results WHERE id = $1
+SELECT 'succeeded', NULL, result::text, expires_at <= now(), false FROM {s}.results WHERE id = $1
 LIMIT 1
 """,
     columns(ResultState),

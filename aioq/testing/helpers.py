@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from aioq.job import Claim
 from aioq.sql.admin import READY_QUEUES, WAITING_JOBS
 from aioq.task import Registry, Task
 from aioq.worker import Worker
+
+logger = logging.getLogger(__name__)
 
 __all__ = ("Drain", "DrainError", "Ran", "Waiting", "deferred", "drain")
 
@@ -159,4 +162,19 @@ async def drain(
                 )
     finally:
         await conn.close()
+    _warn_unknown(ran, registry)
     return ran
+
+
+def _warn_unknown(ran: Sequence[Ran], registry: Registry) -> None:
+    """Say why runs failed with UnknownTaskError: most often, the plugin's registry is aioq's
+    default one while the app's tasks live in a registry of their own."""
+    unknown = sorted({r.task for r in ran if registry.get(r.task) is None})
+    if unknown:
+        logger.warning(
+            "the drain's registry (%d tasks) has no task %s, whose jobs failed with"
+            " UnknownTaskError: with the pytest plugin, return your app's registry from an"
+            " aioq_registry fixture in conftest.py (the default is aioq.default_registry)",
+            len(registry),
+            ", ".join(unknown),
+        )

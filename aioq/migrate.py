@@ -19,11 +19,17 @@ __all__ = (
     "check_installed",
     "install",
     "migrations",
+    "ring_trigger_sql",
     "schema_sql",
     "status",
 )
 
 _MARKER = re.compile(r"^-- aioq:migration (\d+)\s*$", re.MULTILINE)
+# The opt-in doorbell trigger for raw-SQL inserts: a region of the prologue that runs only when
+# asked for (install(ring_trigger=True)).
+_RING_TRIGGER = re.compile(
+    r"^-- aioq:ring-trigger begin\s*$(.*?)^-- aioq:ring-trigger end\s*$", re.MULTILINE | re.DOTALL
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +59,7 @@ def _source() -> str:
 
 
 def _split(schema: str) -> tuple[str, list[Migration]]:
-    text = _source().replace("{{schema}}", q.quote_schema(schema))
+    text = _RING_TRIGGER.sub("", _source().replace("{{schema}}", q.quote_schema(schema)))
     parts = _MARKER.split(text)
     prologue, rest = parts[0], parts[1:]
     found = [Migration(int(v), body) for v, body in zip(rest[::2], rest[1::2], strict=True)]
@@ -68,8 +74,19 @@ def migrations(schema: str = q.DEFAULT_SCHEMA) -> list[Migration]:
 
 
 def schema_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
-    """Return the full DDL for a schema, as ``aioq schema sql`` prints it."""
+    """Return the full DDL for a schema, as ``aioq schema sql`` prints it (the opt-in doorbell
+    trigger's region among it, marked: see :func:`ring_trigger_sql`)."""
     return _source().replace("{{schema}}", q.quote_schema(schema))
+
+
+def ring_trigger_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
+    """Return the DDL of the opt-in doorbell trigger, as ``aioq schema sql --ring-trigger``
+    prints it: jobs inserted with raw SQL then ring the doorbell like aioq's own inserts.
+    Idempotent; it needs the schema installed."""
+    found = _RING_TRIGGER.search(_source().replace("{{schema}}", q.quote_schema(schema)))
+    if found is None:  # pragma: no cover - schema.sql always has it
+        raise SchemaError("schema.sql has no ring-trigger region")
+    return found.group(1).strip() + "\n"
 
 
 async def _installed(conn: Executor, schema: str) -> int:
@@ -84,12 +101,16 @@ async def status(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> SchemaStat
     return SchemaStatus(schema, await _installed(conn, schema), len(migrations(schema)))
 
 
-async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]:
+async def install(
+    conn: Connection, schema: str = q.DEFAULT_SCHEMA, *, ring_trigger: bool = False
+) -> list[int]:
     """Apply ``schema.sql`` to a schema; return the migration versions applied now.
 
     Safe to run concurrently and repeatedly: it takes a transaction-level advisory lock
     and applies only the migrations not yet recorded. Raises :class:`SchemaError` when the
     role may not create or alter the schema (it needs the owner, not the application's grants).
+    With ``ring_trigger``, it also installs the opt-in doorbell trigger (:func:`ring_trigger_sql`)
+    for jobs other programs insert with raw SQL.
     """
     prologue, found = _split(schema)
     applied: list[int] = []
@@ -102,6 +123,8 @@ async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]
                 await conn.execute(migration.sql)
                 await RECORD_MIGRATION.run(conn, schema, migration.version)
                 applied.append(migration.version)
+            if ring_trigger:
+                await conn.execute(ring_trigger_sql(schema))
     except asyncpg.InsufficientPrivilegeError as exc:
         # An application role with only the DML grants lands here; say who can do it.
         raise SchemaError(

@@ -108,6 +108,9 @@ class FakeClaimer:
     async def release(self, keep: object = ()) -> list[int]:
         return []
 
+    def claimable(self) -> list[str]:
+        return ["default"]
+
 
 class FakeListener:
     """A LISTEN connection that is up (or not); arming it runs ``on_arm``."""
@@ -118,7 +121,7 @@ class FakeListener:
             self.connected.set()
         self.on_arm = on_arm
 
-    async def arm(self) -> Armed:
+    async def arm(self, queues: object = None) -> Armed:
         return self.on_arm()
 
 

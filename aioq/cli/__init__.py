@@ -228,7 +228,15 @@ def _build_parser() -> argparse.ArgumentParser:
         ("sql", cmd_schema_sql, "print the DDL (needs no database)"),
         ("status", cmd_schema_status, "installed version and pending migrations; 1 if any"),
     ):
-        actions.add_parser(name, parents=[db, out], help=text).set_defaults(handler=handler)
+        action = actions.add_parser(name, parents=[db, out], help=text)
+        action.set_defaults(handler=handler)
+        if name in ("apply", "sql"):
+            action.add_argument(
+                "--ring-trigger",
+                action="store_true",
+                help="apply: also install the opt-in doorbell trigger for jobs inserted with raw"
+                " SQL; sql: print that trigger's DDL alone",
+            )
 
     stats = commands.add_parser(
         "stats", parents=[db, out], help="per-queue counts and the jobs table's health"

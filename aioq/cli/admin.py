@@ -36,7 +36,7 @@ def cmd_schema_apply(args: argparse.Namespace) -> int:
     """Install or upgrade the schema."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        applied = await migrate.install(conn, schema_from(args))
+        applied = await migrate.install(conn, schema_from(args), ring_trigger=args.ring_trigger)
         state = await migrate.status(conn, schema_from(args))
         if args.json:
             print_json({"schema": state.schema, "applied": applied, "version": state.installed})
@@ -51,7 +51,8 @@ def cmd_schema_apply(args: argparse.Namespace) -> int:
 
 def cmd_schema_sql(args: argparse.Namespace) -> int:
     """Print the DDL."""
-    sql = migrate.schema_sql(schema_from(args))
+    schema = schema_from(args)
+    sql = migrate.ring_trigger_sql(schema) if args.ring_trigger else migrate.schema_sql(schema)
     if args.json:
         print_json({"schema": schema_from(args), "sql": sql})
     else:

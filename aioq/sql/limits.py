@@ -127,7 +127,7 @@ keyed AS (
 )"""
 
 
-def _limited_claim(row: Row) -> tuple[Claim | None, int | None, int]:
+def _limited_claim(row: Row) -> tuple[Claim | None, int | None, int | None]:
     return (None if row["id"] is None else Claim.from_row(row)), row["rate_room"], row["room"]
 
 
@@ -137,7 +137,8 @@ def _limited_claim(row: Row) -> tuple[Claim | None, int | None, int]:
 # current slot and slots past the period are dropped. $1 queue, $2 wanted, $3 worker id.
 # One row per job claimed, or one row with a NULL id when none was; rate_room on every row
 # is what the rate allowed (NULL: no rate), for the worker to know the rate held it back, and
-# room what the limits allowed (0: nothing can be claimed now, the worker does not arm it).
+# room what max_running, the rate and a pause allowed (NULL: neither limit): a claim that took
+# it all leaves the queue at its limit, and the worker does not arm its doorbell.
 # Claim times are clock_timestamp() (not the transaction's start): the turns are serialized,
 # so each claim's time is after the claims it counted.
 CLAIM_LIMITED = Statement(
@@ -195,7 +196,9 @@ pruned AS (
     USING room AS r
     WHERE c.queue = $1 AND c.slot_end <= r.now - coalesce(r.rate_period, interval '0')
 )
-SELECT c.*, r.rate_room, r.n AS room FROM room AS r LEFT JOIN claimed AS c ON true
+SELECT c.*, r.rate_room,
+       CASE WHEN r.paused THEN 0 ELSE greatest(0, least(r.running_room, r.rate_room)) END AS room
+FROM room AS r LEFT JOIN claimed AS c ON true
 """,
     _limited_claim,
 )

@@ -56,8 +56,8 @@ class Claimer:
         # Seconds until a rate-limited queue that had no room may have some: the producer
         # looks again then (no doorbell rings when a rate window moves on).
         self.wake_after = math.inf
-        # Limited queues whose last claim found no room at all (paused, at max_running, the
-        # rate spent): the worker does not arm their doorbell (claimable()).
+        # Limited queues whose last claim took all the room their limits left (paused, at
+        # max_running, the rate spent): the worker does not arm their doorbell (claimable()).
         self.blocked: frozenset[str] = frozenset()
         self._read_at = -math.inf
         self._old_schema = False
@@ -75,7 +75,7 @@ class Claimer:
                 wanted = limit - len(claims)
                 got, rate_room, room = await self._claim_limited(queue, wanted)
                 claims += got
-                if room == 0:
+                if room is not None and len(got) >= room:
                     self.blocked |= {queue}
                 else:
                     self.blocked -= {queue}

@@ -190,6 +190,13 @@ def _build_parser() -> argparse.ArgumentParser:
         " leases (default: %(default)s)",
     )
     add_worker_flags(worker)
+    worker.add_argument(
+        "--no-gc-tuning",
+        dest="gc_tuning",
+        action="store_false",
+        help="leave Python's garbage collector as it is (by default the worker process freezes"
+        " what start-up allocated and collects its youngest generation less often)",
+    )
     worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     worker.add_argument(
         "--metrics-port",

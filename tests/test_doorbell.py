@@ -280,7 +280,7 @@ async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
     spy: Spy,
 ) -> None:
     """The lost wake-up: a transaction inserts while the worker is awake (nobody waits, so its
-    trigger does not ring), the worker then arms and looks once more (the row is not committed,
+    insert does not ring), the worker then arms and looks once more (the row is not committed,
     it sees nothing), and only then does the transaction commit."""
     release = anyio.Event()
     started: list[str] = []
@@ -328,7 +328,7 @@ async def test_inserts_racing_the_arms_of_several_workers_are_never_left_for_the
     spy: Spy,
 ) -> None:
     """Several workers with short leases arm and look again while inserts commit a moment
-    after their trigger ran: every job starts long before a poll could find it."""
+    after their insert ran: every job starts long before a poll could find it."""
     ran: list[int] = []
 
     @registry.task(lease=1.0)
@@ -339,7 +339,7 @@ async def test_inserts_racing_the_arms_of_several_workers_are_never_left_for_the
         for n in range(first, first + 25):
             async with inserter.transaction():
                 await job.defer(inserter, n=n)
-                # Commit a moment after the trigger ran: the race with a worker's arm.
+                # Commit a moment after the insert ran: the race with a worker's arm.
                 await anyio.sleep(random.uniform(0, 0.004))
             await anyio.sleep(random.uniform(0, 0.004))
 

@@ -159,7 +159,7 @@ async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -
 
     def arm() -> Armed:
         # A job committed by a transaction whose insert ran before the locks were taken:
-        # its trigger saw nobody waiting, so it will never ring.
+        # it saw nobody on duty, so it will never ring.
         nonlocal armed
         if armed:
             return Armed.SLEEP  # armed already, like the listener's arm()

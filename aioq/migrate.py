@@ -74,9 +74,9 @@ def migrations(schema: str = q.DEFAULT_SCHEMA) -> list[Migration]:
 
 
 def schema_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
-    """Return the full DDL for a schema, as ``aioq schema sql`` prints it (the opt-in doorbell
-    trigger's region among it, marked: see :func:`ring_trigger_sql`)."""
-    return _source().replace("{{schema}}", q.quote_schema(schema))
+    """Return the full DDL for a schema, as ``aioq schema sql`` prints it: what ``install``
+    applies (the opt-in doorbell trigger apart: :func:`ring_trigger_sql`)."""
+    return _RING_TRIGGER.sub("", _source().replace("{{schema}}", q.quote_schema(schema)))
 
 
 def ring_trigger_sql(schema: str = q.DEFAULT_SCHEMA) -> str:

@@ -219,7 +219,7 @@ def test_the_cli_prints_and_installs_the_ring_trigger(dsn: str) -> None:
     assert "CREATE TRIGGER jobs_doorbell" in printed.stdout
     assert "CREATE TABLE" not in printed.stdout
     whole = aioq_cli(None, "schema", "sql")
-    assert "-- aioq:ring-trigger begin" in whole.stdout  # marked, never applied by default
+    assert "aioq:ring-trigger" not in whole.stdout  # what `schema apply` applies, no more
 
     async def triggers() -> int:
         conn = await asyncpg.connect(dsn)

@@ -11,6 +11,7 @@ from aioq.admin import (
     list_jobs,
     purge_dead,
     retry_dead,
+    ring,
     stats,
 )
 from aioq.errors import (
@@ -42,7 +43,7 @@ from aioq.migrate import install, schema_sql
 from aioq.periodic import periodic
 from aioq.results import result
 from aioq.schedule import Schedule
-from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync
+from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync, ring_sync
 from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
 
@@ -101,6 +102,8 @@ __all__ = (
     "result",
     "result_sync",
     "retry_dead",
+    "ring",
+    "ring_sync",
     "schema_sql",
     "set_queue",
     "stats",

@@ -35,11 +35,17 @@ __all__ = (
     "install",
     "latest_version",
     "migrations",
+    "ring_trigger_sql",
     "schema_sql",
     "status",
 )
 
 _MARKER = re.compile(r"^-- aioq:migration (\d+)\s*$", re.MULTILINE)
+# The opt-in doorbell trigger for raw-SQL inserts: a region of the prologue that runs only when
+# asked for (install(ring_trigger=True)).
+_RING_TRIGGER = re.compile(
+    r"^-- aioq:ring-trigger begin\s*$(.*?)^-- aioq:ring-trigger end\s*$", re.MULTILINE | re.DOTALL
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +75,7 @@ def _source() -> str:
 
 
 def _split(schema: str) -> tuple[str, list[Migration]]:
-    text = _source().replace("{{schema}}", q.quote_schema(schema))
+    text = _RING_TRIGGER.sub("", _source().replace("{{schema}}", q.quote_schema(schema)))
     parts = _MARKER.split(text)
     prologue, rest = parts[0], parts[1:]
     found = [Migration(int(v), body) for v, body in zip(rest[::2], rest[1::2], strict=True)]
@@ -122,6 +128,16 @@ def schema_sql(
     return "\n".join(parts)
 
 
+def ring_trigger_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
+    """Return the DDL of the opt-in doorbell trigger, as ``aioq schema sql --ring-trigger``
+    prints it: jobs inserted with raw SQL then ring the doorbell like aioq's own inserts.
+    Idempotent; it needs the schema installed."""
+    found = _RING_TRIGGER.search(_source().replace("{{schema}}", q.quote_schema(schema)))
+    if found is None:  # pragma: no cover - schema.sql always has it
+        raise SchemaError("schema.sql has no ring-trigger region")
+    return found.group(1).strip() + "\n"
+
+
 async def _installed(conn: Executor, schema: str) -> int:
     table = f"{q.quote_schema(schema)}.migrations"
     if not await SCHEMA_EXISTS.row(conn, schema, table):
@@ -134,12 +150,16 @@ async def status(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> SchemaStat
     return SchemaStatus(schema, await _installed(conn, schema), len(migrations(schema)))
 
 
-async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]:
+async def install(
+    conn: Connection, schema: str = q.DEFAULT_SCHEMA, *, ring_trigger: bool = False
+) -> list[int]:
     """Apply ``schema.sql`` to a schema; return the migration versions applied now.
 
     Safe to run concurrently and repeatedly: it takes a transaction-level advisory lock
     and applies only the migrations not yet recorded. Raises :class:`SchemaError` when the
     role may not create or alter the schema (it needs the owner, not the application's grants).
+    With ``ring_trigger``, it also installs the opt-in doorbell trigger (:func:`ring_trigger_sql`)
+    for jobs other programs insert with raw SQL.
     """
     prologue, found = _split(schema)
     applied: list[int] = []
@@ -158,6 +178,8 @@ async def install(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> list[int]
                 await conn.execute(migration.sql)
                 await RECORD_MIGRATION.run(conn, schema, migration.version)
                 applied.append(migration.version)
+            if ring_trigger:
+                await conn.execute(ring_trigger_sql(schema))
     except asyncpg.InsufficientPrivilegeError as exc:
         # An application role with only the DML grants lands here; say who can do it.
         raise SchemaError(

@@ -23,6 +23,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
+import asyncpg
 
 from aioq.backoff import Failures
 from aioq.db import Executor
@@ -200,12 +201,22 @@ def _from_us(us: int) -> datetime:
     return EPOCH + timedelta(microseconds=us)
 
 
+def _its_own(exc: Exception) -> bool:
+    """Whether a schedule's failure is its own (its values: an overflow, a timestamp the
+    database can't store, a bug on its path), not the database's or the connection's (a grant,
+    a missing table, a lost connection), which every schedule would meet alike."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return isinstance(exc, asyncpg.DataError)
+    return not isinstance(exc, asyncpg.InterfaceError | OSError | TimeoutError)
+
+
 class Scheduler(Service[float]):
     """Enqueues the due ticks of a registry's schedules; safe to run on every worker.
 
-    Each schedule is handled on its own: one that raises (a statement the database refuses,
-    a bug) is logged, counted (``aioq_schedule_failures_total``) and tried again with backoff,
-    while the others go on.
+    Each schedule is handled on its own: one whose pass raises for its own reasons (a value
+    the database refuses, a bug) is logged, counted (``aioq_schedule_failures_total``) and
+    tried again with backoff, while the others go on. A failure every schedule would meet (a
+    missing grant, a lost connection) ends the pass, as in any service: logged, retried.
     """
 
     name = "scheduler"
@@ -248,7 +259,9 @@ class Scheduler(Service[float]):
                 else:
                     await self._tick(schedule, last, now)
                 upcoming = schedule.next_after(now)
-            except Exception as exc:  # this schedule's failure; the others go on
+            except Exception as exc:
+                if not _its_own(exc):
+                    raise  # the database's or the connection's: every schedule's (the loop retries)
                 upcoming = now + timedelta(seconds=self._failure(schedule, exc))
             else:
                 self._recovered(schedule)

@@ -12,6 +12,29 @@ CREATE TABLE IF NOT EXISTS {{schema}}.migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- aioq:ring-trigger begin
+-- The opt-in doorbell trigger for jobs inserted with raw SQL (docs/architecture.md, "The
+-- doorbell"): not part of the schema unless asked for (`aioq schema apply --ring-trigger`,
+-- `aioq.install(conn, ring_trigger=True)`). aioq's own statements ring without it. It rings a
+-- queue as they do: when the shared try of the queue's duty key fails (a worker is on duty),
+-- else holding that key until the transaction ends (an insert in flight).
+CREATE OR REPLACE FUNCTION {{schema}}.ring_doorbell() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)
+    FROM (SELECT DISTINCT queue FROM new_jobs WHERE run_at <= now()) AS q
+    WHERE NOT pg_try_advisory_xact_lock_shared(TG_RELID::int, hashtext(q.queue));
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER IF EXISTS jobs_doorbell ON {{schema}}.jobs;
+CREATE TRIGGER jobs_doorbell
+    AFTER INSERT ON {{schema}}.jobs
+    REFERENCING NEW TABLE AS new_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.ring_doorbell();
+-- aioq:ring-trigger end
+
 -- aioq:migration 1
 
 CREATE TABLE {{schema}}.jobs (
@@ -395,3 +418,16 @@ CREATE INDEX uniques_expires_at_idx ON {{schema}}.uniques (expires_at);
 -- never. Rows from before this column may have ticked: they keep showing their last tick.
 ALTER TABLE {{schema}}.schedules ADD COLUMN ticked boolean NOT NULL DEFAULT true;
 ALTER TABLE {{schema}}.schedules ALTER COLUMN ticked SET DEFAULT false;
+
+-- aioq:migration 14
+
+-- The doorbell off the insert's hot path (docs/architecture.md, "The doorbell"): aioq's own
+-- statements ring (a `rang` CTE in every statement that makes a job claimable), so the insert
+-- trigger goes; its statement trigger, transition table and query cost about a quarter of an
+-- insert's server CPU. The lock protocol changes with it: a worker on duty for a queue holds
+-- the queue's key (the jobs table's oid, hashtext(queue)) exclusively, and a statement tries
+-- it shared for its transaction (never waiting on, nor ringing, another inserter). Rows that
+-- other programs insert with raw SQL ring through aioq.ring(), or the opt-in trigger above
+-- (`aioq schema apply --ring-trigger`); without either, polling finds them.
+DROP TRIGGER IF EXISTS jobs_doorbell ON {{schema}}.jobs;
+DROP FUNCTION IF EXISTS {{schema}}.ring_doorbell();

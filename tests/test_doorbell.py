@@ -280,7 +280,7 @@ async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
     spy: Spy,
 ) -> None:
     """The lost wake-up: a transaction inserts while the worker is awake (nobody waits, so its
-    trigger does not ring), the worker then arms and looks once more (the row is not committed,
+    insert does not ring), the worker then arms and looks once more (the row is not committed,
     it sees nothing), and only then does the transaction commit."""
     release = anyio.Event()
     started: list[str] = []
@@ -328,7 +328,7 @@ async def test_inserts_racing_the_arms_of_several_workers_are_never_left_for_the
     spy: Spy,
 ) -> None:
     """Several workers with short leases arm and look again while inserts commit a moment
-    after their trigger ran: every job starts long before a poll could find it."""
+    after their insert ran: every job starts long before a poll could find it."""
     ran: list[int] = []
 
     @registry.task(lease=1.0)
@@ -339,7 +339,7 @@ async def test_inserts_racing_the_arms_of_several_workers_are_never_left_for_the
         for n in range(first, first + 25):
             async with inserter.transaction():
                 await job.defer(inserter, n=n)
-                # Commit a moment after the trigger ran: the race with a worker's arm.
+                # Commit a moment after the insert ran: the race with a worker's arm.
                 await anyio.sleep(random.uniform(0, 0.004))
             await anyio.sleep(random.uniform(0, 0.004))
 
@@ -413,3 +413,72 @@ async def test_a_worker_cancelled_while_looking_again_leaves_no_lock_and_loses_n
         await eventually(lambda: len(ran) == 2, "both jobs to run", HANG_GUARD)
     assert sorted(ran) == ["in flight", "unheard"]
     await other.close()
+
+
+# The worker on duty for a queue holds its key exclusively; the others sleep on standby.
+ON_DUTY = """
+SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted
+  AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
+"""
+
+
+async def _on_duty(conn: asyncpg.Connection) -> list[str]:
+    return [r[0].removeprefix("aioq listener ") for r in await conn.fetch(ON_DUTY)]
+
+
+async def _one_on_duty_and_the_other_standing_by(conn: asyncpg.Connection) -> bool:
+    return len(await _on_duty(conn)) == 1 and await armed(conn) == 2
+
+
+@pytest.mark.parametrize("stop", ["graceful", "hard cancel"])
+async def test_the_worker_on_duty_hands_over_when_it_stops(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    stop: str,
+) -> None:
+    """Two idle workers: one on duty, the other asleep on its watch. The one on duty stops (or
+    is cancelled hard): it rings the other, which takes over, so a job deferred afterwards
+    starts long before a poll."""
+    ran: list[str] = []
+
+    @registry.task(lease=1.0)
+    async def job() -> None:
+        ran.append(aioq.current_job().worker_id)
+
+    workers = [make_worker(poll_interval=SLOW_POLL, heartbeat_interval=0.3) for _ in range(2)]
+    async with anyio.create_task_group() as outer:
+        scopes = []
+        for w in workers:
+            scope = anyio.CancelScope()
+            scopes.append(scope)
+
+            async def run(w: aioq.Worker = w, scope: anyio.CancelScope = scope) -> None:
+                with scope:
+                    await w.run()
+
+            outer.start_soon(run)
+        # One on duty (exclusive), both asleep (a standby lock each: ShareLock).
+        await eventually(
+            lambda: _one_on_duty_and_the_other_standing_by(conn), "one worker on duty", HANG_GUARD
+        )
+        [duty_id] = await _on_duty(conn)
+        first = next(k for k, w in enumerate(workers) if w.id.startswith(duty_id[:40]))
+        if stop == "graceful":
+            workers[first].stop()
+        else:
+            scopes[first].cancel()
+        other = workers[1 - first]
+        await eventually(
+            lambda: _on_duty_is(conn, other.id), "the other worker to take duty", HANG_GUARD
+        )
+        job_id = await job.defer(conn)
+        await eventually(lambda: gone(conn, job_id), "the job to run (before a poll)", HANG_GUARD)
+        assert ran == [other.id]
+        other.stop()
+
+
+async def _on_duty_is(conn: asyncpg.Connection, worker_id: str) -> bool:
+    held = await _on_duty(conn)
+    return len(held) == 1 and worker_id.startswith(held[0])

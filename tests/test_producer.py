@@ -108,6 +108,9 @@ class FakeClaimer:
     async def release(self, keep: object = ()) -> list[int]:
         return []
 
+    def claimable(self) -> list[str]:
+        return ["default"]
+
 
 class FakeListener:
     """A LISTEN connection that is up (or not); arming it runs ``on_arm``."""
@@ -118,7 +121,7 @@ class FakeListener:
             self.connected.set()
         self.on_arm = on_arm
 
-    async def arm(self) -> Armed:
+    async def arm(self, queues: object = None) -> Armed:
         return self.on_arm()
 
 
@@ -156,7 +159,7 @@ async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -
 
     def arm() -> Armed:
         # A job committed by a transaction whose insert ran before the locks were taken:
-        # its trigger saw nobody waiting, so it will never ring.
+        # it saw nobody on duty, so it will never ring.
         nonlocal armed
         if armed:
             return Armed.SLEEP  # armed already, like the listener's arm()

@@ -219,6 +219,13 @@ def _worker_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
         " leases (default: %(default)s)",
     )
     add_worker_flags(worker)
+    worker.add_argument(
+        "--no-gc-tuning",
+        dest="gc_tuning",
+        action="store_false",
+        help="leave Python's garbage collector as it is (by default the worker process freezes"
+        " what start-up allocated and collects its youngest generation less often)",
+    )
     worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     _endpoint_flags(worker)
     worker.add_argument(
@@ -264,9 +271,15 @@ def _endpoint_flags(worker: argparse.ArgumentParser) -> None:
 def _schema_command(commands: _Commands, parents: _Parents) -> None:
     schema = commands.add_parser("schema", help="install or inspect the schema")
     actions = schema.add_subparsers(title="actions", dest="action", required=True)
-    actions.add_parser(
+    apply = actions.add_parser(
         "apply", parents=parents, help="install or upgrade the schema in place"
-    ).set_defaults(handler=cmd_schema_apply)
+    )
+    apply.add_argument(
+        "--ring-trigger",
+        action="store_true",
+        help="also install the opt-in doorbell trigger for jobs inserted with raw SQL",
+    )
+    apply.set_defaults(handler=cmd_schema_apply)
     sql = actions.add_parser(
         "sql",
         parents=parents,
@@ -287,6 +300,11 @@ def _schema_command(commands: _Commands, parents: _Parents) -> None:
     )
     sql.add_argument(
         "--to", type=non_negative_int, default=None, metavar="M", help="default: the latest"
+    )
+    sql.add_argument(
+        "--ring-trigger",
+        action="store_true",
+        help="print the opt-in doorbell trigger's DDL alone (for jobs inserted with raw SQL)",
     )
     sql.set_defaults(handler=cmd_schema_sql)
     actions.add_parser(

@@ -37,7 +37,7 @@ def cmd_schema_apply(args: argparse.Namespace) -> int:
     """Install or upgrade the schema."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        applied = await migrate.install(conn, schema_from(args))
+        applied = await migrate.install(conn, schema_from(args), ring_trigger=args.ring_trigger)
         state = await migrate.status(conn, schema_from(args))
         if args.json:
             print_json({"schema": state.schema, "applied": applied, "version": state.installed})
@@ -51,7 +51,11 @@ def cmd_schema_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_schema_sql(args: argparse.Namespace) -> int:
-    """Print the SQL that installs the schema, or upgrades it from --from, recording versions."""
+    """Print the SQL that installs the schema, or upgrades it from --from, recording versions;
+    with --ring-trigger, the opt-in doorbell trigger's DDL alone."""
+    if args.ring_trigger:
+        print(migrate.ring_trigger_sql(schema_from(args)), end="")
+        return EXIT_OK
     latest = migrate.latest_version()
     to = latest if args.to is None else args.to
     if not 0 <= args.from_version <= to <= latest:

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from aioq.job import Job
 from aioq.sql import Statement, boolean, columns, integer, nothing, text
+from aioq.sql.doorbell import ring
 
 __all__ = (
     "ARCHIVE_IN_USE",
@@ -137,9 +138,9 @@ class Replayed:
 # because FOR UPDATE and window functions cannot share a SELECT. The final WHERE only forces
 # `rang` (and its NOTIFY) to run.
 REPLAY_DEAD = Statement(
-    """
+    f"""
 WITH locked AS (
-    SELECT j.id, j.queue, j.unique_key FROM {s}.jobs AS j
+    SELECT j.id, j.queue, j.unique_key FROM {{s}}.jobs AS j
     WHERE j.status = 'dead'
       AND ($1::bigint[] IS NULL OR j.id = ANY($1))
       AND ($2::text IS NULL OR j.task = $2)
@@ -148,22 +149,20 @@ WITH locked AS (
 ),
 matching AS (
     SELECT l.id, l.unique_key, max(l.id) OVER (PARTITION BY l.unique_key) AS newest,
-           (SELECT live.id FROM {s}.jobs AS live
+           (SELECT live.id FROM {{s}}.jobs AS live
             WHERE live.unique_key = l.unique_key AND live.status IN ('pending', 'running')
             LIMIT 1) AS live_id
     FROM locked AS l
 ),
 changed AS (
-    UPDATE {s}.jobs AS j
+    UPDATE {{s}}.jobs AS j
     SET status = 'pending', attempts = 0, run_at = now(),
         cancel_requested_at = NULL  -- a request that came too late ended with the run
     FROM matching AS m
     WHERE j.id = m.id AND (m.unique_key IS NULL OR (m.live_id IS NULL AND m.id = m.newest))
     RETURNING j.id, j.queue
 ),
-rang AS (
-    SELECT pg_notify({channel}, queue) FROM changed GROUP BY queue
-)
+{ring("SELECT queue FROM changed GROUP BY queue")}
 SELECT m.id, m.unique_key, c.id IS NOT NULL AS replayed, m.live_id, m.newest
 FROM matching AS m
 LEFT JOIN changed AS c ON c.id = m.id

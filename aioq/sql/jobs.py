@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aioq.job import Claim
 from aioq.sql import Statement, integer
+from aioq.sql.doorbell import ring
 
 __all__ = (
     "CLAIMED",
@@ -24,14 +25,20 @@ __all__ = (
 TABLE_DEFAULTS = (0, 5, 30.0)
 """The column defaults of jobs.priority, max_attempts and lease (seconds) in schema.sql."""
 
+# Every insert rings its queue's doorbell itself when its job is claimable now and a worker
+# is on duty (the `rang` CTE, aioq.sql.doorbell.ring; docs/architecture.md, "The doorbell"): no
+# trigger runs. The run time of the jobs of $5/$6 (or $4/$5 in the many-job inserts):
+RUN_AT = "coalesce($5::timestamptz, now() + make_interval(secs => $6::float8))"
+READS_RANG = "(SELECT count(*) FROM rang) >= 0"
+
 # $1 queue, $2 task, $3 args (JSON text), $4 priority, $5 run_at (NULL: now + $6 seconds),
 # $7 max_attempts, $8 lease seconds, $9 traceparent.
 INSERT_JOB = Statement(
-    """
-INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
-VALUES ($1, $2, $3::text::jsonb, $4,
-        coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
-        $7, make_interval(secs => $8::float8), $9)
+    f"""
+WITH {ring(f"SELECT $1::text WHERE {RUN_AT} <= now()")}
+INSERT INTO {{s}}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
+SELECT $1, $2, $3::text::jsonb, $4, {RUN_AT}, $7, make_interval(secs => $8::float8), $9
+WHERE {READS_RANG}
 RETURNING id
 """,
     integer,
@@ -41,8 +48,11 @@ RETURNING id
 # encode, send and bind, the rest from the column defaults in schema.sql. TaskCall.defer picks
 # it (JobOptions.at_defaults); a test keeps the two in step.
 INSERT_DEFAULT_JOB = Statement(
-    """
-INSERT INTO {s}.jobs (queue, task, args) VALUES ($1, $2, $3::text::jsonb) RETURNING id
+    f"""
+WITH {ring("SELECT $1::text")}
+INSERT INTO {{s}}.jobs (queue, task, args)
+SELECT $1, $2, $3::text::jsonb WHERE {READS_RANG}
+RETURNING id
 """,
     integer,
 )
@@ -51,20 +61,20 @@ INSERT INTO {s}.jobs (queue, task, args) VALUES ($1, $2, $3::text::jsonb) RETURN
 # the same key to commit; if the existing row was committed after this statement's snapshot,
 # no id comes back and the caller asks again.
 INSERT_UNIQUE_JOB = Statement(
-    """
+    f"""
 WITH inserted AS (
-    INSERT INTO {s}.jobs
+    INSERT INTO {{s}}.jobs
         (queue, task, args, priority, run_at, max_attempts, lease, traceparent, unique_key)
-    VALUES ($1, $2, $3::text::jsonb, $4,
-            coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
-            $7, make_interval(secs => $8::float8), $9, $10)
+    VALUES ($1, $2, $3::text::jsonb, $4, {RUN_AT}, $7, make_interval(secs => $8::float8), $9,
+            $10)
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
     DO NOTHING
-    RETURNING id
-)
-SELECT id FROM inserted
+    RETURNING id, run_at
+),
+{ring("SELECT $1::text FROM inserted WHERE run_at <= now()")}
+SELECT id FROM inserted WHERE {READS_RANG}
 UNION ALL
-SELECT id FROM {s}.jobs
+SELECT id FROM {{s}}.jobs
 WHERE unique_key = $10 AND status IN ('pending', 'running') AND NOT EXISTS (SELECT FROM inserted)
 LIMIT 1
 """,
@@ -73,13 +83,14 @@ LIMIT 1
 
 # Many jobs of one task: INSERT_JOB's options, $8 the arguments of each job (JSON text), in
 # order; the ids come back in the same order.
+MANY_RUN_AT = "coalesce($4::timestamptz, now() + make_interval(secs => $5::float8))"
 INSERT_JOBS = Statement(
-    """
-INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
-SELECT $1, $2, a.args::jsonb, $3,
-       coalesce($4::timestamptz, now() + make_interval(secs => $5::float8)),
-       $6, make_interval(secs => $7::float8), $9
+    f"""
+WITH {ring(f"SELECT $1::text WHERE {MANY_RUN_AT} <= now() AND cardinality($8::text[]) > 0")}
+INSERT INTO {{s}}.jobs (queue, task, args, priority, run_at, max_attempts, lease, traceparent)
+SELECT $1, $2, a.args::jsonb, $3, {MANY_RUN_AT}, $6, make_interval(secs => $7::float8), $9
 FROM unnest($8::text[]) WITH ORDINALITY AS a(args, n)
+WHERE {READS_RANG}
 ORDER BY a.n
 RETURNING id
 """,
@@ -89,12 +100,12 @@ RETURNING id
 # INSERT_JOB's parameters and $10 the job's concurrency key (docs/architecture.md, "Per-key
 # concurrency"); jobs without a key take INSERT_JOB, unchanged.
 INSERT_KEYED_JOB = Statement(
-    """
-INSERT INTO {s}.jobs
+    f"""
+WITH {ring(f"SELECT $1::text WHERE {RUN_AT} <= now()")}
+INSERT INTO {{s}}.jobs
     (queue, task, args, priority, run_at, max_attempts, lease, traceparent, concurrency_key)
-VALUES ($1, $2, $3::text::jsonb, $4,
-        coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)),
-        $7, make_interval(secs => $8::float8), $9, $10)
+SELECT $1, $2, $3::text::jsonb, $4, {RUN_AT}, $7, make_interval(secs => $8::float8), $9, $10
+WHERE {READS_RANG}
 RETURNING id
 """,
     integer,
@@ -102,13 +113,14 @@ RETURNING id
 
 # INSERT_JOBS's parameters and $10 each job's concurrency key, in the order of $8.
 INSERT_KEYED_JOBS = Statement(
-    """
-INSERT INTO {s}.jobs
+    f"""
+WITH {ring(f"SELECT $1::text WHERE {MANY_RUN_AT} <= now() AND cardinality($8::text[]) > 0")}
+INSERT INTO {{s}}.jobs
     (queue, task, args, priority, run_at, max_attempts, lease, traceparent, concurrency_key)
-SELECT $1, $2, a.args::jsonb, $3,
-       coalesce($4::timestamptz, now() + make_interval(secs => $5::float8)),
-       $6, make_interval(secs => $7::float8), $9, a.key
+SELECT $1, $2, a.args::jsonb, $3, {MANY_RUN_AT}, $6, make_interval(secs => $7::float8), $9,
+       a.key
 FROM unnest($8::text[], $10::text[]) WITH ORDINALITY AS a(args, key, n)
+WHERE {READS_RANG}
 ORDER BY a.n
 RETURNING id
 """,
@@ -125,23 +137,27 @@ RETURNING id
 #   statement's snapshot does not, and takes it over only if it has expired. The job gets its
 #   id in the gate (the jobs' identity sequence), so one statement writes both rows;
 # - a conflict this statement's snapshot cannot see returns no id: the caller asks again.
+# Inserted or replaced, a job claimable now rings its queue.
+_INSERTED_OR_REPLACED = """SELECT $1::text
+    WHERE EXISTS (SELECT FROM inserted WHERE run_at <= now())
+       OR EXISTS (SELECT FROM replaced WHERE run_at <= now())"""
 INSERT_UNIQUE_JOB_FOR = Statement(
-    """
+    f"""
 WITH live AS (
-    SELECT id FROM {s}.jobs
+    SELECT id FROM {{s}}.jobs
     WHERE unique_key = $10 AND status IN ('pending', 'running')
 ),
 replaced AS (
-    UPDATE {s}.jobs AS j
+    UPDATE {{s}}.jobs AS j
     SET args = $3::text::jsonb,
         run_at = coalesce($5::timestamptz, now() + make_interval(secs => $6::float8))
     FROM live
     WHERE $12 AND j.id = live.id AND j.status = 'pending'
-    RETURNING j.id
+    RETURNING j.id, j.run_at
 ),
 gate AS (
-    INSERT INTO {s}.uniques AS u (key, job_id, expires_at)
-    SELECT $10, nextval(pg_get_serial_sequence('{s}.jobs', 'id')),
+    INSERT INTO {{s}}.uniques AS u (key, job_id, expires_at)
+    SELECT $10, nextval(pg_get_serial_sequence('{{s}}.jobs', 'id')),
            now() + make_interval(secs => $11::float8)
     WHERE $11::float8 IS NOT NULL AND NOT EXISTS (SELECT FROM live)
     ON CONFLICT (key) DO UPDATE SET job_id = EXCLUDED.job_id, expires_at = EXCLUDED.expires_at
@@ -149,7 +165,7 @@ gate AS (
     RETURNING job_id
 ),
 inserted AS (
-    INSERT INTO {s}.jobs (id, queue, task, args, priority, run_at, max_attempts, lease,
+    INSERT INTO {{s}}.jobs (id, queue, task, args, priority, run_at, max_attempts, lease,
                           traceparent, unique_key, concurrency_key)
     OVERRIDING SYSTEM VALUE
     SELECT g.id, $1, $2, $3::text::jsonb, $4,
@@ -157,17 +173,18 @@ inserted AS (
            $7, make_interval(secs => $8::float8), $9, $10, $13
     FROM (SELECT job_id AS id FROM gate
           UNION ALL
-          SELECT nextval(pg_get_serial_sequence('{s}.jobs', 'id'))
+          SELECT nextval(pg_get_serial_sequence('{{s}}.jobs', 'id'))
           WHERE $11::float8 IS NULL AND NOT EXISTS (SELECT FROM live)) AS g
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
     DO NOTHING
-    RETURNING id
-)
-SELECT id FROM inserted
+    RETURNING id, run_at
+),
+{ring(_INSERTED_OR_REPLACED)}
+SELECT id FROM inserted WHERE {READS_RANG}
 UNION ALL
-SELECT id FROM live
+SELECT id FROM live WHERE {READS_RANG}
 UNION ALL
-SELECT job_id FROM {s}.uniques
+SELECT job_id FROM {{s}}.uniques
 WHERE key = $10 AND expires_at > now() AND $11::float8 IS NOT NULL
   AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM gate)
 LIMIT 1

@@ -127,8 +127,8 @@ keyed AS (
 )"""
 
 
-def _limited_claim(row: Row) -> tuple[Claim | None, int | None]:
-    return (None if row["id"] is None else Claim.from_row(row)), row["rate_room"]
+def _limited_claim(row: Row) -> tuple[Claim | None, int | None, int | None]:
+    return (None if row["id"] is None else Claim.from_row(row)), row["rate_room"], row["room"]
 
 
 # The claim of a limited queue, run right after LOCK_QUEUE in the same transaction: as many
@@ -136,7 +136,9 @@ def _limited_claim(row: Row) -> tuple[Claim | None, int | None]:
 # rate's limit minus the claims counted in the last period), then the claims are counted in the
 # current slot and slots past the period are dropped. $1 queue, $2 wanted, $3 worker id.
 # One row per job claimed, or one row with a NULL id when none was; rate_room on every row
-# is what the rate allowed (NULL: no rate), for the worker to know the rate held it back.
+# is what the rate allowed (NULL: no rate), for the worker to know the rate held it back, and
+# room what max_running, the rate and a pause allowed (NULL: neither limit): a claim that took
+# it all leaves the queue at its limit, and the worker does not arm its doorbell.
 # Claim times are clock_timestamp() (not the transaction's start): the turns are serialized,
 # so each claim's time is after the claims it counted.
 CLAIM_LIMITED = Statement(
@@ -194,7 +196,9 @@ pruned AS (
     USING room AS r
     WHERE c.queue = $1 AND c.slot_end <= r.now - coalesce(r.rate_period, interval '0')
 )
-SELECT c.*, r.rate_room FROM room AS r LEFT JOIN claimed AS c ON true
+SELECT c.*, r.rate_room,
+       CASE WHEN r.paused THEN 0 ELSE greatest(0, least(r.running_room, r.rate_room)) END AS room
+FROM room AS r LEFT JOIN claimed AS c ON true
 """,
     _limited_claim,
 )

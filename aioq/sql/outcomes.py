@@ -9,8 +9,9 @@ order (``ORDER BY id``) so that the heartbeat, the completer and a release never
 other in opposite orders (a deadlock). The claim and the reaper take rows with SKIP LOCKED:
 they never wait, so they cannot take part in one.
 
-A NOTIFY per queue whose rows became ready goes out at commit from a ``rang`` CTE. PostgreSQL
-runs a CTE that is not data-modifying only if the statement reads it, hence the
+A NOTIFY per queue whose rows became ready goes out at commit from a ``rang`` CTE
+(aioq.sql.doorbell.ring: only for queues a worker is on duty for). PostgreSQL runs a CTE that is
+not data-modifying only if the statement reads it, hence the
 ``WHERE (SELECT count(*) FROM rang) >= 0``: always true, it makes the statement read ``rang``.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aioq.sql import Statement, columns, integer
+from aioq.sql.doorbell import ring
 
 __all__ = (
     "COMPLETE",
@@ -128,11 +130,7 @@ changed AS (
     WHERE j.id = m.id AND m.kind <> 'succeeded'
     RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
 ),
-rang AS (
-    SELECT pg_notify({{channel}}, queue) FROM changed
-    WHERE status = 'pending' AND delay = 0
-    GROUP BY queue
-),
+{ring("SELECT queue FROM changed WHERE status = 'pending' AND delay = 0 GROUP BY queue")},
 told AS (
     SELECT pg_notify($10, id::text) FROM kept
     UNION ALL
@@ -190,11 +188,9 @@ changed AS (
         {CLEAR_CLAIM}
     FROM mine
     WHERE j.id = mine.id
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.status
 ),
-rang AS (
-    SELECT pg_notify({{channel}}, queue) FROM changed GROUP BY queue
-)
+{ring("SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue")}
 SELECT id FROM changed WHERE (SELECT count(*) FROM rang) >= 0
 """,
     integer,
@@ -236,9 +232,7 @@ changed AS (
     WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.status
 ),
-rang AS (
-    SELECT pg_notify({{channel}}, queue) FROM changed WHERE status = 'pending' GROUP BY queue
-)
+{ring("SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue")}
 SELECT id, status FROM changed WHERE (SELECT count(*) FROM rang) >= 0
 """,
     columns(Rescued),

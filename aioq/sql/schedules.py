@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from aioq.sql import Statement, columns, integer, text
+from aioq.sql.doorbell import ring
 
 __all__ = (
     "LIST_SCHEDULES",
@@ -56,19 +57,20 @@ RETURNING name
 # A late worker whose tick already ran (its job deleted) matches nothing either. $6 the next
 # tick, $7 the job's arguments (JSON text), $8 priority, $9 max_attempts, $10 lease seconds.
 SCHEDULE_TICK = Statement(
-    """
+    f"""
 WITH advanced AS (
-    UPDATE {s}.schedules
+    UPDATE {{s}}.schedules
     SET task = $2, queue = $3, spec = $4,
         last_tick = ($5::timestamptz[])[cardinality($5::timestamptz[])], next_tick = $6,
         ticked = true, updated_at = now()
     WHERE name = $1 AND last_tick < ($5::timestamptz[])[1]
     RETURNING name
-)
-INSERT INTO {s}.jobs (queue, task, args, priority, run_at, max_attempts, lease, scheduled_at)
+),
+{ring("SELECT $3::text WHERE EXISTS (SELECT FROM advanced) AND ($5::timestamptz[])[1] <= now()")}
+INSERT INTO {{s}}.jobs (queue, task, args, priority, run_at, max_attempts, lease, scheduled_at)
 SELECT $3, $2, $7::text::jsonb, $8, t.tick, $9, make_interval(secs => $10::float8), t.tick
 FROM unnest($5::timestamptz[]) WITH ORDINALITY AS t(tick, n)
-WHERE EXISTS (SELECT FROM advanced)
+WHERE EXISTS (SELECT FROM advanced) AND (SELECT count(*) FROM rang) >= 0
 ORDER BY t.n
 RETURNING id
 """,

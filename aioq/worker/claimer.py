@@ -56,6 +56,9 @@ class Claimer:
         # Seconds until a rate-limited queue that had no room may have some: the producer
         # looks again then (no doorbell rings when a rate window moves on).
         self.wake_after = math.inf
+        # Limited queues whose last claim took all the room their limits left (paused, at
+        # max_running, the rate spent): the worker does not arm their doorbell (claimable()).
+        self.blocked: frozenset[str] = frozenset()
         self._read_at = -math.inf
         self._old_schema = False
 
@@ -70,8 +73,12 @@ class Claimer:
         for queue in self.queues:
             if queue in self.limited and len(claims) < limit:
                 wanted = limit - len(claims)
-                got, rate_room = await self._claim_limited(queue, wanted)
+                got, rate_room, room = await self._claim_limited(queue, wanted)
                 claims += got
+                if room is not None and len(got) >= room:
+                    self.blocked |= {queue}
+                else:
+                    self.blocked -= {queue}
                 if rate_room is not None and len(got) == rate_room < wanted:
                     # The rate held claims back (not a lack of jobs): look again when the
                     # oldest counted slot may have left the window.
@@ -81,6 +88,13 @@ class Claimer:
         if free and len(claims) < limit:
             claims += await self._claim(self.db, free, limit - len(claims))
         return claims
+
+    def claimable(self) -> list[str]:
+        """The worker's queues it can claim from now, as far as its last claims saw: the
+        doorbell is armed for these only (docs/architecture.md, "The doorbell")."""
+        if not self.blocked:
+            return self.queues
+        return [q for q in self.queues if q not in self.blocked]
 
     async def release(self, keep: Sequence[int] = ()) -> list[int]:
         """Give back every row running under this worker's id but the jobs in ``keep``.
@@ -109,6 +123,7 @@ class Claimer:
         if limited != self.limited:
             logger.debug("limited queues now: %s", ", ".join(sorted(limited)) or "none")
         self.limited = limited
+        self.blocked &= limited
         self.slots = {
             row.name: row.rate_period / RATE_SLOTS for row in rows if row.rate_period is not None
         }
@@ -123,7 +138,9 @@ class Claimer:
         claims.sort(key=lambda c: (-c.priority, c.id))
         return claims
 
-    async def _claim_limited(self, queue: str, limit: int) -> tuple[list[Claim], int | None]:
+    async def _claim_limited(
+        self, queue: str, limit: int
+    ) -> tuple[list[Claim], int | None, int | None]:
         if isinstance(self.db, asyncpg.Pool):
             async with self.db.acquire() as conn:
                 return await self._claim_in_turn(conn, queue, limit)
@@ -131,15 +148,19 @@ class Claimer:
 
     async def _claim_in_turn(
         self, conn: Connection, queue: str, limit: int
-    ) -> tuple[list[Claim], int | None]:
+    ) -> tuple[list[Claim], int | None, int | None]:
+        """Claims, what the rate allowed (None: no rate), what the limits allowed (None: no
+        limit)."""
         async with conn.transaction():
             limited = await sql.LOCK_QUEUE.row(conn, self.schema, queue)
             if limited:
                 rows = await sql.CLAIM_LIMITED.rows(conn, self.schema, queue, limit, self.worker_id)
-                claims = [claim for claim, _ in rows if claim is not None]
-                return claims, (rows[0][1] if rows else None)
+                claims = [claim for claim, _, _ in rows if claim is not None]
+                if not rows:  # the queue's row went meanwhile: no limit
+                    return claims, None, None
+                return claims, rows[0][1], rows[0][2]
             # Its limits were removed since we last looked: a plain claim, in the same turn.
-            return await self._claim(conn, [queue], limit), None
+            return await self._claim(conn, [queue], limit), None, None
 
     def changed(self) -> None:
         """Limits changed somewhere (a notification): read them before the next claim."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -66,10 +66,15 @@ class Listener(Service[None]):
         self.on_limits = on_limits  # aioq.set_queue changed a queue's limits
         self.arms = 0  # how many times the doorbell was armed (a statement each, tests aside)
         self._conn: asyncpg.Connection | None = None
+        self._pid = 0  # its backend: the disarm's own rings are not for us
         self._talk = anyio.Lock()  # one statement at a time on the connection
         self._armed = False  # the producer waits for a ring
-        self._held = False  # the session holds the doorbell's locks (see arm())
-        self._in_flight = False  # the last test found an insert in flight (see arm())
+        # The doorbell's locks this session holds (aioq.sql.doorbell): standby of these queues,
+        # duty of these; and the queues whose duty a worker may not take yet: an insert is in
+        # flight (see arm()).
+        self._standby: frozenset[str] = frozenset()
+        self._duty: frozenset[str] = frozenset()
+        self._in_flight: frozenset[str] = frozenset()
         self._wake = anyio.Event()  # the connection was lost, or the doorbell must be disarmed
         self._lost = False
 
@@ -77,6 +82,8 @@ class Listener(Service[None]):
     backoff = Backoff(base=0.1, max=10.0, jitter=0.1)
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        if pid == self._pid:
+            return  # the disarm rang the workers that slept on our watch: not a job for us
         if payload in self.queues:
             # The producer first: its claim goes out before the disarm (the pickup latency).
             self.ring()
@@ -87,8 +94,12 @@ class Listener(Service[None]):
         elif payload == LIMITS_CHANGED and self.on_limits is not None:
             self.on_limits()
 
-    async def arm(self) -> Armed:
+    async def arm(self, queues: Iterable[str] | None = None) -> Armed:
         """Make inserts into our queues ring, before the producer sleeps ("The doorbell").
+
+        ``queues``: those of our queues the worker can claim from now (None: all). A queue it
+        cannot claim from (paused, at its limit, its rate spent) is not armed: its inserts
+        ring nobody, and the limits' own notification wakes the worker when it may claim again.
 
         An insert that ran before the doorbell was armed did not ring: the producer must look
         for it once more (LOOK) before it sleeps; if such an insert was still in flight (its
@@ -96,33 +107,57 @@ class Listener(Service[None]):
         (LOOK_AGAIN: the next arm() tests it again). SLEEP when every insert since the last
         look rings, or none can (no connection: polling covers it).
         """
+        wanted = self.queues if queues is None else self.queues.intersection(queues)
         conn = self._conn
-        if conn is None or (self._armed and not self._in_flight):
+        if conn is None or (self._armed and not self._in_flight and wanted == self._standby):
             return Armed.SLEEP
         try:
             # Under the lock: a disarm in flight finishes first, and we then see it.
             async with self._talk:
                 if self._conn is not conn:
                     return Armed.SLEEP  # lost meanwhile
-                if self._held and not self._in_flight:
+                dropped = self._standby - wanted
+                if dropped:
+                    await sql.DISARM_DOORBELL.run(
+                        conn,
+                        self.schema,
+                        sorted(dropped),
+                        sorted(self._duty & dropped),
+                        within=self.keepalive,
+                    )
+                    self._standby -= dropped
+                    self._duty -= dropped
+                    self._in_flight -= dropped
+                fresh = wanted - self._standby
+                tried = fresh | self._in_flight
+                if not tried:
                     # Never released since the last arm: every insert since has rung.
                     self._armed = True
                     return Armed.SLEEP
-                test = sql.INSERTS_IN_FLIGHT if self._held else sql.ARM_DOORBELL
-                in_flight = bool(
-                    await test.row(conn, self.schema, self.queues_list, within=self.keepalive)
+                found = await sql.ARM_DOORBELL.rows(
+                    conn, self.schema, sorted(fresh), sorted(tried), within=self.keepalive
                 )
                 if self._conn is not conn:
                     return Armed.SLEEP  # lost meanwhile, and the locks with it
-                if not self._held:
+                if fresh:
                     self.arms += 1
-                self._armed = self._held = True
-                self._in_flight = in_flight
+                self._standby |= fresh
+                self._duty |= {d.queue for d in found if d.duty}
+                self._in_flight = frozenset(d.queue for d in found if not d.covered)
+                self._armed = True
+                in_flight = bool(self._in_flight)
         except Exception as exc:
             # The connection is going: run_once notices and reconnects; polling covers it.
             logger.debug("arming the doorbell failed: %s: %s", type(exc).__name__, exc)
             return Armed.SLEEP
         return Armed.LOOK_AGAIN if in_flight else Armed.LOOK
+
+    async def _disarm(self, conn: asyncpg.Connection) -> None:
+        """Leave duty and standby on every queue (ringing those that slept on our watch)."""
+        await sql.DISARM_DOORBELL.run(
+            conn, self.schema, sorted(self._standby), sorted(self._duty), within=self.keepalive
+        )
+        self._standby = self._duty = self._in_flight = frozenset()
 
     def _on_lost(self, conn: object) -> None:
         self._lost = True
@@ -142,6 +177,7 @@ class Listener(Service[None]):
             self.connections += 1
             self.failures.reset()  # the backoff starts afresh after a good connection
             self.connected.set()
+            self._pid = conn.get_server_pid()
             self._conn = conn
             self.ring()  # anything deferred while we were away is found now
             logger.debug("listening on %s", self.channel)
@@ -152,25 +188,29 @@ class Listener(Service[None]):
                 if self._lost:
                     break
                 async with self._talk:
-                    if self._held and not self._armed:
+                    if self._standby and not self._armed:
                         # Woken by a ring: further inserts need not ring until we sleep again.
-                        await sql.DISARM_DOORBELL.run(
-                            conn, self.schema, self.queues_list, within=self.keepalive
-                        )
-                        self._held = self._in_flight = False
+                        await self._disarm(conn)
                     elif idle.cancelled_caught:
                         # A cut network shows no termination: ask the server.
                         await PING.run(conn, self.schema, within=self.keepalive)
             logger.warning("LISTEN connection lost; reconnecting in %.2fs", self.interval())
         finally:
             self._conn = None
-            self._armed = self._held = self._in_flight = False  # the locks went with the session
+            on_duty = bool(self._duty) and not self._lost
+            self._armed = False
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 try:
+                    if on_duty:
+                        # Workers that slept on our watch are rung; the locks go with the
+                        # session anyway (a worker that dies leaves them to their polls).
+                        async with self._talk:
+                            await self._disarm(conn)
                     await conn.close(timeout=1)
                 except Exception:
                     conn.terminate()
+            self._standby = self._duty = self._in_flight = frozenset()
 
     def interval(self) -> float:
         """Seconds before reconnecting after a session ended: the backoff's first step."""

@@ -361,7 +361,7 @@ class Producer(Service[tuple[int, int]]):
             if self._recheck and await self.doorbell.wait(self._recheck):
                 self._recheck = 0.0
                 return  # rung: claim
-            armed = await self.listener.arm()
+            armed = await self.listener.arm(self.claimer.claimable())
             if armed is Armed.LOOK_AGAIN:
                 self._recheck = min(2 * self._recheck or _FIRST_RECHECK, seconds)
                 return

@@ -150,8 +150,14 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
         other = await asyncpg.connect(dsn)
         listener = await asyncpg.connect(dsn)
         await listener.add_listener("aioq:aioq", lambda *args: notified.append(args[-1]))
-        # Wait on the queue as a sleeping worker does: only then do inserts ring.
-        await statements.arm(listener, ["sp"])
+        # Wait on the queue as a sleeping worker does: only then do inserts ring. One worker
+        # is on duty for a queue at a time, and leaves it when rung: this listener takes it
+        # for good while the queue is paused (the worker does not arm a queue it cannot
+        # claim from), so the worker sleeps on its watch.
+        await aioq.set_queue(other, "sp", paused=True, max_running=None)
+        await eventually(lambda: _worker_off_duty(other), "the worker to leave duty", HANG_GUARD)
+        assert not await statements.arm(listener, ["sp"])
+        await aioq.set_queue(other, "sp", paused=False)
         try:
             for i in range(rounds):
                 notified.clear()
@@ -254,3 +260,14 @@ def test_savepoints_with_unique_keys_errors_and_a_pool(dsn: str, worker: WorkerP
     )
     assert worker.stop() == 0, worker.log()[-3000:]
     assert run_counts(dsn) == dict.fromkeys(expected, 1)
+
+
+async def _worker_off_duty(conn: asyncpg.Connection) -> bool:
+    held = await conn.fetchval(
+        """
+        SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted
+          AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
+        """
+    )
+    return held == 0

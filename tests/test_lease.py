@@ -408,3 +408,45 @@ async def test_a_job_whose_lease_lapsed_while_it_waited_is_never_started(
                 )
     assert set(ahead_ids) <= set(rescued)
     assert [s for s in starts if s[1] == "first"] == []
+
+
+async def test_a_lost_claim_is_not_kept_alive_by_a_newer_claim_of_the_same_job(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """docs/architecture.md, "Leases": a worker whose loop was blocked past a lease may hold
+    two claims of one job, the old one lost (another worker's reaper took the job back) and a
+    new one it claimed again since. The heartbeat extends only the new claim: the old one is
+    lost, its local run cancelled, and it never passes for alive (so it is never started)."""
+
+    @registry.task(lease=1.0)
+    async def work() -> None: ...
+
+    job_id = await work.defer(conn)
+    [old] = await statements.claim(conn, ["default"], 10, "me")
+    await expire(conn, job_id)
+    assert await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once() == [
+        Rescued(job_id, "pending")
+    ]
+    [new] = await statements.claim(conn, ["default"], 10, "me")
+    assert (new.id, new.number) == (job_id, old.number + 1)
+    tracked = held(old)
+    tracked.add([new])
+    stale, fresh = tracked.get(old), tracked.get(new)
+    assert stale is not None
+    assert fresh is not None
+    stale.scope = anyio.CancelScope()
+    long_ago = time.monotonic() - 10.0
+    stale.extended_at = fresh.extended_at = long_ago
+    heartbeat = Heartbeat(schema="aioq", db=conn, worker_id="me", claims=tracked, interval=1)
+    assert await heartbeat.run_once() == [job_id]
+    assert stale.cancel_reason is CancelReason.LEASE_LOST
+    assert stale.scope.cancel_called
+    assert stale.lapsed(time.monotonic())  # not extended: it would never be started
+    assert fresh.cancel_reason is None
+    assert fresh.extended_at > long_ago
+    # Both claims were held in the one statement: the row's lease was extended for the new one.
+    row = await conn.fetchrow(
+        "SELECT locked_by, claims, lease_expires_at > now() AS alive FROM aioq.jobs WHERE id = $1",
+        job_id,
+    )
+    assert tuple(row) == ("me", new.number, True)

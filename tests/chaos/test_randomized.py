@@ -162,10 +162,16 @@ TASKS = textwrap.dedent(
         row = await pool.fetchrow(
             START, job.id, job.attempt, os.getpid(), job.worker_id, "block_rerun", began
         )
-        if row["prior"] == 0:
-            await pool.execute(BLOCKING, row["id"])
-            time.sleep(seconds)  # the whole worker stalls: no heartbeat, no claim, no outcome
-        await pool.execute(END, row["id"], "ok", time.time())
+        outcome = "cancelled"
+        try:
+            if row["prior"] == 0:
+                await pool.execute(BLOCKING, row["id"])
+                time.sleep(seconds)  # the whole worker stalls: no heartbeat, claim or outcome
+            outcome = "ok"
+        finally:
+            ended = time.time()  # a lost lease cancels it at its next await
+            with anyio.CancelScope(shield=True):
+                await pool.execute(END, row["id"], outcome, ended)
 
 
     def _sync(query, *args):

@@ -158,10 +158,11 @@ TASKS = textwrap.dedent(
         lease, on its first run only; later runs (after a rescue) return at once."""
         began = time.time()
         job = aioq.current_job()
-        pool = await _recorder()
-        row = await pool.fetchrow(
-            START, job.id, job.attempt, os.getpid(), job.worker_id, "block_rerun", began
-        )
+        with anyio.CancelScope(shield=True):  # a cancel waits until the start is recorded
+            pool = await _recorder()
+            row = await pool.fetchrow(
+                START, job.id, job.attempt, os.getpid(), job.worker_id, "block_rerun", began
+            )
         outcome = "cancelled"
         try:
             if row["prior"] == 0:
@@ -709,14 +710,21 @@ def _terminal(sql: Sql, job_ids: list[int]) -> list[str]:
 
 
 def _run(
-    run_id: int, pid: int, started: float, ended: float | None, outcome: str | None
+    run_id: int,
+    pid: int,
+    started: float,
+    ended: float | None,
+    outcome: str | None,
+    *,
+    job_id: int = 1,
+    kind: str = "async",
 ) -> dict[str, Any]:
     return {
         "id": run_id,
-        "job_id": 1,
+        "job_id": job_id,
         "attempt": run_id,
         "pid": pid,
-        "kind": "async",
+        "kind": kind,
         "started": started,
         "ended": ended,
         "outcome": outcome,
@@ -752,3 +760,26 @@ def test_the_analysis_tells_explained_from_unexplained_runs() -> None:
     # A run whose end is unknown and whose worker was never killed overlaps everything after.
     found, _ = analyse(killed, [], {}, lease)
     assert len(found) == 2
+    # Worker 10's loop was blocked (by job 2's run) during the first run: it could extend no
+    # lease, so worker 11's run beside it is explained; the block is 10's, not 11's.
+    block = _run(9, 10, 100.5, 101.8, "ok", job_id=2, kind="block")
+    leases = {1: 2.0, 2: 1.0}
+    found, figures = analyse([*healthy, block], [], {}, leases)
+    assert found == []
+    assert figures["overlaps_blocked"] == 1
+    assert figures["duplicates_blocked"] == 1
+    # The same block does not excuse worker 10 starting a job worker 11 runs, nor two runs at
+    # once on the blocked worker itself.
+    late = [_run(1, 11, 100.0, 103.0, "ok"), _run(2, 10, 102.0, 104.0, "ok")]
+    found, _ = analyse([*late, block], [], {}, leases)
+    assert any("no network fault or blocked loop" in v for v in found)
+    found, _ = analyse([*same, block], [], {}, leases)
+    assert any("on the same worker" in v for v in found)
+    # A hard cancel excuses the rerun of a cancelled run, never that of a run that ended (a
+    # thread's run keeps its claim and its outcome is written).
+    cancel = [Fault("cancel", 100.5, 101.0, pid=10)]
+    cut = [_run(1, 10, 100.0, 100.6, "cancelled"), _run(2, 11, 101.0, 102.0, "ok")]
+    assert analyse(cut, cancel, {}, lease) == ([], {"duplicates": 1, "duplicates_stopped": 1})
+    ended = [_run(1, 10, 100.0, 100.6, "ok"), _run(2, 11, 101.0, 102.0, "ok")]
+    found, _ = analyse(ended, cancel, {}, lease)
+    assert any("no fault to explain it" in v for v in found)

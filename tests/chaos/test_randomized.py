@@ -402,11 +402,12 @@ def _blocks(
 
 def _blocked_between(
     blocks: dict[int, list[tuple[float, float]]], pid: int, start: float, end: float
-) -> bool:
-    """Whether worker ``pid``'s event loop was blocked at some time in [start, end]: then it
-    could extend no lease and write no outcome, and its claims may have lapsed (a blocked
+) -> float | None:
+    """When the last block of worker ``pid``'s event loop in [start, end] ended, if any: then
+    it could extend no lease and write no outcome, and its claims may have lapsed (a blocked
     loop is a healthy worker: it must not start or go on with a job it may have lost)."""
-    return any(b_start <= end and b_end >= start for b_start, b_end in blocks.get(pid, ()))
+    ends = [b_end for b_start, b_end in blocks.get(pid, ()) if b_start <= end and b_end >= start]
+    return max(ends) if ends else None
 
 
 def analyse(
@@ -443,12 +444,22 @@ def analyse(
                     violations.append(f"{what}, on the same worker")
                 elif _net_fault_between(faults, first["started"], second["started"]):
                     figures["overlaps_explained"] += 1
-                elif _blocked_between(blocks, first["pid"], first["started"], second["started"]):
+                elif (
+                    unblocked := _blocked_between(
+                        blocks, first["pid"], first["started"], second["started"]
+                    )
+                ) is not None:
                     # The first run's worker could not extend its lease: its loop was blocked
                     # (by a task) before the second run began. Only the first run's worker:
                     # one whose loop was blocked must not start a job another one runs.
                     figures["overlaps_explained"] += 1
                     figures["overlaps_blocked"] += 1
+                    # How long an async first run went on once its loop was free (a figure
+                    # only: until its heartbeat found the claim lost and cancelled it, or it
+                    # ended; a thread cannot be stopped).
+                    after = round(1000 * max(0.0, first_end - unblocked))
+                    if first["kind"] == "async":
+                        figures["after_block_ms_max"] = max(figures["after_block_ms_max"], after)
                 else:
                     violations.append(
                         f"{what}, with no network fault or blocked loop in between (healthy"
@@ -466,7 +477,7 @@ def analyse(
                 why = "stopped"
             elif _net_fault_between(faults, prev["started"] - lease, min(prev_end, run["started"]) + SLACK):  # fmt: skip
                 why = "network"
-            elif _blocked_between(blocks, prev["pid"], prev["started"], run["started"]):
+            elif _blocked_between(blocks, prev["pid"], prev["started"], run["started"]) is not None:
                 # Its loop blocked during the run or before its outcome was written.
                 why = "blocked"
             if why is None:

@@ -244,6 +244,7 @@ class Fault:
     started: float  # epoch seconds
     ended: float
     pid: int | None = None  # the worker it hit (None: every worker, through the proxy)
+    cancelled: float | None = None  # a hard cancel: when the second SIGTERM was sent
 
 
 @dataclass
@@ -296,6 +297,8 @@ class Workers:
             if slot.proc is not None and slot.proc.poll() is None and now >= slot.cancel_at:
                 slot.proc.send_signal(signal.SIGTERM)  # again: Worker.run() is cancelled
                 slot.cancel_at = float("inf")
+                if slot.stopping is not None:
+                    slot.stopping.cancelled = now
             if slot.proc is not None and slot.proc.poll() is not None:
                 slot.exits[slot.proc.pid] = now
                 if slot.stopping is not None:
@@ -488,6 +491,14 @@ def analyse(
                 )
             else:
                 figures[f"duplicates_{why}"] += 1
+    for fault in faults:  # hard cancels that caught plain def tasks' threads running
+        if fault.cancelled is not None and any(
+            r["pid"] == fault.pid
+            and r["kind"].startswith("sync")
+            and r["started"] <= fault.cancelled <= _run_end(r, exits, kills)
+            for r in runs
+        ):
+            figures["cancels_with_threads"] += 1
     return violations, dict(figures)
 
 

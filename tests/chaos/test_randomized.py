@@ -166,7 +166,8 @@ TASKS = textwrap.dedent(
         outcome = "cancelled"
         try:
             if row["prior"] == 0:
-                await pool.execute(BLOCKING, row["id"])
+                with anyio.CancelScope(shield=True):  # marked a block only if it blocks
+                    await pool.execute(BLOCKING, row["id"])
                 time.sleep(seconds)  # the whole worker stalls: no heartbeat, claim or outcome
             outcome = "ok"
         finally:

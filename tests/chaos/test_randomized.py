@@ -1,10 +1,15 @@
 """Scenario 12: a randomized run of the core's promises under mixed faults (docs/architecture.md).
 
-Three worker processes (``python -m aioq worker``, each its own process, restarted when it ends)
+Three worker processes (``python -m aioq worker``, each its own process, restarted when it ends,
+each with a concurrency and a claim-ahead drawn at start: ``--prefetch`` auto, none or fixed)
 serve jobs whose leases are drawn from the allowed range and whose durations straddle them: async
 and plain ``def`` tasks (some with a timeout they overstay once), tasks that snooze
-(``raise aioq.Retry``) or fail once on purpose. Meanwhile the test stops workers (SIGTERM), kills
-them (SIGKILL), and drops or stalls every connection through a TCP proxy (lost replies).
+(``raise aioq.Retry``) or fail once on purpose, and tasks that block their worker's event loop
+past their lease (``time.sleep`` in an ``async def``), in four queues, three of them limited
+(``max_running``, a rate, ``max_running_per_key``). Meanwhile the test stops workers (SIGTERM),
+hard-cancels them (a second SIGTERM: ``Worker.run()`` cancelled while threads run), kills them
+(SIGKILL), drops or stalls every connection through a TCP proxy (lost replies), and pauses,
+resumes and re-limits the queues.
 
 Each run of a task records its start and end (pid, worker id, outcome) in ``runs``, on a direct
 connection of the task's own, so the record survives what the workers' connections go through.
@@ -13,10 +18,13 @@ At the end, with every worker stopped:
 * nothing is left ``running`` (a gracefully stopped worker leaves nothing ``running`` either);
 * every job is in exactly one terminal state: archived once, or dead;
 * no two runs of a job overlap in time, unless on different workers and a network fault
-  (a dropped or stalled connection) happened between the first run's start and the second's:
-  a healthy worker keeps its lease, and one worker never runs a job twice at once;
+  (a dropped or stalled connection) happened between the first run's start and the second's,
+  or the first run's worker had its loop blocked then: a healthy worker keeps its lease (a
+  blocked loop is a healthy worker: it never starts or goes on with a job it lost), and one
+  worker never runs a job twice at once;
 * every duplicate run (a run after one that was not a planned snooze or failure) is explained by
-  a fault: the previous run's worker was killed or stopped, or a network fault hit it.
+  a fault: the previous run's worker was killed, stopped or hard-cancelled (its run cut), a
+  network fault hit it, or its loop was blocked.
 
 The seed is printed at the start and in every failure; ``AIOQ_CHAOS_SEED`` replays it.
 ``AIOQ_CHAOS_PROFILE=long`` (``make chaos``) runs longer with more jobs.

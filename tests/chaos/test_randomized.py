@@ -551,7 +551,10 @@ def test_randomized_faults_keep_the_core_promises(
                     slot.proc.send_signal(signal.SIGKILL)
                     faults.append(Fault("kill", now, now, slot.proc.pid))
                 elif action in ("stop", "cancel") and alive:
-                    slot = rng.choice([s for s in alive if s.stopping is None] or alive)
+                    candidates = [s for s in alive if s.stopping is None] or alive
+                    if action == "cancel":  # rather a worker with a def task's thread running
+                        candidates = _running_threads(sql, candidates) or candidates
+                    slot = rng.choice(candidates)
                     assert slot.proc is not None
                     slot.proc.send_signal(signal.SIGTERM)
                     if slot.stopping is None:
@@ -595,6 +598,19 @@ def test_randomized_faults_keep_the_core_promises(
         f"seed {seed} (rerun with AIOQ_CHAOS_SEED={seed}): {len(violations)} violations"
         f" ({summary}):\n" + "\n".join(violations[:40])
     )
+
+
+def _running_threads(sql: Sql, slots: list[Slot]) -> list[Slot]:
+    """The slots whose worker runs a plain def task in a thread now (as far as ``runs`` says)."""
+    pids = {
+        r["pid"]
+        for r in sql.retrying(
+            lambda: sql.fetch(
+                "SELECT DISTINCT pid FROM runs WHERE ended_at IS NULL AND kind LIKE 'sync%'"
+            )
+        )
+    }
+    return [s for s in slots if s.proc is not None and s.proc.pid in pids]
 
 
 class Limits:

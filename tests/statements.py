@@ -66,7 +66,7 @@ async def heartbeat(
 ) -> set[int]:
     """Extend the leases of these claims; return the ids still held."""
     ids, numbers = _keys(claims)
-    return set(await HEARTBEAT.rows(db, schema, ids, numbers, worker_id))
+    return {key[0] for key in await HEARTBEAT.rows(db, schema, ids, numbers, worker_id)}
 
 
 async def arm(db: Executor, queues: Sequence[str], *, schema: str = SCHEMA) -> bool:

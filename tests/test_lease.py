@@ -19,6 +19,7 @@ from aioq.job import Claim, OutcomeKind
 from aioq.sql.outcomes import Rescued
 from aioq.worker.claims import CancelReason, Claims
 from aioq.worker.completer import Completer, Outcome
+from aioq.worker.consumer import Consumer
 from aioq.worker.lease import Heartbeat, Reaper
 
 pytestmark = pytest.mark.anyio
@@ -408,3 +409,107 @@ async def test_a_job_whose_lease_lapsed_while_it_waited_is_never_started(
                 )
     assert set(ahead_ids) <= set(rescued)
     assert [s for s in starts if s[1] == "first"] == []
+
+
+async def test_a_lost_claim_is_not_kept_alive_by_a_newer_claim_of_the_same_job(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """docs/architecture.md, "Leases": a worker whose loop was blocked past a lease may hold
+    two claims of one job, the old one lost (another worker's reaper took the job back) and a
+    new one it claimed again since. The heartbeat extends only the new claim: the old one is
+    lost, its local run cancelled, and it never passes for alive (so it is never started)."""
+
+    @registry.task(lease=1.0)
+    async def work() -> None: ...
+
+    job_id = await work.defer(conn)
+    [old] = await statements.claim(conn, ["default"], 10, "me")
+    await expire(conn, job_id)
+    assert await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once() == [
+        Rescued(job_id, "pending")
+    ]
+    [new] = await statements.claim(conn, ["default"], 10, "me")
+    assert (new.id, new.number) == (job_id, old.number + 1)
+    tracked = held(old)
+    tracked.add([new])
+    stale, fresh = tracked.get(old), tracked.get(new)
+    assert stale is not None
+    assert fresh is not None
+    stale.scope = anyio.CancelScope()
+    long_ago = time.monotonic() - 10.0
+    stale.extended_at = fresh.extended_at = long_ago
+    heartbeat = Heartbeat(schema="aioq", db=conn, worker_id="me", claims=tracked, interval=1)
+    assert await heartbeat.run_once() == [job_id]
+    assert stale.cancel_reason is CancelReason.LEASE_LOST
+    assert stale.scope.cancel_called
+    assert stale.lapsed(time.monotonic())  # not extended: it would never be started
+    assert fresh.cancel_reason is None
+    assert fresh.extended_at > long_ago
+    # Both claims were held in the one statement: the row's lease was extended for the new one.
+    row = await conn.fetchrow(
+        "SELECT locked_by, claims, lease_expires_at > now() AS alive FROM aioq.jobs WHERE id = $1",
+        job_id,
+    )
+    assert tuple(row) == ("me", new.number, True)
+
+
+async def test_a_job_claimed_again_waits_for_its_lost_run_on_the_same_worker(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """docs/architecture.md, "Leases": a worker's loop was blocked past a job's lease while a
+    thread ran the job; another worker's reaper took it back, and this worker claimed it again.
+    The earlier claim is lost at once (cancelled, never heartbeated), and the new run starts
+    only once the thread of the lost one returned: one worker never runs a job twice at once."""
+    events: list[tuple[str, int]] = []
+    release = threading.Event()
+    first_started = threading.Event()
+    second_started = threading.Event()
+
+    @registry.task(name="t.threaded", lease=10.0)  # expired by hand below; no heartbeat here
+    def threaded() -> None:
+        attempt = aioq.current_job().attempt
+        events.append(("start", attempt))
+        if attempt == 1:
+            first_started.set()
+            release.wait(HANG_GUARD)
+        else:
+            second_started.set()
+        events.append(("end", attempt))
+
+    job_id = await threaded.defer(conn)
+    claims = Claims()
+    completer = make_completer(conn, "me", claims)
+    consumer = Consumer(
+        registry=registry,
+        worker_id="me",
+        claims=claims,
+        completer=completer,
+        stopping=anyio.Event(),
+        threads=anyio.CapacityLimiter(4),
+    )
+    [old] = await statements.claim(conn, ["default"], 10, "me")
+    claims.add([old])
+    lost = claims.get(old)
+    assert lost is not None
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.handle, old)
+            await anyio.to_thread.run_sync(first_started.wait, HANG_GUARD)
+            try:
+                # Its lease lapses (no heartbeat here), another worker's reaper takes it back.
+                await expire(conn, job_id)
+                await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once()
+                [new] = await statements.claim(conn, ["default"], 10, "me")
+                assert new.id == job_id
+                claims.add([new])
+                tg.start_soon(consumer.handle, new)
+                # While the lost run's thread goes on, the new claim is not started.
+                assert not await anyio.to_thread.run_sync(second_started.wait, 1.0)
+                assert events == [("start", 1)]
+            finally:
+                release.set()
+    assert events == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert lost.cancel_reason is CancelReason.LEASE_LOST
+    # The new claim's outcome went to the completer; the lost one's was dropped.
+    await completer.run_once()
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aioq.sql import Statement, columns, integer
+from aioq.sql import Row, Statement, columns, integer
 from aioq.sql.doorbell import ring
 
 __all__ = (
@@ -30,6 +30,7 @@ __all__ = (
     "RELEASE_WORKER",
     "WRITE_OUTCOMES",
     "Rescued",
+    "claim_key",
     "fenced",
 )
 
@@ -157,6 +158,15 @@ RETURNING j.id
     integer,
 )
 
+
+def claim_key(row: Row) -> tuple[int, int]:
+    """The row's claim: (job id, claim number)."""
+    return int(row[0]), int(row[1])
+
+
+# The claims still held, as (id, claim number): a worker may hold two claims of one job (it
+# claimed it again after its loop was blocked past the lease and the job was rescued), of
+# which only the newer can be held; the id alone would keep the lost one alive.
 HEARTBEAT = Statement(
     "WITH "
     + fenced()
@@ -165,9 +175,9 @@ UPDATE {s}.jobs AS j
 SET lease_expires_at = now() + j.lease
 FROM mine
 WHERE j.id = mine.id
-RETURNING j.id
+RETURNING j.id, j.claims
 """,
-    integer,
+    claim_key,
 )
 
 # Every row still running under this worker's id ($1) goes back to pending with its attempt

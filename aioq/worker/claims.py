@@ -47,11 +47,28 @@ class Running:
     # time.monotonic() seconds: the database set the lease no earlier, so the lease holds at
     # least until extended_at + lease on our clock.
     extended_at: float = field(default_factory=time.monotonic)
+    # An earlier claim of the same job this worker still held when it claimed it again (its
+    # loop was blocked past the lease, and the job was rescued): lost, its run may go on.
+    older: Running | None = None
+    _ended: anyio.Event | None = None  # made by a waiter of ended(): few runs have one
 
     def lapsed(self, now: float) -> bool:
         """Whether the lease may have run out by ``now`` (time.monotonic()): a job whose lease
         may have lapsed is never started (docs/architecture.md, "Leases")."""
         return now >= self.extended_at + self.claim.lease
+
+    def end(self) -> None:
+        """Note that the local run of this claim ended (it was started and returned)."""
+        self.scope = None
+        if self._ended is not None:
+            self._ended.set()
+
+    async def ended(self) -> None:
+        """Return once the local run of this claim ended (at once if none runs)."""
+        if self.scope is not None:
+            if self._ended is None:
+                self._ended = anyio.Event()
+            await self._ended.wait()
 
     def cancel(self, reason: CancelReason) -> None:
         """Stop the local execution of this job (a thread runs on until it returns)."""
@@ -66,6 +83,7 @@ class Claims:
 
     def __init__(self) -> None:
         self._running: dict[ClaimKey, Running] = {}
+        self._newest: dict[int, Running] = {}  # job id -> its newest claim held
         self._added = anyio.Event()
         # Since the last wait_added: when the first claim was added, the shortest lease.
         self._first_added = math.inf
@@ -88,8 +106,16 @@ class Claims:
             return
         now = time.monotonic() if extended_at is None else extended_at
         shortest = self._shortest_added
+        newest = self._newest
         for claim in claims:
-            self._running[claim.key] = Running(claim, extended_at=now)
+            running = self._running[claim.key] = Running(claim, extended_at=now)
+            older = newest.get(claim.id)
+            newest[claim.id] = running
+            if older is not None and not older.finished:
+                # We claimed a job we still hold: the earlier claim is lost (its lease lapsed
+                # and the job was rescued). Its run stops; the new one waits for it to end.
+                older.cancel(CancelReason.LEASE_LOST)
+                running.older = older
             if claim.lease < shortest:
                 shortest = claim.lease
         self._shortest_added = shortest
@@ -108,7 +134,9 @@ class Claims:
 
     def settle(self, claim: Claim) -> None:
         """Forget a claim: its outcome is written, or it is lost to another worker."""
-        self._running.pop(claim.key, None)
+        running = self._running.pop(claim.key, None)
+        if running is not None and self._newest.get(claim.id) is running:
+            del self._newest[claim.id]
 
     def held(self) -> list[Running]:
         """Every claim held now (a snapshot: the caller may await while using it)."""

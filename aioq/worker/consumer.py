@@ -212,6 +212,16 @@ class Consumer:
         if running is None or running.cancel_reason is CancelReason.LEASE_LOST:
             self.completer.lost(claim)
             return
+        if running.older is not None:
+            # This worker claimed the job again while an earlier, lost claim of it still runs
+            # here (a thread, or a run its cancel has not reached yet): one worker never runs
+            # a job twice at once. The heartbeat keeps this claim meanwhile.
+            older, running.older = running.older, None
+            await older.ended()
+            running = self.claims.get(claim)
+            if running is None or running.cancel_reason is CancelReason.LEASE_LOST:
+                self.completer.lost(claim)
+                return
         if self.stopping.is_set():
             outcome: Outcome | None = Outcome(claim, OutcomeKind.RELEASE)
         elif running.lapsed(time.monotonic()):
@@ -263,7 +273,7 @@ class Consumer:
         try:
             attempt = await self._call(task, kwargs, running, started)
         finally:
-            running.scope = None
+            running.end()
             _current.reset(token)
         return judge(claim, task, running, attempt)
 

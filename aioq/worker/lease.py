@@ -101,10 +101,11 @@ class Heartbeat(Service[list[int]]):
             return []
         ids = [r.claim.id for r in held]
         numbers = [r.claim.number for r in held]
+        # Keyed by claim, not by job: an older claim of a job claimed again is lost.
         alive = set(await HEARTBEAT.rows(self.db, self.schema, ids, numbers, self.worker_id))
         lost = []
         for running in held:
-            if running.claim.id in alive:
+            if running.claim.key in alive:
                 running.extended_at = started
             # A finished job may have been written (deleted, rescheduled) since we read it.
             elif not running.finished:

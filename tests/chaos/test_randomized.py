@@ -1,10 +1,15 @@
 """Scenario 12: a randomized run of the core's promises under mixed faults (docs/architecture.md).
 
-Three worker processes (``python -m aioq worker``, each its own process, restarted when it ends)
+Three worker processes (``python -m aioq worker``, each its own process, restarted when it ends,
+each with a concurrency and a claim-ahead drawn at start: ``--prefetch`` auto, none or fixed)
 serve jobs whose leases are drawn from the allowed range and whose durations straddle them: async
 and plain ``def`` tasks (some with a timeout they overstay once), tasks that snooze
-(``raise aioq.Retry``) or fail once on purpose. Meanwhile the test stops workers (SIGTERM), kills
-them (SIGKILL), and drops or stalls every connection through a TCP proxy (lost replies).
+(``raise aioq.Retry``) or fail once on purpose, and tasks that block their worker's event loop
+past their lease (``time.sleep`` in an ``async def``), in four queues, three of them limited
+(``max_running``, a rate, ``max_running_per_key``). Meanwhile the test stops workers (SIGTERM),
+hard-cancels them (a second SIGTERM: ``Worker.run()`` cancelled while threads run), kills them
+(SIGKILL), drops or stalls every connection through a TCP proxy (lost replies), and pauses,
+resumes and re-limits the queues.
 
 Each run of a task records its start and end (pid, worker id, outcome) in ``runs``, on a direct
 connection of the task's own, so the record survives what the workers' connections go through.
@@ -13,10 +18,13 @@ At the end, with every worker stopped:
 * nothing is left ``running`` (a gracefully stopped worker leaves nothing ``running`` either);
 * every job is in exactly one terminal state: archived once, or dead;
 * no two runs of a job overlap in time, unless on different workers and a network fault
-  (a dropped or stalled connection) happened between the first run's start and the second's:
-  a healthy worker keeps its lease, and one worker never runs a job twice at once;
+  (a dropped or stalled connection) happened between the first run's start and the second's,
+  or the first run's worker had its loop blocked then: a healthy worker keeps its lease (a
+  blocked loop is a healthy worker: it never starts or goes on with a job it lost), and one
+  worker never runs a job twice at once;
 * every duplicate run (a run after one that was not a planned snooze or failure) is explained by
-  a fault: the previous run's worker was killed or stopped, or a network fault hit it.
+  a fault: the previous run's worker was killed, stopped or hard-cancelled (its run cut), a
+  network fault hit it, or its loop was blocked.
 
 The seed is printed at the start and in every failure; ``AIOQ_CHAOS_SEED`` replays it.
 ``AIOQ_CHAOS_PROFILE=long`` (``make chaos``) runs longer with more jobs.
@@ -42,16 +50,25 @@ from typing import Any
 import pytest
 from harness import PROFILE, Proxy, Sql, WorkerProcess, chaos_seed, log, scaled
 
+import aioq
 from aioq.dev.server import EmbeddedPostgres
 from aioq.task import MIN_LEASE
 
 pytestmark = pytest.mark.chaos
 
 PROCESSES = 3
-CONCURRENCY = 6
+CONCURRENCIES = (3, 6)  # each worker process draws one
+PREFETCHES = ("auto", "auto", "0", "2", "5")  # and its claim-ahead: auto, none or fixed
 FAULT_PHASE = scaled(25, 240)  # seconds of faults
 JOBS_PER_BATCH = scaled(6, 10)
 MAX_LEASE = 4.0
+# The jobs that block their worker's event loop (time.sleep in an async def) on their first
+# run: a lease of 1-2 s, blocked 2.5-6 s, so other workers often rescue what it holds.
+BLOCK_LEASE = (MIN_LEASE, 2.0)
+BLOCK_SECONDS = (2.5, 6.0)
+# The queues: limited ones whose limits and pause the test toggles while workers serve them.
+QUEUES = ("default", "limited", "rated", "keyed")
+KEYS = ("a", "b", "c")  # the keyed queue's concurrency keys
 SYNC_TIMEOUT = 1.0  # the timeout of the sync task that overstays it once
 GRACE = 2.0  # --shutdown-grace
 REAPER = 5.0  # the worker's default reaper interval: a lost lease is reaped within it
@@ -76,14 +93,21 @@ TASKS = textwrap.dedent(
     DSN = os.environ["CHAOS_RECORD_DSN"]
     QUICK = aioq.Backoff(base=0.2, factor=2, max=1.0)
     SYNC_TIMEOUT = float(os.environ["CHAOS_SYNC_TIMEOUT"])
+    # A run's start and end are the task's own clock (this machine's, like the server's and
+    # the test's): the start is taken on the task's first line, in the same step of the event
+    # loop as the worker's decision to start it, so a loop blocked before the record is sent
+    # does not make a run look later than it was.
     START = (
-        "INSERT INTO runs (job_id, attempt, pid, worker_id, kind) VALUES ($1, $2, $3, $4, $5)"
+        "INSERT INTO runs (job_id, attempt, pid, worker_id, kind, started_at)"
+        " VALUES ($1, $2, $3, $4, $5, to_timestamp($6))"
         " RETURNING id, (SELECT count(*) FILTER (WHERE outcome = 'snooze') FROM runs"
         "                WHERE job_id = $1) AS snoozed,"
         "   (SELECT count(*) FILTER (WHERE outcome IN ('fail', 'timeout')) FROM runs"
-        "    WHERE job_id = $1) AS failed"
+        "    WHERE job_id = $1) AS failed,"
+        "   (SELECT count(*) FROM runs WHERE job_id = $1) AS prior"
     )
-    END = "UPDATE runs SET ended_at = clock_timestamp(), outcome = $2 WHERE id = $1"
+    END = "UPDATE runs SET ended_at = to_timestamp($3), outcome = $2 WHERE id = $1"
+    BLOCKING = "UPDATE runs SET kind = 'block' WHERE id = $1"
     _pool = None
     _lock = None
     _local = threading.local()
@@ -116,10 +140,11 @@ TASKS = textwrap.dedent(
 
     @registry.task(name="work", max_attempts=25, retry=QUICK)
     async def work(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None:
+        began = time.time()
         job = aioq.current_job()
         with anyio.CancelScope(shield=True):  # a cancel waits until the start is recorded
             row = await (await _recorder()).fetchrow(
-                START, job.id, job.attempt, os.getpid(), job.worker_id, "async"
+                START, job.id, job.attempt, os.getpid(), job.worker_id, "async", began
             )
         outcome = "cancelled"
         try:
@@ -130,8 +155,33 @@ TASKS = textwrap.dedent(
             await asyncio.sleep(seconds)
             outcome = "ok"
         finally:
+            ended = time.time()
             with anyio.CancelScope(shield=True):
-                await (await _recorder()).execute(END, row["id"], outcome)
+                await (await _recorder()).execute(END, row["id"], outcome, ended)
+
+
+    @registry.task(name="block", max_attempts=25, retry=QUICK)
+    async def block(seconds: float) -> None:
+        """Block the event loop (time.sleep in an async def) for ``seconds``, past the job's
+        lease, on its first run only; later runs (after a rescue) return at once."""
+        began = time.time()
+        job = aioq.current_job()
+        with anyio.CancelScope(shield=True):  # a cancel waits until the start is recorded
+            pool = await _recorder()
+            row = await pool.fetchrow(
+                START, job.id, job.attempt, os.getpid(), job.worker_id, "block_rerun", began
+            )
+        outcome = "cancelled"
+        try:
+            if row["prior"] == 0:
+                with anyio.CancelScope(shield=True):  # marked a block only if it blocks
+                    await pool.execute(BLOCKING, row["id"])
+                time.sleep(seconds)  # the whole worker stalls: no heartbeat, claim or outcome
+            outcome = "ok"
+        finally:
+            ended = time.time()  # a lost lease cancels it at its next await
+            with anyio.CancelScope(shield=True):
+                await pool.execute(END, row["id"], outcome, ended)
 
 
     def _sync(query, *args):
@@ -148,8 +198,9 @@ TASKS = textwrap.dedent(
 
 
     def _sync_run(kind, seconds, snoozes, fail_once, overstay):
+        began = time.time()
         job = aioq.current_job()
-        row = _sync(START, job.id, job.attempt, os.getpid(), job.worker_id, kind)
+        row = _sync(START, job.id, job.attempt, os.getpid(), job.worker_id, kind, began)
         outcome = "cancelled"
         try:
             plan = _plan(row, snoozes, fail_once)
@@ -163,7 +214,7 @@ TASKS = textwrap.dedent(
             time.sleep(seconds)
             outcome = "ok"
         finally:
-            _sync(END + " RETURNING id", row["id"], outcome)
+            _sync(END + " RETURNING id", row["id"], outcome, time.time())
 
 
     @registry.task(name="sync_work", max_attempts=25, retry=QUICK)
@@ -198,10 +249,11 @@ PLANNED = ("snooze", "fail", "timeout")  # outcomes after which another run is e
 class Fault:
     """One injected event: a worker killed or stopped, or the network dropped or stalled."""
 
-    kind: str  # kill, stop, drop, stall
+    kind: str  # kill, stop, cancel (stop, then a second SIGTERM: a hard cancel), drop, stall
     started: float  # epoch seconds
     ended: float
     pid: int | None = None  # the worker it hit (None: every worker, through the proxy)
+    cancelled: float | None = None  # a hard cancel: when the second SIGTERM was sent
 
 
 @dataclass
@@ -213,28 +265,36 @@ class Slot:
     exits: dict[int, float] = field(default_factory=dict)  # pid -> when it was seen gone
     stopping: Fault | None = None
     restart_at: float = 0.0
+    cancel_at: float = float("inf")  # when to send the second SIGTERM of a hard cancel
 
 
 class Workers:
     """The worker processes, started through the proxy, logs in ``workdir``."""
 
-    def __init__(self, workdir: Path, dsn: str, record_dsn: str) -> None:
+    def __init__(self, workdir: Path, dsn: str, record_dsn: str, rng: random.Random) -> None:
         self.workdir = workdir
         self.dsn = dsn
         self.env = {"CHAOS_RECORD_DSN": record_dsn, "CHAOS_SYNC_TIMEOUT": str(SYNC_TIMEOUT)}
         self.slots = [Slot(i) for i in range(PROCESSES)]
+        self.rng = rng
         self.started = 0
+        self.configs: Counter[str] = Counter()  # concurrency/prefetch of the processes started
 
     def start(self, slot: Slot) -> None:
-        args = ["--concurrency", str(CONCURRENCY), "--poll-interval", "0.2"]
+        concurrency, prefetch = self.rng.choice(CONCURRENCIES), self.rng.choice(PREFETCHES)
+        self.configs[f"c{concurrency}/p{prefetch}"] += 1
+        args = ["--concurrency", str(concurrency), "--prefetch", prefetch, "--poll-interval", "0.2"]
         args += ["--shutdown-grace", str(GRACE), "--keep-completed", "--log-format", "json"]
         args += ["--command-timeout", "5"]
+        for queue in QUEUES:
+            args += ["--queue", queue]
         worker = WorkerProcess(
             "randomtasks:registry", *args, dsn=self.dsn, cwd=self.workdir, env=self.env
         )
         slot.proc = worker.start().proc
         self.started += 1
         slot.stopping = None
+        slot.cancel_at = float("inf")
 
     def alive(self) -> list[Slot]:
         return [s for s in self.slots if s.proc is not None and s.proc.poll() is None]
@@ -243,6 +303,11 @@ class Workers:
         """Note workers that ended, restart their slots after a pause; return the ended pids."""
         ended = []
         for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None and now >= slot.cancel_at:
+                slot.proc.send_signal(signal.SIGTERM)  # again: Worker.run() is cancelled
+                slot.cancel_at = float("inf")
+                if slot.stopping is not None:
+                    slot.stopping.cancelled = now
             if slot.proc is not None and slot.proc.poll() is not None:
                 slot.exits[slot.proc.pid] = now
                 if slot.stopping is not None:
@@ -262,11 +327,11 @@ class Workers:
 
 
 @pytest.fixture
-def workers(workdir: Path) -> Iterator[Callable[[str, str], Workers]]:
+def workers(workdir: Path) -> Iterator[Callable[[str, str, random.Random], Workers]]:
     made: list[Workers] = []
 
-    def make(dsn: str, record_dsn: str) -> Workers:
-        made.append(Workers(workdir, dsn, record_dsn))
+    def make(dsn: str, record_dsn: str, rng: random.Random) -> Workers:
+        made.append(Workers(workdir, dsn, record_dsn, rng))
         return made[-1]
 
     yield make
@@ -279,15 +344,23 @@ def _defer(sql: Sql, rng: random.Random, count: int) -> dict[int, float]:
 
     Return the lease of each job id.
     """
-    tasks, args, leases = [], [], []
+    tasks, args, leases, queues, keys = [], [], [], [], []
     for _ in range(count):
         lease = round(rng.uniform(MIN_LEASE, MAX_LEASE), 2)
-        kind = rng.choices(["work", "sync_work", "sync_timeout"], weights=[6, 2, 1])[0]
+        kind = rng.choices(["work", "sync_work", "sync_timeout", "block"], weights=[6, 2, 1, 0.25])[0]  # fmt: skip
+        queue = rng.choices(QUEUES, weights=[5, 1, 1, 1])[0]
+        keys.append(rng.choice(KEYS) if queue == "keyed" else None)
+        queues.append(queue)
+        tasks.append(kind)
+        if kind == "block":
+            lease = round(rng.uniform(*BLOCK_LEASE), 2)
+            args.append({"seconds": round(rng.uniform(*BLOCK_SECONDS), 3)})
+            leases.append(lease)
+            continue
         long_run = rng.random() < 0.35
         seconds = lease * rng.uniform(0.3, 1.8) if long_run else rng.uniform(0.0, 0.2)
         if kind == "sync_timeout":
             seconds = min(seconds, SYNC_TIMEOUT / 2)  # later runs stay inside the timeout
-        tasks.append(kind)
         args.append(
             {
                 "seconds": round(seconds, 3),
@@ -297,12 +370,15 @@ def _defer(sql: Sql, rng: random.Random, count: int) -> dict[int, float]:
         )
         leases.append(lease)
     rows = sql.fetch(
-        "INSERT INTO aioq.jobs (task, args, lease, max_attempts)"
-        " SELECT t, a::jsonb, make_interval(secs => l), 25"
-        " FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(t, a, l) RETURNING id",
+        "INSERT INTO aioq.jobs (task, args, lease, max_attempts, queue, concurrency_key)"
+        " SELECT t, a::jsonb, make_interval(secs => l), 25, q, k"
+        " FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[])"
+        " AS u(t, a, l, q, k) RETURNING id",
         tasks,
         [json.dumps(a) for a in args],
         leases,
+        queues,
+        keys,
     )
     return {r["id"]: lease for r, lease in zip(rows, leases, strict=True)}
 
@@ -325,6 +401,27 @@ def _net_fault_between(faults: list[Fault], start: float, end: float) -> Fault |
     return None
 
 
+def _blocks(
+    runs: list[dict[str, Any]], exits: dict[int, float], kills: dict[int, float]
+) -> dict[int, list[tuple[float, float]]]:
+    """When each worker's event loop was blocked: the runs that blocked it (pid -> spans)."""
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for run in runs:
+        if run["kind"] == "block":
+            spans[run["pid"]].append((run["started"], _run_end(run, exits, kills)))
+    return spans
+
+
+def _blocked_between(
+    blocks: dict[int, list[tuple[float, float]]], pid: int, start: float, end: float
+) -> float | None:
+    """When the last block of worker ``pid``'s event loop in [start, end] ended, if any: then
+    it could extend no lease and write no outcome, and its claims may have lapsed (a blocked
+    loop is a healthy worker: it must not start or go on with a job it may have lost)."""
+    ends = [b_end for b_start, b_end in blocks.get(pid, ()) if b_start <= end and b_end >= start]
+    return max(ends) if ends else None
+
+
 def analyse(
     runs: list[dict[str, Any]],
     faults: list[Fault],
@@ -333,7 +430,8 @@ def analyse(
 ) -> tuple[list[str], dict[str, Any]]:
     """Check overlaps and duplicates against the faults; return (violations, figures)."""
     kills = {f.pid: f.started for f in faults if f.kind == "kill" and f.pid is not None}
-    stops = {f.pid: f for f in faults if f.kind == "stop" and f.pid is not None}
+    stops = {f.pid: f for f in faults if f.kind in ("stop", "cancel") and f.pid is not None}
+    blocks = _blocks(runs, exits, kills)
     by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for run in runs:
         by_job[run["job_id"]].append(run)
@@ -356,10 +454,29 @@ def analyse(
                 )
                 if first["pid"] == second["pid"]:
                     violations.append(f"{what}, on the same worker")
-                elif _net_fault_between(faults, first["started"], second["started"]) is None:
-                    violations.append(f"{what}, with no network fault in between (healthy workers)")
-                else:
+                elif _net_fault_between(faults, first["started"], second["started"]):
                     figures["overlaps_explained"] += 1
+                elif (
+                    unblocked := _blocked_between(
+                        blocks, first["pid"], first["started"], second["started"]
+                    )
+                ) is not None:
+                    # The first run's worker could not extend its lease: its loop was blocked
+                    # (by a task) before the second run began. Only the first run's worker:
+                    # one whose loop was blocked must not start a job another one runs.
+                    figures["overlaps_explained"] += 1
+                    figures["overlaps_blocked"] += 1
+                    # How long an async first run went on once its loop was free (a figure
+                    # only: until its heartbeat found the claim lost and cancelled it, or it
+                    # ended; a thread cannot be stopped).
+                    after = round(1000 * max(0.0, first_end - unblocked))
+                    if first["kind"] == "async":
+                        figures["after_block_ms_max"] = max(figures["after_block_ms_max"], after)
+                else:
+                    violations.append(
+                        f"{what}, with no network fault or blocked loop in between (healthy"
+                        " workers)"
+                    )
         for prev, run in itertools.pairwise(job_runs):
             if prev["outcome"] in PLANNED:
                 continue
@@ -372,6 +489,9 @@ def analyse(
                 why = "stopped"
             elif _net_fault_between(faults, prev["started"] - lease, min(prev_end, run["started"]) + SLACK):  # fmt: skip
                 why = "network"
+            elif _blocked_between(blocks, prev["pid"], prev["started"], run["started"]) is not None:
+                # Its loop blocked during the run or before its outcome was written.
+                why = "blocked"
             if why is None:
                 violations.append(
                     f"job {job}: run {run['id']} (pid {run['pid']}, attempt {run['attempt']})"
@@ -380,6 +500,14 @@ def analyse(
                 )
             else:
                 figures[f"duplicates_{why}"] += 1
+    for fault in faults:  # hard cancels that caught plain def tasks' threads running
+        if fault.cancelled is not None and any(
+            r["pid"] == fault.pid
+            and r["kind"].startswith("sync")
+            and r["started"] <= fault.cancelled <= _run_end(r, exits, kills)
+            for r in runs
+        ):
+            figures["cancels_with_threads"] += 1
     return violations, dict(figures)
 
 
@@ -387,7 +515,7 @@ def test_randomized_faults_keep_the_core_promises(
     own_server: EmbeddedPostgres,
     own_dsn: str,
     workdir: Path,
-    workers: Callable[[str, str], Workers],
+    workers: Callable[[str, str, random.Random], Workers],
 ) -> None:
     seed = chaos_seed()
     rng = random.Random(seed)
@@ -398,10 +526,11 @@ def test_randomized_faults_keep_the_core_promises(
     faults: list[Fault] = []
     violations: list[str] = []
     leases: dict[int, float] = {}
+    limits = Limits(sql, rng)
     try:
         with Proxy("127.0.0.1", own_server.port) as proxy:
             proxied = own_dsn.replace(f":{own_server.port}/", f":{proxy.port}/")
-            fleet = workers(proxied, own_dsn)
+            fleet = workers(proxied, own_dsn, rng)
             for slot in fleet.slots:
                 fleet.start(slot)
             deadline = time.monotonic() + FAULT_PHASE
@@ -410,8 +539,8 @@ def test_randomized_faults_keep_the_core_promises(
                 for pid in fleet.reap(now, rng):
                     violations += _left_running(sql, pid, faults)
                 action = rng.choices(
-                    ["defer", "kill", "stop", "drop", "stall", "wait"],
-                    weights=[4, 0.4, 0.5, 0.5, 0.3, 2],
+                    ["defer", "kill", "stop", "cancel", "drop", "stall", "limits", "wait"],
+                    weights=[4, 0.4, 0.4, 0.3, 0.5, 0.3, 0.8, 2],
                 )[0]
                 alive = fleet.alive()
                 if action == "defer":
@@ -421,12 +550,22 @@ def test_randomized_faults_keep_the_core_promises(
                     assert slot.proc is not None
                     slot.proc.send_signal(signal.SIGKILL)
                     faults.append(Fault("kill", now, now, slot.proc.pid))
-                elif action == "stop" and alive:
-                    slot = rng.choice([s for s in alive if s.stopping is None] or alive)
+                elif action in ("stop", "cancel") and alive:
+                    candidates = [s for s in alive if s.stopping is None] or alive
+                    if action == "cancel":  # rather a worker with a def task's thread running
+                        candidates = _running_threads(sql, candidates) or candidates
+                    slot = rng.choice(candidates)
                     assert slot.proc is not None
                     slot.proc.send_signal(signal.SIGTERM)
-                    slot.stopping = Fault("stop", now, float("inf"), slot.proc.pid)
-                    faults.append(slot.stopping)
+                    if slot.stopping is None:
+                        slot.stopping = Fault(action, now, float("inf"), slot.proc.pid)
+                        faults.append(slot.stopping)
+                    if action == "cancel":
+                        # The second SIGTERM cancels Worker.run() (the CLI's "again: at once"),
+                        # mostly within the grace, while plain def tasks' threads still run.
+                        slot.cancel_at = now + rng.uniform(0.0, GRACE * 0.75)
+                elif action == "limits":
+                    limits.toggle()
                 elif action == "drop":
                     proxy.drop_all()
                     faults.append(Fault("drop", now, time.time()))
@@ -436,26 +575,81 @@ def test_randomized_faults_keep_the_core_promises(
                     faults.append(Fault("stall", now, now + seconds))
                 time.sleep(rng.uniform(0.1, 0.6))
             log(f"faults injected: {Counter(f.kind for f in faults)}; {len(leases)} jobs")
+            limits.lift()
             violations += _drain(sql, fleet, rng, faults)
         runs, exits = _collect(sql, fleet)
         found, figures = analyse(runs, faults, exits, leases)
         violations += found
         violations += _terminal(sql, list(leases))
+        blocked = sum(1 for r in runs if r["kind"] == "block")
         summary = (
-            f"{len(leases)} jobs, {len(runs)} runs, {fleet.started} worker processes,"
-            f" faults {dict(Counter(f.kind for f in faults))}, {figures}"
+            f"{len(leases)} jobs, {len(runs)} runs, {fleet.started} worker processes"
+            f" {dict(fleet.configs)}, faults {dict(Counter(f.kind for f in faults))},"
+            f" {blocked} blocked loops, queue changes {dict(limits.changes)}, {figures}"
         )
         log(f"RESULT randomized [{PROFILE}] seed {seed}: {summary}")
         report = os.environ.get("AIOQ_CHAOS_REPORT")
         if report:
             with open(report, "a") as out:
-                out.write(json.dumps({"scenario": "12 randomized", "profile": PROFILE, "seed": seed, "jobs": len(leases), "runs": len(runs), "faults": dict(Counter(f.kind for f in faults)), "violations": len(violations), **figures}) + "\n")  # fmt: skip
+                out.write(json.dumps({"scenario": "12 randomized", "profile": PROFILE, "seed": seed, "jobs": len(leases), "runs": len(runs), "faults": dict(Counter(f.kind for f in faults)), "blocked": blocked, "queue_changes": dict(limits.changes), "violations": len(violations), **figures}) + "\n")  # fmt: skip
     finally:
         sql.close()
     assert not violations, (
         f"seed {seed} (rerun with AIOQ_CHAOS_SEED={seed}): {len(violations)} violations"
         f" ({summary}):\n" + "\n".join(violations[:40])
     )
+
+
+def _running_threads(sql: Sql, slots: list[Slot]) -> list[Slot]:
+    """The slots whose worker runs a plain def task in a thread now (as far as ``runs`` says)."""
+    pids = {
+        r["pid"]
+        for r in sql.retrying(
+            lambda: sql.fetch(
+                "SELECT DISTINCT pid FROM runs WHERE ended_at IS NULL AND kind LIKE 'sync%'"
+            )
+        )
+    }
+    return [s for s in slots if s.proc is not None and s.proc.pid in pids]
+
+
+class Limits:
+    """The limited queues' settings, toggled while workers serve them (aioq.set_queue)."""
+
+    def __init__(self, sql: Sql, rng: random.Random) -> None:
+        self.sql = sql
+        self.rng = rng
+        self.paused: dict[str, bool] = dict.fromkeys(QUEUES, False)
+        self.changes: Counter[str] = Counter()
+        self._set("limited", max_running=2)
+        self._set("rated", rate=(5, 1.0))
+        self._set("keyed", max_running_per_key=1)
+        self._set("default", max_running=None)
+
+    def _set(self, queue: str, **settings: Any) -> None:
+        self.sql.retrying(lambda: self.sql._run(lambda c: aioq.set_queue(c, queue, **settings)))
+
+    def toggle(self) -> None:
+        """Pause or resume a queue, or change its limit."""
+        queue = self.rng.choice(QUEUES)
+        if queue == "default" or self.rng.random() < 0.4:
+            self.paused[queue] = not self.paused[queue]
+            self._set(queue, paused=self.paused[queue])
+            self.changes["resume" if not self.paused[queue] else "pause"] += 1
+        elif queue == "limited":
+            self._set(queue, max_running=self.rng.choice([None, 1, 2, 4]))
+            self.changes["max_running"] += 1
+        elif queue == "rated":
+            self._set(queue, rate=self.rng.choice([None, (2, 1.0), (5, 1.0), (1, 0.5)]))
+            self.changes["rate"] += 1
+        else:
+            self._set(queue, max_running_per_key=self.rng.choice([None, 1, 2]))
+            self.changes["max_running_per_key"] += 1
+
+    def lift(self) -> None:
+        """Resume every queue and lift the limits: the drain must not wait on them."""
+        for queue in QUEUES:
+            self._set(queue, paused=False, max_running=None, rate=None, max_running_per_key=None)
 
 
 def _left_running(sql: Sql, pid: int, faults: list[Fault]) -> list[str]:
@@ -466,7 +660,7 @@ def _left_running(sql: Sql, pid: int, faults: list[Fault]) -> list[str]:
     """
     if any(f.kind == "kill" and f.pid == pid for f in faults):
         return []
-    stop = next((f for f in faults if f.kind == "stop" and f.pid == pid), None)
+    stop = next((f for f in faults if f.kind in ("stop", "cancel") and f.pid == pid), None)
     since = stop.started if stop is not None else time.time() - GRACE - SLACK
     if _net_fault_between(faults, since - 1.0, time.time()):
         return []
@@ -563,14 +757,21 @@ def _terminal(sql: Sql, job_ids: list[int]) -> list[str]:
 
 
 def _run(
-    run_id: int, pid: int, started: float, ended: float | None, outcome: str | None
+    run_id: int,
+    pid: int,
+    started: float,
+    ended: float | None,
+    outcome: str | None,
+    *,
+    job_id: int = 1,
+    kind: str = "async",
 ) -> dict[str, Any]:
     return {
         "id": run_id,
-        "job_id": 1,
+        "job_id": job_id,
         "attempt": run_id,
         "pid": pid,
-        "kind": "async",
+        "kind": kind,
         "started": started,
         "ended": ended,
         "outcome": outcome,
@@ -606,3 +807,26 @@ def test_the_analysis_tells_explained_from_unexplained_runs() -> None:
     # A run whose end is unknown and whose worker was never killed overlaps everything after.
     found, _ = analyse(killed, [], {}, lease)
     assert len(found) == 2
+    # Worker 10's loop was blocked (by job 2's run) during the first run: it could extend no
+    # lease, so worker 11's run beside it is explained; the block is 10's, not 11's.
+    block = _run(9, 10, 100.5, 101.8, "ok", job_id=2, kind="block")
+    leases = {1: 2.0, 2: 1.0}
+    found, figures = analyse([*healthy, block], [], {}, leases)
+    assert found == []
+    assert figures["overlaps_blocked"] == 1
+    assert figures["duplicates_blocked"] == 1
+    # The same block does not excuse worker 10 starting a job worker 11 runs, nor two runs at
+    # once on the blocked worker itself.
+    late = [_run(1, 11, 100.0, 103.0, "ok"), _run(2, 10, 102.0, 104.0, "ok")]
+    found, _ = analyse([*late, block], [], {}, leases)
+    assert any("no network fault or blocked loop" in v for v in found)
+    found, _ = analyse([*same, block], [], {}, leases)
+    assert any("on the same worker" in v for v in found)
+    # A hard cancel excuses the rerun of a cancelled run, never that of a run that ended (a
+    # thread's run keeps its claim and its outcome is written).
+    cancel = [Fault("cancel", 100.5, 101.0, pid=10)]
+    cut = [_run(1, 10, 100.0, 100.6, "cancelled"), _run(2, 11, 101.0, 102.0, "ok")]
+    assert analyse(cut, cancel, {}, lease) == ([], {"duplicates": 1, "duplicates_stopped": 1})
+    ended = [_run(1, 10, 100.0, 100.6, "ok"), _run(2, 11, 101.0, 102.0, "ok")]
+    found, _ = analyse(ended, cancel, {}, lease)
+    assert any("no fault to explain it" in v for v in found)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -25,3 +26,16 @@ async def _execute(dsn: str, *statements: str) -> None:
 def run_sql(dsn: str, *statements: str) -> None:
     """Run statements on a connection of their own (outside any test's event loop)."""
     asyncio.run(_execute(dsn, *statements))
+
+
+def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    """Rows of one statement, on a connection of its own (outside any test's event loop)."""
+
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())

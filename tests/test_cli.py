@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -12,11 +11,10 @@ import textwrap
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import asyncpg
 import psycopg
 import pytest
+from db import fetch
 from procs import (
     AIOQ,
     LISTENERS,
@@ -57,17 +55,6 @@ TASKS = textwrap.dedent(
             await conn.close()
     """
 )
-
-
-def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return await conn.fetch(sql, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
 
 
 def defer_sql(dsn: str, count: int, sleep: float) -> list[int]:

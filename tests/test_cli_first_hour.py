@@ -3,7 +3,6 @@ registry, finished jobs in `jobs show`, a closed stdout, and messages that point
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -15,6 +14,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from db import fetch
 from procs import AIOQ, aioq_cli, assert_one_line_error, spawner
 from waits import wait_for
 
@@ -40,17 +40,6 @@ TASKS = textwrap.dedent(
         pass
     """
 )
-
-
-def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return await conn.fetch(sql, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
 
 
 def job(dsn: str, job_id: int) -> asyncpg.Record | None:

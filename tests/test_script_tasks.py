@@ -3,16 +3,14 @@ that imports the same file (``aioq worker shop``) give each task one name (docs/
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
-import asyncpg
+from db import fetch
 from procs import spawner
 from waits import wait_for
 
@@ -46,17 +44,6 @@ SCRIPT = textwrap.dedent(
         asyncio.run(main())
     """
 )
-
-
-def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return await conn.fetch(sql, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
 
 
 def python(*args: str, cwd: Path) -> str:

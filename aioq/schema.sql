@@ -387,3 +387,175 @@ CREATE TABLE {{schema}}.uniques (
 );
 
 CREATE INDEX uniques_expires_at_idx ON {{schema}}.uniques (expires_at);
+
+-- aioq:migration 13
+
+-- Workflows (docs/architecture.md, "Workflows"): steps with dependencies, deferred together in
+-- the caller's transaction. A step is a job (its row in jobs, with workflow_id set) plus its
+-- bookkeeping here. A step whose dependencies have not all succeeded is `waiting`: not in the
+-- claim's partial index (status = 'pending'), so the claim never sees it. The statement that
+-- records a step's success (aioq.sql.outcomes.WRITE_STEP_OUTCOMES) decrements its dependents'
+-- `remaining` under their step rows' locks and makes those that reach zero pending: each
+-- success is recorded once (the fence), so each fan-in happens once. Plain jobs keep
+-- workflow_id NULL and pay for none of it but the trigger's WHEN test on a status change.
+ALTER TABLE {{schema}}.jobs
+    DROP CONSTRAINT jobs_status_check,
+    ADD CONSTRAINT jobs_status_check
+        CHECK (status IN ('pending', 'running', 'dead', 'cancelled', 'waiting')),
+    ADD COLUMN workflow_id bigint;
+
+-- A run's steps, for aioq.workflow() and cancel_workflow(); plain jobs are not in it.
+CREATE INDEX jobs_workflow_idx ON {{schema}}.jobs (workflow_id) WHERE workflow_id IS NOT NULL;
+
+CREATE TABLE {{schema}}.workflows (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL,
+    steps integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX workflows_created_at_idx ON {{schema}}.workflows (created_at);
+
+-- One row per step, kept while the run lives (its job row leaves jobs when it succeeds).
+-- remaining: dependencies still to succeed (on_failure 'run': still to end);
+-- blocked_by: the dependency whose failure cancelled this step (a replay of it revives this);
+-- succeeded_at and result: written by the statement that recorded its success.
+CREATE TABLE {{schema}}.workflow_steps (
+    job_id bigint PRIMARY KEY,
+    workflow_id bigint NOT NULL,
+    name text NOT NULL,
+    task text NOT NULL,
+    remaining integer NOT NULL,
+    on_failure text NOT NULL DEFAULT 'cancel'
+        CONSTRAINT workflow_steps_on_failure_check CHECK (on_failure IN ('cancel', 'run')),
+    blocked_by bigint,
+    succeeded_at timestamptz,
+    result jsonb,
+    CONSTRAINT workflow_steps_name_key UNIQUE (workflow_id, name)
+);
+
+-- The dependency edges: job_id runs after parent_id. By parent for the fan-in, by dependent
+-- for upstream().
+CREATE TABLE {{schema}}.workflow_deps (
+    parent_id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    PRIMARY KEY (parent_id, job_id)
+);
+
+CREATE INDEX workflow_deps_job_idx ON {{schema}}.workflow_deps (job_id);
+
+-- A step ended dead or cancelled, by whatever path (an outcome, the reaper, a cancel, a
+-- cancelled run): its dependents that need it are cancelled, naming the step that failed first
+-- (transitively: their own cancel fires this again), and those that run anyway (on_failure
+-- 'run') count it as ended. A step replayed (dead or cancelled to pending or waiting) undoes
+-- both. Step rows are locked before job rows, each in id order, as WRITE_STEP_OUTCOMES does.
+CREATE FUNCTION {{schema}}.workflow_step_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    reason text;
+    step_name text;
+    rung integer;
+BEGIN
+    IF NEW.status IN ('dead', 'cancelled') THEN
+        SELECT name INTO step_name FROM {{schema}}.workflow_steps WHERE job_id = NEW.id;
+        IF OLD.status = 'waiting' AND NEW.last_error LIKE 'DependencyFailed:%' THEN
+            reason := NEW.last_error;  -- cancelled for its own dependency: name the root
+        ELSE
+            reason := format('DependencyFailed: step %L (job %s) ended %s', step_name, NEW.id,
+                             NEW.status);
+        END IF;
+        PERFORM 1 FROM {{schema}}.workflow_steps AS w
+        WHERE w.job_id IN (SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                           WHERE d.parent_id = NEW.id)
+        ORDER BY w.job_id FOR UPDATE;
+        WITH blocked AS (
+            UPDATE {{schema}}.workflow_steps AS w SET blocked_by = NEW.id
+            FROM {{schema}}.jobs AS j, {{schema}}.workflow_deps AS d
+            WHERE d.parent_id = NEW.id AND w.job_id = d.job_id AND j.id = d.job_id
+              AND w.on_failure = 'cancel' AND j.status = 'waiting'
+            RETURNING w.job_id
+        )
+        UPDATE {{schema}}.jobs AS j
+        SET status = 'cancelled', last_error = reason, run_at = now()
+        FROM blocked WHERE j.id = blocked.job_id AND j.status = 'waiting';
+        WITH counted AS (
+            UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining - 1
+            FROM {{schema}}.workflow_deps AS d, {{schema}}.jobs AS j
+            WHERE d.parent_id = NEW.id AND w.job_id = d.job_id AND j.id = d.job_id
+              AND w.on_failure = 'run' AND j.status = 'waiting'
+            RETURNING w.job_id, w.remaining
+        ),
+        released AS (
+            UPDATE {{schema}}.jobs AS j SET status = 'pending', run_at = greatest(j.run_at, now())
+            FROM counted AS c
+            WHERE j.id = c.job_id AND c.remaining <= 0 AND j.status = 'waiting'
+            RETURNING j.queue
+        )
+        SELECT count(pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)) INTO rung
+        FROM (SELECT DISTINCT queue FROM released) AS q;
+    ELSE
+        -- Replayed: the dependents it cancelled wait again (their own revival fires this).
+        PERFORM 1 FROM {{schema}}.workflow_steps AS w
+        WHERE w.job_id IN (SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                           WHERE d.parent_id = NEW.id)
+        ORDER BY w.job_id FOR UPDATE;
+        WITH revived AS (
+            UPDATE {{schema}}.workflow_steps AS w SET blocked_by = NULL
+            WHERE w.blocked_by = NEW.id
+              AND w.job_id IN (SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                               WHERE d.parent_id = NEW.id)
+            RETURNING w.job_id
+        )
+        UPDATE {{schema}}.jobs AS j
+        SET status = 'waiting', last_error = NULL, cancel_requested_at = NULL, run_at = now()
+        FROM revived WHERE j.id = revived.job_id AND j.status = 'cancelled';
+        UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining + 1
+        FROM {{schema}}.workflow_deps AS d, {{schema}}.jobs AS j
+        WHERE d.parent_id = NEW.id AND w.job_id = d.job_id AND j.id = d.job_id
+          AND w.on_failure = 'run' AND j.status = 'waiting';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- A replay makes a step pending; one whose dependencies have not all succeeded waits instead.
+CREATE FUNCTION {{schema}}.workflow_step_replayed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM {{schema}}.workflow_steps AS w
+               WHERE w.job_id = NEW.id AND w.remaining > 0) THEN
+        NEW.status := 'waiting';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER jobs_workflow_step_replayed
+    BEFORE UPDATE OF status ON {{schema}}.jobs
+    FOR EACH ROW
+    WHEN (NEW.workflow_id IS NOT NULL AND NEW.status = 'pending'
+          AND OLD.status IN ('dead', 'cancelled'))
+    EXECUTE FUNCTION {{schema}}.workflow_step_replayed();
+
+CREATE TRIGGER jobs_workflow_step_changed
+    AFTER UPDATE OF status ON {{schema}}.jobs
+    FOR EACH ROW
+    WHEN (NEW.workflow_id IS NOT NULL AND (
+        (NEW.status IN ('dead', 'cancelled') AND OLD.status NOT IN ('dead', 'cancelled'))
+        OR (OLD.status IN ('dead', 'cancelled') AND NEW.status IN ('pending', 'waiting'))))
+    EXECUTE FUNCTION {{schema}}.workflow_step_changed();
+
+-- The doorbell rings for ready jobs only: a waiting step is not claimable.
+CREATE OR REPLACE FUNCTION {{schema}}.ring_doorbell() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)
+    FROM (SELECT DISTINCT queue FROM new_jobs WHERE run_at <= now() AND status = 'pending') AS q
+    WHERE NOT (
+        pg_try_advisory_xact_lock_shared(~TG_RELID::int, hashtext(q.queue))
+        AND pg_try_advisory_lock(TG_RELID::int, hashtext(q.queue))
+        AND pg_advisory_unlock(TG_RELID::int, hashtext(q.queue))
+    );
+    RETURN NULL;
+END;
+$$;

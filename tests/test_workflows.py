@@ -1,0 +1,230 @@
+"""Workflows: steps with dependencies (docs/architecture.md, "Workflows")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+import aioq
+from aioq.sql import workflows as wsql
+from tests.waits import eventually
+
+pytestmark = pytest.mark.anyio
+
+
+async def statuses(conn: asyncpg.Connection, run_id: int) -> dict[str, str]:
+    info = await aioq.workflow(conn, run_id)
+    assert info is not None
+    return {s.name: s.status for s in info.steps}
+
+
+async def test_fan_out_fan_in_runs_once_with_upstream_results(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    @registry.task
+    async def extract(day: str) -> str:
+        return f"raw-{day}"
+
+    @registry.task
+    async def transform(part: int) -> int:
+        up = await aioq.current_job().upstream()
+        assert up == {"extract": "raw-d1"}
+        return part * 10
+
+    @registry.task
+    async def load() -> None:
+        seen.append(await aioq.current_job().upstream())
+
+    flow = aioq.Workflow("nightly")
+    raw = flow.add(extract.call(day="d1"))
+    parts = [flow.add(transform.call(part=i), after=[raw]) for i in range(20)]
+    flow.add(load.call(), after=parts, name="load")
+    async with conn.transaction():
+        run = await flow.defer(conn)
+    assert set(run.jobs) == {
+        "extract",
+        "load",
+        "transform",
+        *(f"transform-{i}" for i in range(2, 21)),
+    }
+    before = await statuses(conn, run.id)
+    assert before["extract"] == "pending"
+    assert before["load"] == "waiting"
+    assert before["transform-5"] == "waiting"
+    job = await aioq.get_job(conn, run.jobs["load"])
+    assert job is not None
+    assert job.status == aioq.JobStatus.WAITING
+
+    await make_worker(concurrency=8).run_until_idle()
+    assert len(seen) == 1
+    expected = {"transform": 0, **{f"transform-{i}": (i - 1) * 10 for i in range(2, 21)}}
+    assert seen[0] == expected
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "succeeded"
+    assert {s.status for s in info.steps} == {"succeeded"}
+    assert info.counts["succeeded"] == 22
+    by_name = {s.name: s for s in info.steps}
+    assert by_name["load"].after == ["transform", *(f"transform-{i}" for i in range(2, 21))]
+    assert by_name["transform-3"].result == 20
+
+
+async def test_rolled_back_transaction_leaves_no_step(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    flow = aioq.chain(*(step.call(n=i) for i in range(5)))
+    tx = conn.transaction()
+    await tx.start()
+    run = await flow.defer(conn)
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 5
+    await tx.rollback()
+    for table in ("jobs", "workflows", "workflow_steps", "workflow_deps"):
+        assert await conn.fetchval(f"SELECT count(*) FROM aioq.{table}") == 0
+    assert await aioq.workflow(conn, run.id) is None
+
+
+async def test_dead_step_cancels_dependents_and_replay_resumes(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    broken = {"yes": True}
+    ran: list[str] = []
+
+    @registry.task(max_attempts=1)
+    async def fragile() -> str:
+        if broken["yes"]:
+            raise RuntimeError("boom")
+        return "ok"
+
+    @registry.task
+    async def after(label: str) -> str:
+        ran.append(label)
+        return label
+
+    @registry.task
+    async def report() -> None:
+        up = await aioq.current_job().upstream()
+        ran.append(f"report:{sorted(up)}:{type(up['fragile']).__name__}")
+
+    flow = aioq.Workflow("w")
+    bad = flow.add(fragile.call())
+    mid = flow.add(after.call(label="mid"), after=[bad])
+    flow.add(after.call(label="end"), after=[mid], name="end")
+    flow.add(report.call(), after=[bad], on_failure="run")
+    run = await flow.defer(conn)
+    await make_worker().run_until_idle()
+
+    now = await statuses(conn, run.id)
+    assert now == {
+        "fragile": "dead",
+        "after": "cancelled",
+        "end": "cancelled",
+        "report": "succeeded",
+    }
+    assert ran == ["report:['fragile']:StepFailed"]
+    for name in ("after", "end"):
+        job = await aioq.get_job(conn, run.jobs[name])
+        assert job is not None
+        assert job.last_error is not None
+        assert "'fragile'" in job.last_error, job.last_error
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "failed"
+
+    broken["yes"] = False
+    replay = await aioq.retry_dead(conn, job_id=run.jobs["fragile"])
+    assert replay.retried == [run.jobs["fragile"]]
+    now = await statuses(conn, run.id)
+    assert now["after"] == "waiting"
+    assert now["end"] == "waiting"
+    await make_worker().run_until_idle()
+    assert await statuses(conn, run.id) == dict.fromkeys(now, "succeeded")
+    assert ran[1:] == ["mid", "end"]
+
+
+async def test_cancel_workflow(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.group(*(step.call(n=i) for i in range(3)), then=step.call(n=9)).defer(conn)
+    states = await aioq.cancel_workflow(conn, run.id)
+    assert set(states.values()) == {"cancelled"}
+    await make_worker().run_until_idle()
+    assert set((await statuses(conn, run.id)).values()) == {"cancelled"}
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "cancelled"
+
+
+def test_build_errors(registry: aioq.Registry) -> None:
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    flow, other = aioq.Workflow("a"), aioq.Workflow("b")
+    s = other.add(step.call(n=1))
+    with pytest.raises(aioq.ConfigError, match="belongs to workflow 'b'"):
+        flow.add(step.call(n=1), after=[s])
+    flow.add(step.call(n=1), name="x")
+    with pytest.raises(aioq.ConfigError, match="already used"):
+        flow.add(step.call(n=2), name="x")
+    with pytest.raises(aioq.ArgumentError):
+        step.call(m=1)  # type: ignore[call-arg]
+    with pytest.raises(aioq.OptionError):
+        step.options(unique_key="k").call(n=1)
+    with pytest.raises(aioq.ConfigError, match="on_failure"):
+        flow.add(step.call(n=1), on_failure="ignore")
+
+
+async def test_large_run_defers_in_few_round_trips(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def part(n: int) -> None:
+        pass
+
+    flow = aioq.Workflow("big")
+    first = flow.add(part.call(n=-1))
+    parts = [flow.add(part.call(n=i), after=[first]) for i in range(9_000)]
+    flow.add(part.call(n=-2), after=parts, name="merge")
+    statements: list[str] = []
+    conn.add_query_logger(lambda q: statements.append(q.query))
+    async with conn.transaction():
+        run = await flow.defer(conn)
+    steps = [q for q in statements if "workflow" in q]
+    assert len(steps) == 1 + -(-9_002 // 4000), steps  # the run, then one per batch
+    assert len(run.jobs) == 9_002
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_deps") == 18_000
+    assert (
+        await conn.fetchval(
+            "SELECT remaining FROM aioq.workflow_steps WHERE job_id = $1", run.jobs["merge"]
+        )
+        == 9_000
+    )
+
+
+async def test_pruned_after_retention(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task
+    async def step(n: int) -> int:
+        return n
+
+    run = await aioq.chain(step.call(n=1), step.call(n=2)).defer(conn)
+    await make_worker().run_until_idle()
+    assert await wsql.PRUNE_WORKFLOWS.row(conn, "aioq", 3600.0, 100) == 0
+    assert await wsql.PRUNE_WORKFLOWS.row(conn, "aioq", 0.0, 100) == 1
+    assert await aioq.workflow(conn, run.id) is None
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_steps") == 0
+    await eventually(lambda: True)

@@ -228,3 +228,46 @@ async def test_pruned_after_retention(
     assert await aioq.workflow(conn, run.id) is None
     assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_steps") == 0
     await eventually(lambda: True)
+
+
+async def test_fan_in_waits_for_its_last_parent(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """One parent's success is recorded while the other still runs: the fan-in still waits
+    (the statement that recorded the first success left it waiting), and runs after both."""
+    ids: dict[str, int] = {}
+    seen: list[str] = []
+
+    @registry.task
+    async def first() -> int:
+        return 1
+
+    @registry.task
+    async def second() -> int:
+        check = await asyncpg.connect(dsn)
+        try:
+            await eventually(
+                lambda: check.fetchval(
+                    "SELECT succeeded_at IS NOT NULL FROM aioq.workflow_steps WHERE job_id = $1",
+                    ids["first"],
+                ),
+                "the first parent's success",
+            )
+            seen.append(
+                await check.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", ids["join"])
+            )
+        finally:
+            await check.close()
+        return 2
+
+    @registry.task
+    async def join() -> None:
+        seen.append(repr(await aioq.current_job().upstream()))
+
+    run = await aioq.group(first.call(), second.call(), then=join.call()).defer(conn)
+    ids.update(run.jobs)
+    await make_worker(concurrency=4).run_until_idle()
+    assert seen == ["waiting", "{'first': 1, 'second': 2}"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +12,7 @@ import pytest
 
 import aioq
 from aioq.sql import workflows as wsql
+from tests.procs import aioq_cli
 from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
@@ -271,3 +274,49 @@ async def test_fan_in_waits_for_its_last_parent(
     ids.update(run.jobs)
     await make_worker(concurrency=4).run_until_idle()
     assert seen == ["waiting", "{'first': 1, 'second': 2}"]
+
+
+async def test_cli_lists_shows_and_cancels_runs(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task(name="app.step")
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.group(
+        step.call(n=1), step.call(n=2), then=step.call(n=3), name="nightly"
+    ).defer(conn)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return aioq_cli(dsn, *args)
+
+    listed = cli("workflows", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert (row["id"], row["name"], row["state"]) == (run.id, "nightly", "running")
+    assert row["counts"] == {
+        "waiting": 1, "pending": 2, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0
+    }  # fmt: skip
+    table = cli("workflows", "list")
+    assert "nightly" in table.stdout
+    assert "WAITING" in table.stdout
+    shown = cli("workflows", "show", str(run.id))
+    assert shown.returncode == 0, shown.stderr
+    assert f"workflow {run.id} nightly: running (1 waiting, 2 pending)" in shown.stdout
+    assert any(
+        line.split()[:5]
+        == ["step-3", str(run.jobs["step-3"]), "app.step", "waiting", "step,step-2"]
+        for line in shown.stdout.splitlines()
+    ), shown.stdout
+    waiting = cli("jobs", "list", "--status", "waiting", "--json")
+    assert [j["id"] for j in json.loads(waiting.stdout)] == [run.jobs["step-3"]]
+    job = cli("jobs", "show", str(run.jobs["step-3"]))
+    assert "waiting" in job.stdout
+    cancelled = cli("workflows", "cancel", str(run.id))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"workflow {run.id}: cancelled 3 steps" in cancelled.stdout
+    again = cli("workflows", "show", str(run.id), "--json")
+    assert json.loads(again.stdout)["state"] == "cancelled"
+    missing = cli("workflows", "show", "999")
+    assert missing.returncode == 1
+    assert "workflow 999 not found" in missing.stderr

@@ -49,6 +49,7 @@ from aioq.cli.queues import (
 from aioq.cli.schedules import cmd_schedules
 from aioq.cli.web import cmd_web
 from aioq.cli.worker import add_worker_flags, cmd_dev, cmd_worker
+from aioq.cli.workflows import cmd_workflows_cancel, cmd_workflows_list, cmd_workflows_show
 from aioq.errors import AioqError
 from aioq.job import JobStatus
 from aioq.limits import UNSET
@@ -265,6 +266,23 @@ def _build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--dead", action="store_true", required=True, help="purge dead jobs")
     purge.add_argument("--older-than", type=duration, metavar="DURATION", help="e.g. 7d")
     purge.set_defaults(handler=cmd_jobs_purge)
+
+    flows = commands.add_parser("workflows", help="list, show and cancel workflow runs")
+    flow_verbs = flows.add_subparsers(title="actions", dest="action", required=True)
+    fls = flow_verbs.add_parser("list", parents=[db, out], help="runs, newest first")
+    fls.add_argument("--name", help="runs of this workflow name only")
+    fls.add_argument("--limit", type=positive_int, default=50)
+    fls.set_defaults(handler=cmd_workflows_list)
+    fshow = flow_verbs.add_parser(
+        "show", parents=[db, out], help="one run and its steps; exit 1 if not found"
+    )
+    fshow.add_argument("id", type=int)
+    fshow.set_defaults(handler=cmd_workflows_show)
+    fcancel = flow_verbs.add_parser(
+        "cancel", parents=[db, out], help="cancel a run: waiting and pending steps, running ones"
+    )
+    fcancel.add_argument("id", type=int)
+    fcancel.set_defaults(handler=cmd_workflows_cancel)
 
     web = commands.add_parser(
         "web",

@@ -9,11 +9,11 @@ from typing import Any
 
 import asyncpg
 import pytest
+from procs import aioq_cli
+from waits import eventually
 
 import aioq
 from aioq.sql import workflows as wsql
-from tests.procs import aioq_cli
-from tests.waits import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -51,6 +51,7 @@ class QueueStats:
     # From the workers' per-minute history (the last full minute and the current one): None
     # when no worker wrote any history (older workers, or stats_history off).
     failed_last_minute: int | None = None
+    waiting: int = 0  # workflow steps waiting for their dependencies (not claimable)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +99,7 @@ async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
                 cancelled=row.cancelled if row else 0,
                 oldest_ready_age=row.oldest_ready_age if row else 0.0,
                 expired_leases=row.expired if row else 0,
+                waiting=row.waiting if row else 0,
                 completed_last_minute=completed.get(name, 0) if archived else None,
                 failed_last_minute=(recent[name].failed if name in recent else 0)
                 if recent

@@ -89,6 +89,7 @@ class Job:
     # The worker of its latest claim that ended without deleting it (retried, dead, cancelled,
     # released, rescued): locked_by is cleared then. For a succeeded job, the one that ran it.
     last_worker: str | None = None
+    workflow_id: int | None = None  # the workflow run of a step (aioq.workflow), else None
 
     @classmethod
     def from_row(cls, row: Row) -> Job:

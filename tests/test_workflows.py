@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -10,9 +11,11 @@ from typing import Any
 import asyncpg
 import pytest
 from procs import aioq_cli
+from starlette.testclient import TestClient
 from waits import eventually
 
 import aioq
+import aioq.web
 from aioq.sql import workflows as wsql
 
 pytestmark = pytest.mark.anyio
@@ -320,3 +323,44 @@ async def test_cli_lists_shows_and_cancels_runs(
     missing = cli("workflows", "show", "999")
     assert missing.returncode == 1
     assert "workflow 999 not found" in missing.stderr
+
+
+async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task(name="app.step")
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.group(
+        step.call(n=1), step.call(n=2), then=step.call(n=3), name="nightly"
+    ).defer(conn)
+    other = await aioq.chain(step.call(n=1), step.call(n=2), name="other").defer(conn)
+    await aioq.cancel_jobs(conn, [other.jobs["step"]])  # its dependent is cancelled with it
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        listing = client.get("/workflows")
+        assert listing.status_code == 200
+        assert f'<a href="/workflows/{run.id}">{run.id}</a>' in listing.text
+        assert re.search(r"<span class=\"badge cancelled\">cancelled</span>", listing.text)
+        page = client.get(f"/workflows/{run.id}")
+        assert page.status_code == 200
+        for name, job_id in run.jobs.items():
+            row = re.search(rf'<tr data-step="{name}">(.*?)</tr>', page.text, re.DOTALL)
+            assert row is not None, name
+            assert f'<a href="/jobs/{job_id}">{job_id}</a>' in row.group(1)
+        last = re.search(r'<tr data-step="step-3">(.*?)</tr>', page.text, re.DOTALL)
+        assert last is not None
+        assert "badge waiting" in last.group(1)
+        assert "step, step-2" in last.group(1)
+        cancelled = client.get(f"/workflows/{other.id}")
+        assert "DependencyFailed: step &#39;step&#39;" in cancelled.text
+        job = client.get(f"/jobs/{run.jobs['step-3']}")
+        assert f'<a id="workflow" href="/workflows/{run.id}">run {run.id}</a>' in job.text
+        assert "badge waiting" in job.text
+        overview = client.get("/")
+        cell = re.search(r'data-col="waiting"><a[^>]*>(\d+)</a>', overview.text)
+        assert cell is not None
+        assert cell.group(1) == "1"
+        assert client.get("/workflows/999").status_code == 404
+    stats = await aioq.stats(conn)
+    assert [q.waiting for q in stats.queues] == [1]

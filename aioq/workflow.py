@@ -116,7 +116,7 @@ class Workflow:
             raise ConfigError("on_failure", f"must be 'cancel' or 'run', got {on_failure!r}")
         if isinstance(after, Step):
             after = (after,)
-        parents: list[int] = []
+        parents: dict[int, None] = {}  # in order, once each
         for step in after:
             if not isinstance(step, Step):
                 raise ConfigError("after", f"must be steps this workflow returned, got {step!r}")
@@ -124,8 +124,7 @@ class Workflow:
                 raise ConfigError(
                     "after", f"step {step.name!r} belongs to workflow {step.flow.name!r}"
                 )
-            if step.index not in parents:
-                parents.append(step.index)
+            parents[step.index] = None
         if name is None:
             base = call.task.name.rpartition(".")[2]
             used = self._counts.get(base, 0)  # "load", then "load-2", "load-3"...

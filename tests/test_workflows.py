@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 from procs import aioq_cli
@@ -364,3 +365,38 @@ async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(
         assert client.get("/workflows/999").status_code == 404
     stats = await aioq.stats(conn)
     assert [q.waiting for q in stats.queues] == [1]
+
+
+async def test_cancel_workflow_stops_a_running_step_and_its_dependents(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    ran: list[str] = []
+
+    @registry.task(lease=2.0)
+    async def slow() -> None:
+        ran.append("slow")
+        await anyio.sleep_forever()
+
+    @registry.task
+    async def after() -> None:
+        ran.append("after")
+
+    run = await aioq.chain(slow.call(), after.call(), after.call()).defer(conn)
+    async with make_worker(concurrency=2):
+        await eventually(lambda: ran == ["slow"], "the first step running")
+        states = await aioq.cancel_workflow(conn, run.id)
+        assert states == {
+            run.jobs["slow"]: "cancelling",
+            run.jobs["after"]: "cancelled",
+            run.jobs["after-2"]: "cancelled",
+        }
+
+        async def slow_cancelled() -> bool:
+            status = await conn.fetchval(
+                "SELECT status FROM aioq.jobs WHERE id = $1", run.jobs["slow"]
+            )
+            return bool(status == "cancelled")
+
+        await eventually(slow_cancelled, "the running step cancelled by its worker")
+    assert await statuses(conn, run.id) == dict.fromkeys(run.jobs, "cancelled")
+    assert ran == ["slow"]

@@ -17,6 +17,8 @@ from typing import Any
 from aioq.admin import cancel_jobs
 from aioq.codec import decode_result
 from aioq.db import Target, executor
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
 from aioq.errors import ConfigError
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql import workflows as sql
@@ -160,6 +162,22 @@ class Workflow:
             batch = self._steps[start : start + STEP_BATCH]
             values = _batch_values(batch, ids, start)
             await sql.INSERT_STEPS.row(db, schema, created.id, *values)
+        jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
+        return WorkflowRun(created.id, self.name, jobs)
+
+    def defer_sync(self, conn: SyncTarget, /) -> WorkflowRun:
+        """Enqueue every step from synchronous code, inside the transaction of ``conn``
+        (psycopg, Django's connection, a SQLAlchemy Session or Connection), as :meth:`defer`."""
+        if not self._steps:
+            raise ConfigError("steps", f"workflow {self.name!r} has no step")
+        schema = self._steps[0].call.task.registry.schema
+        db = sync_executor(conn)
+        created = sql.CREATE_WORKFLOW.row_sync(db, schema, self.name, len(self._steps))
+        assert created is not None  # an INSERT ... RETURNING returns its row
+        ids = created.ids
+        for start in range(0, len(self._steps), STEP_BATCH):
+            batch = self._steps[start : start + STEP_BATCH]
+            sql.INSERT_STEPS.row_sync(db, schema, created.id, *_batch_values(batch, ids, start))
         jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
         return WorkflowRun(created.id, self.name, jobs)
 

@@ -527,3 +527,27 @@ async def test_result_sync_returns_what_a_worker_stored(
 
         async with make_worker():
             assert await anyio.to_thread.run_sync(wait_both) == {"sum": 5}
+
+
+def test_workflow_defers_in_the_callers_transaction(
+    sync: Sync, other: psycopg.Connection[tuple[Any, ...]], registry: aioq.Registry
+) -> None:
+    @registry.task(queue="orders")
+    def step(n: int) -> None: ...
+
+    flow = aioq.Workflow("sync")
+    first = flow.add(step.call(n=1))
+    flow.add(step.options(delay=30).call(n=2), after=[first], name="second")
+    run = flow.defer_sync(sync.target)
+    assert count(other) == 0
+    sync.rollback()
+    assert sync.value("SELECT count(*) FROM aioq.workflow_steps") == 0
+    run = flow.defer_sync(sync.target)
+    sync.commit()
+    rows = other.execute(
+        "SELECT id, status, queue, workflow_id FROM aioq.jobs ORDER BY id"
+    ).fetchall()
+    assert rows == [
+        (run.jobs["step"], "pending", "orders", run.id),
+        (run.jobs["second"], "waiting", "orders", run.id),
+    ]

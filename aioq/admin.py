@@ -169,7 +169,7 @@ async def delete_jobs(
     conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
 ) -> list[int]:
     """Delete jobs that are pending, dead or cancelled; return the ids deleted (running jobs
-    are kept: cancel them)."""
+    are kept: cancel them; so are pending workflow steps, whose dependents wait for them)."""
     conn = await executor(conn)
     return sorted(await sql.DELETE_JOBS.rows(conn, schema, list(job_ids)))
 

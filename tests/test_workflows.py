@@ -165,6 +165,7 @@ async def test_cancel_workflow(
         pass
 
     run = await aioq.group(*(step.call(n=i) for i in range(3)), then=step.call(n=9)).defer(conn)
+    assert await aioq.delete_jobs(conn, list(run.jobs.values())) == []  # cancel them instead
     states = await aioq.cancel_workflow(conn, run.id)
     assert set(states.values()) == {"cancelled"}
     await make_worker().run_until_idle()

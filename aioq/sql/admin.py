@@ -174,11 +174,13 @@ ORDER BY m.id
 )
 
 # Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it
-# first); return the ids.
+# first); return the ids. A pending workflow step is kept: its dependents would wait for it
+# for ever (cancel it: they are cancelled with it).
 DELETE_JOBS = Statement(
     """
 DELETE FROM {s}.jobs
 WHERE id = ANY($1::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
+  AND NOT (status = 'pending' AND workflow_id IS NOT NULL)
 RETURNING id
 """,
     integer,

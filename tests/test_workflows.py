@@ -401,3 +401,40 @@ async def test_cancel_workflow_stops_a_running_step_and_its_dependents(
         await eventually(slow_cancelled, "the running step cancelled by its worker")
     assert await statuses(conn, run.id) == dict.fromkeys(run.jobs, "cancelled")
     assert ran == ["slow"]
+
+
+async def test_200_parents_finishing_on_three_workers_release_the_fan_in_once(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """Parents complete in concurrent statements of three workers: every decrement counts
+    (a lost one leaves the fan-in waiting), and the fan-in is released once."""
+    joined: list[int] = []
+    workers: set[str] = set()
+
+    @registry.task(lease=2.0)
+    async def parent(n: int) -> int:
+        workers.add(aioq.current_job().worker_id)
+        await anyio.sleep(0.01 * (n % 5))
+        return n
+
+    @registry.task
+    async def join() -> None:
+        joined.append(len(await aioq.current_job().upstream()))
+
+    flow = aioq.Workflow("wide")
+    parents = [flow.add(parent.call(n=i)) for i in range(200)]
+    flow.add(join.call(), after=parents, name="join")
+    run = await flow.defer(conn)
+    async with (
+        make_worker(concurrency=10),
+        make_worker(concurrency=10),
+        make_worker(concurrency=10),
+    ):
+
+        async def done() -> bool:
+            info = await aioq.workflow(conn, run.id)
+            return info is not None and info.state == "succeeded"
+
+        await eventually(done, "the run to succeed")
+    assert joined == [200]
+    assert len(workers) > 1  # the parents' successes were recorded by several workers

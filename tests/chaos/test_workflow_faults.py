@@ -9,7 +9,8 @@ task's own. At the end:
 * no run of a step started before every one of its dependencies' success was recorded
   (``workflow_steps.succeeded_at``, written by the statement that made the step pending);
 * each run saw every dependency succeeded, with its result;
-* the 200-way fan-in ran once, unless a kill hit it while it ran.
+* the 200-way fan-in ran once, unless a kill hit it while it ran;
+* no statement of a worker deadlocked (rows are locked in one order).
 
 The random-DAG scenario takes its seed from ``AIOQ_CHAOS_SEED`` (printed at the start).
 """
@@ -295,6 +296,7 @@ def test_fan_out_fan_in_under_sigkill(
     ).report()
     assert kills, "the fan-out drained before any kill: make the parts longer"
     fleet.stop()
+    assert "deadlock" not in fleet.log()  # the fan-in's locks are taken in one order
 
 
 def test_random_dags_under_sigkill(
@@ -342,3 +344,4 @@ def test_random_dags_under_sigkill(
         notes={"seed": seed, "runs": len(run_ids)},
     ).report()
     fleet.stop()
+    assert "deadlock" not in fleet.log()  # the fan-in's locks are taken in one order

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from waits import eventually
 
 import aioq
+import aioq.testing
 import aioq.web
 from aioq.sql import workflows as wsql
 
@@ -316,7 +317,8 @@ async def test_cli_lists_shows_and_cancels_runs(
     waiting = cli("jobs", "list", "--status", "waiting", "--json")
     assert [j["id"] for j in json.loads(waiting.stdout)] == [run.jobs["step-3"]]
     job = cli("jobs", "show", str(run.jobs["step-3"]))
-    assert "waiting" in job.stdout
+    shown_job = dict(line.split(maxsplit=1) for line in job.stdout.splitlines())
+    assert (shown_job["status:"], shown_job["workflow_id:"]) == ("waiting", str(run.id))
     cancelled = cli("workflows", "cancel", str(run.id))
     assert cancelled.returncode == 0, cancelled.stderr
     assert f"workflow {run.id}: cancelled 3 steps" in cancelled.stdout
@@ -438,3 +440,18 @@ async def test_200_parents_finishing_on_three_workers_release_the_fan_in_once(
         await eventually(done, "the run to succeed")
     assert joined == [200]
     assert len(workers) > 1  # the parents' successes were recorded by several workers
+
+
+async def test_the_test_drain_runs_a_whole_run(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def step(n: int) -> int:
+        return n + sum((await aioq.current_job().upstream()).values())
+
+    run = await aioq.chain(step.call(n=1), step.call(n=10), step.call(n=100)).defer(conn)
+    ran = await aioq.testing.drain(dsn, registry)
+    assert [r.outcome for r in ran] == ["succeeded"] * 3
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert [s.result for s in info.steps] == [1, 11, 111]

@@ -9,11 +9,13 @@ they were added with ``on_failure="run"``; replaying it brings them back.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from aioq import hooks
 from aioq.admin import cancel_jobs
 from aioq.codec import decode_result
 from aioq.db import Target, executor
@@ -43,6 +45,8 @@ ON_FAILURE = ("cancel", "run")
 
 STEP_BATCH = 4000
 """Steps inserted per statement: a run of 10 000 steps takes four round trips."""
+
+_NO_HOOK = contextlib.nullcontext()
 
 MAX_NAME = 200
 """The longest workflow or step name, in characters."""
@@ -155,15 +159,23 @@ class Workflow:
             raise ConfigError("steps", f"workflow {self.name!r} has no step")
         schema = self._steps[0].call.task.registry.schema
         db = await executor(conn)
-        created = await sql.CREATE_WORKFLOW.row(db, schema, self.name, len(self._steps))
-        assert created is not None  # an INSERT ... RETURNING returns its row
-        ids = created.ids
-        for start in range(0, len(self._steps), STEP_BATCH):
-            batch = self._steps[start : start + STEP_BATCH]
-            values = _batch_values(batch, ids, start)
-            await sql.INSERT_STEPS.row(db, schema, created.id, *values)
+        deferral = self._deferral()
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            created = await sql.CREATE_WORKFLOW.row(db, schema, self.name, len(self._steps))
+            assert created is not None  # an INSERT ... RETURNING returns its row
+            ids = created.ids
+            for start in range(0, len(self._steps), STEP_BATCH):
+                batch = self._steps[start : start + STEP_BATCH]
+                values = _batch_values(batch, ids, start)
+                await sql.INSERT_STEPS.row(db, schema, created.id, *values, deferral.traceparent)
+            deferral.ids = ids
         jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
         return WorkflowRun(created.id, self.name, jobs)
+
+    def _deferral(self) -> hooks.Deferral:
+        """The run's defer as observers see it (one span for the run, tracing every step)."""
+        first = self._steps[0].call
+        return hooks.Deferral(f"workflow {self.name}", first.opts.queue, len(self._steps))
 
     def defer_sync(self, conn: SyncTarget, /) -> WorkflowRun:
         """Enqueue every step from synchronous code, inside the transaction of ``conn``
@@ -172,12 +184,16 @@ class Workflow:
             raise ConfigError("steps", f"workflow {self.name!r} has no step")
         schema = self._steps[0].call.task.registry.schema
         db = sync_executor(conn)
-        created = sql.CREATE_WORKFLOW.row_sync(db, schema, self.name, len(self._steps))
-        assert created is not None  # an INSERT ... RETURNING returns its row
-        ids = created.ids
-        for start in range(0, len(self._steps), STEP_BATCH):
-            batch = self._steps[start : start + STEP_BATCH]
-            sql.INSERT_STEPS.row_sync(db, schema, created.id, *_batch_values(batch, ids, start))
+        deferral = self._deferral()
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            created = sql.CREATE_WORKFLOW.row_sync(db, schema, self.name, len(self._steps))
+            assert created is not None  # an INSERT ... RETURNING returns its row
+            ids = created.ids
+            for start in range(0, len(self._steps), STEP_BATCH):
+                batch = self._steps[start : start + STEP_BATCH]
+                values = _batch_values(batch, ids, start)
+                sql.INSERT_STEPS.row_sync(db, schema, created.id, *values, deferral.traceparent)
+            deferral.ids = ids
         jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
         return WorkflowRun(created.id, self.name, jobs)
 

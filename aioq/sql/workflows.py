@@ -50,8 +50,9 @@ FROM w
 # One batch of steps: $1 the run, then per step $2 job id, $3 queue, $4 task, $5 args (JSON),
 # $6 priority, $7 run_at (NULL: now + $8 seconds), $9 max_attempts, $10 lease seconds,
 # $11 concurrency key, $12 name, $13 dependencies, $14 on_failure; and the edges of the batch's
-# steps, $15 dependent and $16 dependency job ids. A step with dependencies waits; the others
-# are pending (the jobs' insert trigger rings their queues).
+# steps, $15 dependent and $16 dependency job ids; $17 the traceparent of the run's defer (one
+# for every step). A step with dependencies waits; the others are pending (the jobs' insert
+# trigger rings their queues).
 INSERT_STEPS = Statement(
     """
 WITH steps AS (
@@ -63,12 +64,12 @@ WITH steps AS (
 ),
 inserted AS (
     INSERT INTO {s}.jobs (id, queue, task, args, status, priority, run_at, max_attempts, lease,
-                          concurrency_key, workflow_id)
+                          concurrency_key, workflow_id, traceparent)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, args::jsonb,
            CASE WHEN remaining > 0 THEN 'waiting' ELSE 'pending' END, priority,
            coalesce(run_at, now() + make_interval(secs => delay)), max_attempts,
-           make_interval(secs => lease), concurrency_key, $1
+           make_interval(secs => lease), concurrency_key, $1, $17::text
     FROM steps ORDER BY n
     RETURNING id
 ),

@@ -455,3 +455,34 @@ async def test_the_test_drain_runs_a_whole_run(
     info = await aioq.workflow(conn, run.id)
     assert info is not None
     assert [s.result for s in info.steps] == [1, 11, 111]
+
+
+async def test_a_run_in_another_schema(
+    dsn: str, conn: asyncpg.Connection, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """The fan-in statement and the triggers name the schema they were installed in."""
+    await aioq.install(conn, schema="Other_1")
+    other = aioq.Registry(schema="Other_1")
+
+    @other.task(max_attempts=1)
+    async def fails() -> None:
+        raise RuntimeError("no")
+
+    @other.task
+    async def ok(n: int) -> int:
+        return n
+
+    flow = aioq.Workflow("elsewhere")
+    first = flow.add(ok.call(n=1))
+    bad = flow.add(fails.call(), after=[first])
+    flow.add(ok.call(n=2), after=[bad])
+    run = await flow.defer(conn)
+    await make_worker(registry=other).run_until_idle()
+    info = await aioq.workflow(conn, run.id, schema="Other_1")
+    assert info is not None
+    assert [(s.name, s.status) for s in info.steps] == [
+        ("ok", "succeeded"),
+        ("fails", "dead"),
+        ("ok-2", "cancelled"),
+    ]
+    assert await aioq.workflow(conn, run.id) is None  # nothing in the default schema

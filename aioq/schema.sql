@@ -445,74 +445,126 @@ CREATE TABLE {{schema}}.workflow_deps (
 CREATE INDEX workflow_deps_job_idx ON {{schema}}.workflow_deps (job_id);
 
 -- A step ended dead or cancelled, by whatever path (an outcome, the reaper, a cancel, a
--- cancelled run): its dependents that need it are cancelled, naming the step that failed first
--- (transitively: their own cancel fires this again), and those that run anyway (on_failure
--- 'run') count it as ended. A step replayed (dead or cancelled to pending or waiting) undoes
--- both. Step rows are locked before job rows, each in id order, as WRITE_STEP_OUTCOMES does.
+-- cancelled run): the waiting steps that need it, directly or through others, are cancelled in
+-- one statement (a recursive query over the edges, never a recursion of triggers: a chain of
+-- 10 000 steps cascades at depth one), each naming the step that failed and remembering the
+-- dependency that blocked it; the steps that run anyway (on_failure 'run') count it as ended.
+-- A step replayed (dead or cancelled to pending or waiting) revives the steps it blocked, the
+-- same way. Step rows are locked before job rows, each in id order, as WRITE_STEP_OUTCOMES does.
 CREATE FUNCTION {{schema}}.workflow_step_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     reason text;
     step_name text;
     rung integer;
+    children bigint[];
 BEGIN
+    -- Rows are found by `= ANY(...)` in the primary keys: a run's rows are often all inserted
+    -- since the last ANALYZE, and a join would scan them.
+    children := ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d WHERE d.parent_id = NEW.id);
+    IF children = '{}' THEN
+        RETURN NULL;
+    END IF;
     IF NEW.status IN ('dead', 'cancelled') THEN
-        SELECT name INTO step_name FROM {{schema}}.workflow_steps WHERE job_id = NEW.id;
-        IF OLD.status = 'waiting' AND NEW.last_error LIKE 'DependencyFailed:%' THEN
-            reason := NEW.last_error;  -- cancelled for its own dependency: name the root
-        ELSE
+        -- A step cancelled by this cascade (its last_error says so) has its dependents in it.
+        IF NOT (OLD.status = 'waiting' AND NEW.last_error LIKE 'DependencyFailed:%') THEN
+            SELECT name INTO step_name FROM {{schema}}.workflow_steps WHERE job_id = NEW.id;
             reason := format('DependencyFailed: step %L (job %s) ended %s', step_name, NEW.id,
                              NEW.status);
+            WITH RECURSIVE doomed(job_id, parent_id) AS (
+                SELECT w.job_id, NEW.id
+                FROM {{schema}}.workflow_steps AS w
+                JOIN {{schema}}.jobs AS j ON j.id = w.job_id
+                WHERE w.job_id = ANY(children) AND j.id = ANY(children)
+                  AND w.on_failure = 'cancel' AND j.status = 'waiting'
+                UNION
+                SELECT w.job_id, x.job_id
+                FROM doomed AS x
+                CROSS JOIN LATERAL (
+                    SELECT ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                                 WHERE d.parent_id = x.job_id) AS ids
+                ) AS c
+                JOIN {{schema}}.workflow_steps AS w ON w.job_id = ANY(c.ids)
+                JOIN {{schema}}.jobs AS j ON j.id = ANY(c.ids) AND j.id = w.job_id
+                WHERE w.on_failure = 'cancel' AND j.status = 'waiting'
+            ),
+            picked AS (
+                SELECT job_id, min(parent_id) AS parent_id FROM doomed GROUP BY job_id
+            ),
+            locked AS (
+                SELECT w.job_id FROM {{schema}}.workflow_steps AS w
+                WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM picked))
+                ORDER BY w.job_id FOR UPDATE
+            ),
+            blocked AS (
+                UPDATE {{schema}}.workflow_steps AS w SET blocked_by = p.parent_id
+                FROM picked AS p
+                WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM locked)) AND w.job_id = p.job_id
+                RETURNING w.job_id
+            )
+            UPDATE {{schema}}.jobs AS j
+            SET status = 'cancelled', last_error = reason, run_at = now()
+            WHERE j.id = ANY(ARRAY(SELECT job_id FROM blocked)) AND j.status = 'waiting';
         END IF;
-        PERFORM 1 FROM {{schema}}.workflow_steps AS w
-        WHERE w.job_id IN (SELECT d.job_id FROM {{schema}}.workflow_deps AS d
-                           WHERE d.parent_id = NEW.id)
-        ORDER BY w.job_id FOR UPDATE;
-        WITH blocked AS (
-            UPDATE {{schema}}.workflow_steps AS w SET blocked_by = NEW.id
-            FROM {{schema}}.jobs AS j, {{schema}}.workflow_deps AS d
-            WHERE d.parent_id = NEW.id AND w.job_id = d.job_id AND j.id = d.job_id
-              AND w.on_failure = 'cancel' AND j.status = 'waiting'
-            RETURNING w.job_id
-        )
-        UPDATE {{schema}}.jobs AS j
-        SET status = 'cancelled', last_error = reason, run_at = now()
-        FROM blocked WHERE j.id = blocked.job_id AND j.status = 'waiting';
-        WITH counted AS (
+        -- Its dependents that run anyway: one dependency fewer to wait for.
+        WITH locked AS (
+            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
+            WHERE w.job_id = ANY(children) AND w.on_failure = 'run'
+            ORDER BY w.job_id FOR UPDATE
+        ),
+        counted AS (
             UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining - 1
-            FROM {{schema}}.workflow_deps AS d, {{schema}}.jobs AS j
-            WHERE d.parent_id = NEW.id AND w.job_id = d.job_id AND j.id = d.job_id
-              AND w.on_failure = 'run' AND j.status = 'waiting'
+            WHERE w.job_id = ANY(ARRAY(
+                SELECT l.job_id FROM locked AS l
+                JOIN {{schema}}.jobs AS j ON j.id = l.job_id AND j.status = 'waiting'))
             RETURNING w.job_id, w.remaining
         ),
         released AS (
             UPDATE {{schema}}.jobs AS j SET status = 'pending', run_at = greatest(j.run_at, now())
-            FROM counted AS c
-            WHERE j.id = c.job_id AND c.remaining <= 0 AND j.status = 'waiting'
+            WHERE j.id = ANY(ARRAY(SELECT job_id FROM counted WHERE remaining <= 0))
+              AND j.status = 'waiting'
             RETURNING j.queue
         )
         SELECT count(pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)) INTO rung
         FROM (SELECT DISTINCT queue FROM released) AS q;
     ELSE
-        -- Replayed: the dependents it cancelled wait again (their own revival fires this).
-        PERFORM 1 FROM {{schema}}.workflow_steps AS w
-        WHERE w.job_id IN (SELECT d.job_id FROM {{schema}}.workflow_deps AS d
-                           WHERE d.parent_id = NEW.id)
-        ORDER BY w.job_id FOR UPDATE;
-        WITH revived AS (
+        -- Replayed: the steps it blocked, directly or through others, wait again.
+        WITH RECURSIVE revived(job_id) AS (
+            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
+            WHERE w.job_id = ANY(children) AND w.blocked_by = NEW.id
+            UNION
+            SELECT w.job_id
+            FROM revived AS x
+            CROSS JOIN LATERAL (
+                SELECT ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                             WHERE d.parent_id = x.job_id) AS ids
+            ) AS c
+            JOIN {{schema}}.workflow_steps AS w ON w.job_id = ANY(c.ids)
+            WHERE w.blocked_by = x.job_id
+        ),
+        locked AS (
+            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
+            WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM revived))
+            ORDER BY w.job_id FOR UPDATE
+        ),
+        unblocked AS (
             UPDATE {{schema}}.workflow_steps AS w SET blocked_by = NULL
-            WHERE w.blocked_by = NEW.id
-              AND w.job_id IN (SELECT d.job_id FROM {{schema}}.workflow_deps AS d
-                               WHERE d.parent_id = NEW.id)
+            WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM locked))
             RETURNING w.job_id
         )
         UPDATE {{schema}}.jobs AS j
         SET status = 'waiting', last_error = NULL, cancel_requested_at = NULL, run_at = now()
-        FROM revived WHERE j.id = revived.job_id AND j.status = 'cancelled';
+        WHERE j.id = ANY(ARRAY(SELECT job_id FROM unblocked)) AND j.status = 'cancelled';
+        -- Its dependents that run anyway wait for it again.
+        WITH locked AS (
+            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
+            WHERE w.job_id = ANY(children) AND w.on_failure = 'run'
+            ORDER BY w.job_id FOR UPDATE
+        )
         UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining + 1
-        FROM {{schema}}.workflow_deps AS d, {{schema}}.jobs AS j
-        WHERE d.parent_id = NEW.id AND w.job_id = d.job_id AND j.id = d.job_id
-          AND w.on_failure = 'run' AND j.status = 'waiting';
+        WHERE w.job_id = ANY(ARRAY(
+            SELECT l.job_id FROM locked AS l
+            JOIN {{schema}}.jobs AS j ON j.id = l.job_id AND j.status = 'waiting'));
     END IF;
     RETURN NULL;
 END;

@@ -486,3 +486,26 @@ async def test_a_run_in_another_schema(
         ("ok-2", "cancelled"),
     ]
     assert await aioq.workflow(conn, run.id) is None  # nothing in the default schema
+
+
+async def test_a_long_chain_cascades_and_revives_in_one_statement(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """A failure at the head of a 1 500-step chain cancels the other 1 499 and its replay
+    revives them: a recursive query, not a recursion of triggers (which overflows the server's
+    stack past a few hundred levels)."""
+
+    @registry.task
+    async def link(n: int) -> None:
+        pass
+
+    run = await aioq.chain(*(link.call(n=i) for i in range(1500))).defer(conn)
+    head = run.jobs["link"]
+    await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", head)  # as the reaper
+    counts = "SELECT status, count(*) FROM aioq.jobs WHERE workflow_id = $1 GROUP BY status"
+    assert dict(await conn.fetch(counts, run.id)) == {"dead": 1, "cancelled": 1499}
+    tail = await aioq.get_job(conn, run.jobs["link-1500"])
+    assert tail is not None
+    assert tail.last_error == f"DependencyFailed: step 'link' (job {head}) ended dead"
+    assert (await aioq.retry_dead(conn, job_id=head)).retried == [head]
+    assert dict(await conn.fetch(counts, run.id)) == {"pending": 1, "waiting": 1499}

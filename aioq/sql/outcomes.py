@@ -158,38 +158,41 @@ WRITE_OUTCOMES = Statement(_write_outcomes(), integer)
 # dependent's step row lock (taken in id order, before its job row) serializes the parents that
 # finish at once on other workers: exactly one of them sees zero. Dead and cancelled steps
 # cancel their dependents through the jobs_workflow_step_changed trigger (schema.sql), whatever
-# wrote them. Plain batches keep COMPLETE or WRITE_OUTCOMES: none of this costs them.
+# wrote them. Plain batches keep COMPLETE or WRITE_OUTCOMES: none of this costs them. Rows are
+# found by `= ANY(ARRAY(...))`, looked up in the primary keys whatever the estimates (a run's
+# rows are often all inserted since the last ANALYZE: a join would scan them).
 WRITE_STEP_OUTCOMES = Statement(
     _write_outcomes(
         """
 recorded AS (
     UPDATE {s}.workflow_steps AS w
-    SET succeeded_at = clock_timestamp(), result = coalesce(m.result, 'null')::jsonb
-    FROM done JOIN mine AS m ON m.id = done.id
-    WHERE w.job_id = done.id
+    SET succeeded_at = clock_timestamp(), result = coalesce(r.result, 'null')::jsonb
+    FROM (SELECT m.id, m.result FROM done JOIN mine AS m ON m.id = done.id) AS r
+    WHERE w.job_id = ANY(ARRAY(SELECT id FROM done)) AND w.job_id = r.id
     RETURNING w.job_id
 ),
 counted AS (
     SELECT d.job_id, count(*)::integer AS n
-    FROM {s}.workflow_deps AS d JOIN done ON d.parent_id = done.id
+    FROM {s}.workflow_deps AS d
+    WHERE d.parent_id = ANY(ARRAY(SELECT id FROM done))
     GROUP BY d.job_id
 ),
 dependents AS (
     SELECT w.job_id FROM {s}.workflow_steps AS w
-    WHERE w.job_id IN (SELECT job_id FROM counted)
+    WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM counted))
     ORDER BY w.job_id
     FOR UPDATE OF w
 ),
 decremented AS (
     UPDATE {s}.workflow_steps AS w SET remaining = w.remaining - c.n
     FROM counted AS c
-    WHERE w.job_id = c.job_id AND w.job_id IN (SELECT job_id FROM dependents)
+    WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM dependents)) AND w.job_id = c.job_id
     RETURNING w.job_id, w.remaining
 ),
 released AS (
     UPDATE {s}.jobs AS j SET status = 'pending', run_at = greatest(j.run_at, now())
-    FROM decremented AS c
-    WHERE j.id = c.job_id AND c.remaining <= 0 AND j.status = 'waiting'
+    WHERE j.id = ANY(ARRAY(SELECT job_id FROM decremented WHERE remaining <= 0))
+      AND j.status = 'waiting'
     RETURNING j.queue
 ),
 ready AS (

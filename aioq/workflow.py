@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from aioq import hooks
 from aioq.admin import cancel_jobs
 from aioq.codec import decode_result
-from aioq.db import Target, executor
+from aioq.db import Executor, Target, executor
 from aioq.dbapi import SyncTarget
 from aioq.dbapi import executor as sync_executor
 from aioq.errors import ConfigError
@@ -150,15 +152,22 @@ class Workflow:
         return Step(self, len(self._steps) - 1, name)
 
     async def defer(self, conn: Target, /) -> WorkflowRun:
-        """Enqueue every step inside the caller's transaction (a pool: its own).
+        """Enqueue every step inside the caller's transaction (a pool: a transaction of its
+        own).
 
         One round trip for the run, then one per :data:`STEP_BATCH` steps. Rolled back: no
         step, no run.
         """
         if not self._steps:
             raise ConfigError("steps", f"workflow {self.name!r} has no step")
-        schema = self._steps[0].call.task.registry.schema
         db = await executor(conn)
+        if isinstance(db, asyncpg.Pool):  # a transaction of its own: all the steps, or none
+            async with db.acquire() as own, own.transaction():
+                return await self._defer(own)
+        return await self._defer(db)
+
+    async def _defer(self, db: Executor) -> WorkflowRun:
+        schema = self._steps[0].call.task.registry.schema
         deferral = self._deferral()
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
             created = await sql.CREATE_WORKFLOW.row(db, schema, self.name, len(self._steps))

@@ -509,3 +509,27 @@ async def test_a_long_chain_cascades_and_revives_in_one_statement(
     assert tail.last_error == f"DependencyFailed: step 'link' (job {head}) ended dead"
     assert (await aioq.retry_dead(conn, job_id=head)).retried == [head]
     assert dict(await conn.fetch(counts, run.id)) == {"pending": 1, "waiting": 1499}
+
+
+async def test_a_pool_defers_a_run_in_one_transaction_of_its_own(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """On a pool, a failing batch leaves nothing: the run and its steps are one transaction."""
+
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    flow = aioq.Workflow("pooled")
+    first = flow.add(step.call(n=1))
+    flow.add(step.call(n=2), after=[first])
+    async with asyncpg.create_pool(dsn, min_size=1, max_size=2) as pool:
+        run = await flow.defer(pool)
+        assert len(run.jobs) == 2
+        await conn.execute(
+            "ALTER TABLE aioq.workflow_deps ADD CONSTRAINT no_edges CHECK (false) NOT VALID"
+        )
+        with pytest.raises(asyncpg.CheckViolationError):
+            await flow.defer(pool)
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workflows") == 1
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 2

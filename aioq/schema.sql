@@ -446,77 +446,79 @@ CREATE INDEX workflow_deps_job_idx ON {{schema}}.workflow_deps (job_id);
 
 -- A step ended dead or cancelled, by whatever path (an outcome, the reaper, a cancel, a
 -- cancelled run): the waiting steps that need it, directly or through others, are cancelled in
--- one statement (a recursive query over the edges, never a recursion of triggers: a chain of
--- 10 000 steps cascades at depth one), each naming the step that failed and remembering the
--- dependency that blocked it; the steps that run anyway (on_failure 'run') count it as ended.
--- A step replayed (dead or cancelled to pending or waiting) revives the steps it blocked, the
--- same way. Step rows are locked before job rows, each in id order, as WRITE_STEP_OUTCOMES does.
+-- one statement (a recursive query over the edges, never a recursion of triggers: the steps it
+-- cancels do not fire this again, their WHEN is false), each naming the step that failed and
+-- remembering the dependency that blocked it; the steps that run anyway (on_failure 'run')
+-- count each of these as ended. A step replayed (dead to pending or waiting) revives the steps
+-- it blocked the same way. Every step row it writes is locked first, in one pass in id order,
+-- then their job rows: as WRITE_STEP_OUTCOMES does.
 CREATE FUNCTION {{schema}}.workflow_step_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     reason text;
     step_name text;
     rung integer;
-    children bigint[];
+    chain bigint[];
+    runners bigint[];
 BEGIN
     -- Rows are found by `= ANY(...)` in the primary keys: a run's rows are often all inserted
     -- since the last ANALYZE, and a join would scan them.
-    children := ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d WHERE d.parent_id = NEW.id);
-    IF children = '{}' THEN
+    IF NOT EXISTS (SELECT FROM {{schema}}.workflow_deps AS d WHERE d.parent_id = NEW.id) THEN
         RETURN NULL;
     END IF;
     IF NEW.status IN ('dead', 'cancelled') THEN
-        -- A step cancelled by this cascade (its last_error says so) has its dependents in it.
-        IF NOT (OLD.status = 'waiting' AND NEW.last_error LIKE 'DependencyFailed:%') THEN
-            SELECT name INTO step_name FROM {{schema}}.workflow_steps WHERE job_id = NEW.id;
-            reason := format('DependencyFailed: step %L (job %s) ended %s', step_name, NEW.id,
-                             NEW.status);
-            WITH RECURSIVE doomed(job_id, parent_id) AS (
-                SELECT w.job_id, NEW.id
-                FROM {{schema}}.workflow_steps AS w
-                JOIN {{schema}}.jobs AS j ON j.id = w.job_id
-                WHERE w.job_id = ANY(children) AND j.id = ANY(children)
-                  AND w.on_failure = 'cancel' AND j.status = 'waiting'
-                UNION
-                SELECT w.job_id, x.job_id
-                FROM doomed AS x
-                CROSS JOIN LATERAL (
-                    SELECT ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d
-                                 WHERE d.parent_id = x.job_id) AS ids
-                ) AS c
-                JOIN {{schema}}.workflow_steps AS w ON w.job_id = ANY(c.ids)
-                JOIN {{schema}}.jobs AS j ON j.id = ANY(c.ids) AND j.id = w.job_id
-                WHERE w.on_failure = 'cancel' AND j.status = 'waiting'
-            ),
-            picked AS (
-                SELECT job_id, min(parent_id) AS parent_id FROM doomed GROUP BY job_id
-            ),
-            locked AS (
-                SELECT w.job_id FROM {{schema}}.workflow_steps AS w
-                WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM picked))
-                ORDER BY w.job_id FOR UPDATE
-            ),
-            blocked AS (
-                UPDATE {{schema}}.workflow_steps AS w SET blocked_by = p.parent_id
-                FROM picked AS p
-                WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM locked)) AND w.job_id = p.job_id
-                RETURNING w.job_id
-            )
-            UPDATE {{schema}}.jobs AS j
-            SET status = 'cancelled', last_error = reason, run_at = now()
-            WHERE j.id = ANY(ARRAY(SELECT job_id FROM blocked)) AND j.status = 'waiting';
-        END IF;
-        -- Its dependents that run anyway: one dependency fewer to wait for.
-        WITH locked AS (
-            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
-            WHERE w.job_id = ANY(children) AND w.on_failure = 'run'
-            ORDER BY w.job_id FOR UPDATE
+        -- The waiting steps that need it (cancel mode), directly or through others.
+        WITH RECURSIVE doomed(job_id) AS (
+            SELECT NEW.id
+            UNION
+            SELECT w.job_id
+            FROM doomed AS x
+            CROSS JOIN LATERAL (
+                SELECT ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                             WHERE d.parent_id = x.job_id) AS ids
+            ) AS c
+            JOIN {{schema}}.workflow_steps AS w ON w.job_id = ANY(c.ids)
+            JOIN {{schema}}.jobs AS j ON j.id = ANY(c.ids) AND j.id = w.job_id
+            WHERE w.on_failure = 'cancel' AND j.status = 'waiting'
+        )
+        SELECT array_agg(job_id) INTO chain FROM doomed;
+        -- The steps that run anyway, after any of them.
+        runners := ARRAY(
+            SELECT DISTINCT w.job_id
+            FROM {{schema}}.workflow_steps AS w
+            WHERE w.job_id = ANY(ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                                       WHERE d.parent_id = ANY(chain)))
+              AND w.on_failure = 'run');
+        PERFORM 1 FROM {{schema}}.workflow_steps AS w
+        WHERE w.job_id = ANY(array_remove(chain, NEW.id) || runners)
+        ORDER BY w.job_id FOR UPDATE;
+        SELECT name INTO step_name FROM {{schema}}.workflow_steps WHERE job_id = NEW.id;
+        reason := format('DependencyFailed: step %L (job %s) ended %s', step_name, NEW.id,
+                         NEW.status);
+        WITH blocked AS (
+            UPDATE {{schema}}.workflow_steps AS w
+            SET blocked_by = (SELECT min(d.parent_id) FROM {{schema}}.workflow_deps AS d
+                              WHERE d.job_id = w.job_id AND d.parent_id = ANY(chain))
+            WHERE w.job_id = ANY(array_remove(chain, NEW.id))
+            RETURNING w.job_id
+        )
+        UPDATE {{schema}}.jobs AS j
+        SET status = 'cancelled', last_error = reason, run_at = now()
+        WHERE j.id = ANY(ARRAY(SELECT job_id FROM blocked)) AND j.status = 'waiting';
+        -- One dependency fewer to wait for, per edge from the failed steps.
+        WITH edges AS (
+            SELECT d.job_id, count(*)::integer AS n
+            FROM {{schema}}.workflow_deps AS d
+            WHERE d.parent_id = ANY(chain) AND d.job_id = ANY(runners)
+            GROUP BY d.job_id
         ),
         counted AS (
-            UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining - 1
+            UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining - e.n
+            FROM edges AS e
             WHERE w.job_id = ANY(ARRAY(
-                SELECT l.job_id FROM locked AS l
-                JOIN {{schema}}.jobs AS j ON j.id = l.job_id AND j.status = 'waiting'))
+                SELECT j.id FROM {{schema}}.jobs AS j
+                WHERE j.id = ANY(runners) AND j.status = 'waiting'))
+              AND w.job_id = e.job_id
             RETURNING w.job_id, w.remaining
         ),
         released AS (
@@ -530,8 +532,7 @@ BEGIN
     ELSE
         -- Replayed: the steps it blocked, directly or through others, wait again.
         WITH RECURSIVE revived(job_id) AS (
-            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
-            WHERE w.job_id = ANY(children) AND w.blocked_by = NEW.id
+            SELECT NEW.id
             UNION
             SELECT w.job_id
             FROM revived AS x
@@ -541,30 +542,38 @@ BEGIN
             ) AS c
             JOIN {{schema}}.workflow_steps AS w ON w.job_id = ANY(c.ids)
             WHERE w.blocked_by = x.job_id
-        ),
-        locked AS (
-            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
-            WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM revived))
-            ORDER BY w.job_id FOR UPDATE
-        ),
-        unblocked AS (
+        )
+        SELECT array_agg(job_id) INTO chain FROM revived;
+        runners := ARRAY(
+            SELECT DISTINCT w.job_id
+            FROM {{schema}}.workflow_steps AS w
+            WHERE w.job_id = ANY(ARRAY(SELECT d.job_id FROM {{schema}}.workflow_deps AS d
+                                       WHERE d.parent_id = ANY(chain)))
+              AND w.on_failure = 'run');
+        PERFORM 1 FROM {{schema}}.workflow_steps AS w
+        WHERE w.job_id = ANY(array_remove(chain, NEW.id) || runners)
+        ORDER BY w.job_id FOR UPDATE;
+        WITH unblocked AS (
             UPDATE {{schema}}.workflow_steps AS w SET blocked_by = NULL
-            WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM locked))
+            WHERE w.job_id = ANY(array_remove(chain, NEW.id))
             RETURNING w.job_id
         )
         UPDATE {{schema}}.jobs AS j
         SET status = 'waiting', last_error = NULL, cancel_requested_at = NULL, run_at = now()
         WHERE j.id = ANY(ARRAY(SELECT job_id FROM unblocked)) AND j.status = 'cancelled';
-        -- Its dependents that run anyway wait for it again.
-        WITH locked AS (
-            SELECT w.job_id FROM {{schema}}.workflow_steps AS w
-            WHERE w.job_id = ANY(children) AND w.on_failure = 'run'
-            ORDER BY w.job_id FOR UPDATE
+        -- The steps that run anyway wait for them again, per edge.
+        WITH edges AS (
+            SELECT d.job_id, count(*)::integer AS n
+            FROM {{schema}}.workflow_deps AS d
+            WHERE d.parent_id = ANY(chain) AND d.job_id = ANY(runners)
+            GROUP BY d.job_id
         )
-        UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining + 1
+        UPDATE {{schema}}.workflow_steps AS w SET remaining = w.remaining + e.n
+        FROM edges AS e
         WHERE w.job_id = ANY(ARRAY(
-            SELECT l.job_id FROM locked AS l
-            JOIN {{schema}}.jobs AS j ON j.id = l.job_id AND j.status = 'waiting'));
+            SELECT j.id FROM {{schema}}.jobs AS j
+            WHERE j.id = ANY(runners) AND j.status = 'waiting'))
+          AND w.job_id = e.job_id;
     END IF;
     RETURN NULL;
 END;
@@ -589,12 +598,17 @@ CREATE TRIGGER jobs_workflow_step_replayed
           AND OLD.status IN ('dead', 'cancelled'))
     EXECUTE FUNCTION {{schema}}.workflow_step_replayed();
 
+-- Not for the steps the function itself cancels (waiting, now DependencyFailed) or revives
+-- (cancelled as DependencyFailed, now waiting): it handled them in the statement that did.
 CREATE TRIGGER jobs_workflow_step_changed
     AFTER UPDATE OF status ON {{schema}}.jobs
     FOR EACH ROW
     WHEN (NEW.workflow_id IS NOT NULL AND (
-        (NEW.status IN ('dead', 'cancelled') AND OLD.status NOT IN ('dead', 'cancelled'))
-        OR (OLD.status IN ('dead', 'cancelled') AND NEW.status IN ('pending', 'waiting'))))
+        (NEW.status IN ('dead', 'cancelled') AND OLD.status NOT IN ('dead', 'cancelled')
+         AND NOT (OLD.status = 'waiting' AND NEW.last_error LIKE 'DependencyFailed:%'))
+        OR (OLD.status IN ('dead', 'cancelled') AND NEW.status IN ('pending', 'waiting')
+            AND NOT (OLD.status = 'cancelled' AND NEW.status = 'waiting'
+                     AND OLD.last_error LIKE 'DependencyFailed:%'))))
     EXECUTE FUNCTION {{schema}}.workflow_step_changed();
 
 -- The doorbell rings for ready jobs only: a waiting step is not claimable.

@@ -533,3 +533,48 @@ async def test_a_pool_defers_a_run_in_one_transaction_of_its_own(
             await flow.defer(pool)
     assert await conn.fetchval("SELECT count(*) FROM aioq.workflows") == 1
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 2
+
+
+async def test_a_diamond_cascades_through_steps_that_run_anyway_and_resumes(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    broken = {"yes": True}
+    ran: list[str] = []
+
+    @registry.task(max_attempts=1)
+    async def head() -> int:
+        if broken["yes"]:
+            raise RuntimeError("boom")
+        return 1
+
+    @registry.task
+    async def node(label: str) -> str:
+        up = await aioq.current_job().upstream()
+        failed = sorted(k for k, v in up.items() if isinstance(v, aioq.StepFailed))
+        ran.append(f"{label}{failed if failed else ''}")
+        return label
+
+    flow = aioq.Workflow("diamond")
+    p = flow.add(head.call(), name="p")
+    a = flow.add(node.call(label="a"), after=[p], name="a")
+    b = flow.add(node.call(label="b"), after=[p], name="b")
+    flow.add(node.call(label="c"), after=[a, b], name="c")
+    flow.add(node.call(label="r"), after=[a], name="r", on_failure="run")
+    run = await flow.defer(conn)
+    await make_worker().run_until_idle()
+    assert await statuses(conn, run.id) == {
+        "p": "dead", "a": "cancelled", "b": "cancelled", "c": "cancelled", "r": "succeeded"
+    }  # fmt: skip
+    assert ran == ["r['a']"]  # ran anyway, seeing its dependency failed
+    c = await aioq.get_job(conn, run.jobs["c"])
+    assert c is not None
+    assert c.last_error == f"DependencyFailed: step 'p' (job {run.jobs['p']}) ended dead"
+
+    broken["yes"] = False
+    await aioq.retry_dead(conn, job_id=run.jobs["p"])
+    assert await statuses(conn, run.id) == {
+        "p": "pending", "a": "waiting", "b": "waiting", "c": "waiting", "r": "succeeded"
+    }  # fmt: skip
+    await make_worker().run_until_idle()
+    assert set((await statuses(conn, run.id)).values()) == {"succeeded"}
+    assert sorted(ran[1:]) == ["a", "b", "c"]

@@ -50,7 +50,7 @@ CONCURRENCY = 10
 FAN_OUT = 200
 KILL_INTERVAL = 2.0
 KILLS = scaled(5, 30)
-DAG_RUNS = scaled(12, 60)
+DAG_RUNS = scaled(30, 60)
 DAG_STEPS = scaled(12, 25)
 
 TASKS = textwrap.dedent(
@@ -105,6 +105,12 @@ TASKS = textwrap.dedent(
         return n
 
 
+    @registry.task(name="fail", lease=2.0, max_attempts=1)
+    async def fail(n: int) -> None:
+        await _record()
+        raise RuntimeError("a planned failure")
+
+
     @registry.task(name="merge", lease=2.0, max_attempts=50)
     async def merge(sleep: float = 0.0) -> int:
         up = await _record()
@@ -132,7 +138,7 @@ DEFER = textwrap.dedent(
     import asyncpg
 
     import aioq
-    from wftasks import merge, part
+    from wftasks import fail, merge, part
 
     async def main(dsn, shape, seed):
         rng = random.Random(seed)
@@ -149,6 +155,7 @@ DEFER = textwrap.dedent(
                 flow.add(merge.call(), after=parts, name="merge")
                 runs.append((await flow.defer(conn)).id)
             else:
+                failing = shape == "failing"
                 for r in range(%(runs)d):
                     flow = aioq.Workflow(f"dag-{r}")
                     steps = []
@@ -156,7 +163,10 @@ DEFER = textwrap.dedent(
                         parents = rng.sample(steps, k=min(len(steps), rng.randint(0, 3)))
                         call = (merge.call(sleep=rng.uniform(0, 0.5)) if parents
                                 else part.call(n=i, sleep=rng.uniform(0, 0.5)))
-                        steps.append(flow.add(call, after=parents))
+                        if failing and rng.random() < 0.1:
+                            call = fail.call(n=i)
+                        mode = "run" if failing and parents and rng.random() < 0.25 else "cancel"
+                        steps.append(flow.add(call, after=parents, on_failure=mode))
                     runs.append((await flow.defer(conn)).id)
         print(json.dumps(runs))
 
@@ -345,3 +355,93 @@ def test_random_dags_under_sigkill(
     ).report()
     fleet.stop()
     assert "deadlock" not in fleet.log()  # the fan-in's locks are taken in one order
+
+
+def test_random_dags_with_failures_under_sigkill(
+    dsn: str, workdir: Path, open_sql: Callable[[str], Sql], fleets: Callable[..., WorkerProcess]
+) -> None:
+    """Random DAGs with steps that fail for good and steps that run anyway, while worker
+    processes are SIGKILLed: every run ends; a step is cancelled only when a dependency it needs
+    ended dead or cancelled, and then never ran; every other step succeeded, after all its
+    dependencies ended, seeing their results or their failures."""
+    sql = open_sql(dsn)
+    sql.execute(RUNS_DDL)
+    (workdir / "wftasks.py").write_text(TASKS)
+    seed = chaos_seed()
+    log(f"workflow failing DAG seed {seed}")
+    rng = random.Random(seed)
+    run_ids = defer_flows(workdir, dsn, "failing", seed)
+    started = time.monotonic()
+    fleet = fleets(
+        workdir, dsn, processes=PROCESSES, concurrency=CONCURRENCY, target="wftasks:registry"
+    )
+    wait_serving(fleet, sql)
+    live_steps = (
+        "SELECT count(*) FROM aioq.jobs WHERE workflow_id IS NOT NULL"
+        " AND status IN ('waiting', 'pending', 'running')"
+    )
+    deadline = time.monotonic() + scaled(10, 60)
+    kills = kill_while(
+        fleet, sql, lambda: time.monotonic() < deadline and bool(sql.value(live_steps)), rng
+    )
+    wait_for(lambda: sql.value(live_steps) == 0, "every run to end", on_timeout=fleet.log)
+    status = "coalesce(j.status, CASE WHEN s.succeeded_at IS NOT NULL THEN 'succeeded' END)"
+    steps = sql.fetch(
+        f"SELECT s.job_id, s.task, s.on_failure, {status} AS status, j.last_error"
+        " FROM aioq.workflow_steps AS s LEFT JOIN aioq.jobs AS j ON j.id = s.job_id"
+        " WHERE s.workflow_id = ANY($1)",
+        run_ids,
+    )
+    deps: dict[int, list[int]] = {}
+    for row in sql.fetch("SELECT job_id, parent_id FROM aioq.workflow_deps"):
+        deps.setdefault(row["job_id"], []).append(row["parent_id"])
+    by_id = {r["job_id"]: r for r in steps}
+    ran = {r["job_id"] for r in sql.fetch("SELECT DISTINCT job_id FROM wf_runs")}
+    for step in steps:
+        parents = [by_id[p]["status"] for p in deps.get(step["job_id"], [])]
+        failed_parent = any(p in ("dead", "cancelled") for p in parents)
+        if step["task"] == "fail":
+            assert step["status"] in ("dead", "cancelled"), dict(step)
+            continue
+        if step["on_failure"] == "cancel" and failed_parent:
+            assert step["status"] == "cancelled", dict(step)
+            assert step["last_error"].startswith("DependencyFailed: step"), dict(step)
+            assert step["job_id"] not in ran, dict(step)
+        else:
+            assert step["status"] == "succeeded", (dict(step), parents)
+    # No run started before each of its dependencies ended (succeeded, or died or was
+    # cancelled: their run_at is when), and each saw their results or their failures.
+    early = sql.fetch(
+        "SELECT r.job_id, r.started_at, p.name FROM wf_runs AS r"
+        " JOIN aioq.workflow_deps AS d ON d.job_id = r.job_id"
+        " JOIN aioq.workflow_steps AS p ON p.job_id = d.parent_id"
+        " LEFT JOIN aioq.jobs AS pj ON pj.id = p.job_id"
+        " WHERE coalesce(p.succeeded_at, pj.run_at) >= r.started_at LIMIT 10"
+    )
+    assert not early, f"runs that started before a dependency ended: {[dict(r) for r in early]}"
+    bad = sql.fetch(
+        "SELECT r.job_id, r.upstream FROM wf_runs AS r"
+        " WHERE r.upstream <> coalesce((SELECT jsonb_object_agg(p.name,"
+        "     coalesce(p.result, to_jsonb('failed'::text)))"
+        "   FROM aioq.workflow_deps AS d JOIN aioq.workflow_steps AS p ON p.job_id = d.parent_id"
+        "   WHERE d.job_id = r.job_id), '{}'::jsonb) LIMIT 5"
+    )
+    assert not bad, f"runs whose upstream() was not their dependencies' outcomes: {bad}"
+    outcome = {
+        s: sum(1 for r in steps if r["status"] == s) for s in ("succeeded", "dead", "cancelled")
+    }
+    Result(
+        "workflow DAGs with failures",
+        jobs=len(steps),
+        processes=PROCESSES,
+        concurrency=CONCURRENCY,
+        faults=len(kills),
+        lost=0,
+        duplicates=-1,
+        duplicate_bound=-1,
+        recover_s=[],
+        wall_s=time.monotonic() - started,
+        notes={"seed": seed, **outcome},
+    ).report()
+    fleet.stop()
+    assert "deadlock" not in fleet.log()

@@ -37,15 +37,27 @@ from aioq.errors import (
     TaskError,
     UnknownTaskError,
 )
-from aioq.job import Job, JobContext, JobStatus, current_job
+from aioq.job import Job, JobContext, JobStatus, StepFailed, current_job
 from aioq.limits import QueueInfo, queues, set_queue
 from aioq.migrate import install, schema_sql
 from aioq.periodic import periodic
 from aioq.results import result
 from aioq.schedule import Schedule
 from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync, ring_sync
-from aioq.task import Backoff, Registry, Task, TaskCall, default_registry, task
+from aioq.task import Backoff, Call, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
+from aioq.workflow import (
+    Step,
+    Workflow,
+    WorkflowInfo,
+    WorkflowRun,
+    WorkflowStep,
+    cancel_workflow,
+    chain,
+    group,
+    list_workflows,
+    workflow,
+)
 
 __version__ = "0.1.0"
 
@@ -53,6 +65,7 @@ __all__ = (
     "AioqError",
     "ArgumentError",
     "Backoff",
+    "Call",
     "ConfigError",
     "DeferError",
     "Fail",
@@ -79,6 +92,8 @@ __all__ = (
     "ServerError",
     "StartupError",
     "Stats",
+    "Step",
+    "StepFailed",
     "TableStats",
     "Task",
     "TaskCall",
@@ -86,16 +101,24 @@ __all__ = (
     "UnknownTaskError",
     "Worker",
     "WorkerConfig",
+    "Workflow",
+    "WorkflowInfo",
+    "WorkflowRun",
+    "WorkflowStep",
     "__version__",
     "cancel_jobs",
     "cancel_jobs_sync",
+    "cancel_workflow",
+    "chain",
     "current_job",
     "default_registry",
     "delete_jobs",
     "get_job",
     "get_job_sync",
+    "group",
     "install",
     "list_jobs",
+    "list_workflows",
     "periodic",
     "purge_dead",
     "queues",
@@ -108,4 +131,5 @@ __all__ = (
     "set_queue",
     "stats",
     "task",
+    "workflow",
 )

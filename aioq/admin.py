@@ -55,6 +55,7 @@ class QueueStats:
     # (then completions are counted in the archive).
     completed_last_minute: int | None
     failed_last_minute: int | None = None  # None when no worker wrote any history
+    waiting: int = 0  # workflow steps waiting for their dependencies (not claimable)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +114,7 @@ async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
                 cancelled=row.cancelled if row else 0,
                 oldest_ready_age=row.oldest_ready_age if row else 0.0,
                 expired_leases=row.expired if row else 0,
+                waiting=row.waiting if row else 0,
                 completed_last_minute=_completed(name, recent, completed),
                 failed_last_minute=(recent[name].failed if name in recent else 0)
                 if recent
@@ -183,7 +185,7 @@ async def delete_jobs(
     conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
 ) -> list[int]:
     """Delete jobs that are pending, dead or cancelled; return the ids deleted (running jobs
-    are kept: cancel them)."""
+    are kept: cancel them; so are pending workflow steps, whose dependents wait for them)."""
     conn = await executor(conn)
     ids = [i for i in job_ids if possible_id(i)]
     return sorted(await sql.DELETE_JOBS.rows(conn, schema, ids)) if ids else []

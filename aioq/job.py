@@ -23,6 +23,7 @@ __all__ = (
     "JobHandle",
     "JobStatus",
     "OutcomeKind",
+    "StepFailed",
     "current_job",
     "possible_id",
 )
@@ -49,6 +50,7 @@ class JobStatus(enum.StrEnum):
     RUNNING = "running"
     DEAD = "dead"
     CANCELLED = "cancelled"  # kept, like dead, until dead_retention prunes it
+    WAITING = "waiting"  # a workflow step whose dependencies have not all succeeded
     SUCCEEDED = "succeeded"  # not a jobs row: found in the archive or in results
 
 
@@ -97,6 +99,7 @@ class Job:
     # The worker of its latest claim that ended without deleting it (retried, dead, cancelled,
     # released, rescued): locked_by is cleared then. For a succeeded job, the one that ran it.
     last_worker: str | None = None
+    workflow_id: int | None = None  # the workflow run of a step (aioq.workflow), else None
 
     @classmethod
     def from_row(cls, row: Row) -> Job:
@@ -128,6 +131,7 @@ class Claim:
     traceparent: str | None = None  # W3C trace context of the defer (aioq.contrib.otel)
     snoozes: int = 0  # how many times the job raised aioq.Retry before this claim
     scheduled_at: datetime | None = None  # the tick of a periodic job
+    workflow_id: int | None = None  # the run of a workflow step (None: a plain job)
 
     @property
     def key(self) -> ClaimKey:
@@ -152,7 +156,19 @@ class Claim:
             row["traceparent"],
             row["snoozes"],
             row["scheduled_at"],
+            row["workflow_id"],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed:
+    """What ``upstream()`` gives for a dependency that did not succeed: a step added with
+    ``on_failure="run"`` runs anyway, and sees which of its dependencies failed and why."""
+
+    name: str
+    job_id: int
+    status: str  # dead or cancelled
+    error: str | None
 
 
 class JobHandle(Protocol):
@@ -162,6 +178,8 @@ class JobHandle(Protocol):
     def cancel_requested(self) -> bool: ...
 
     async def set_progress(self, progress: float, note: str | None) -> None: ...
+
+    async def upstream(self) -> dict[str, Any]: ...
 
 
 MAX_PROGRESS_NOTE = 1000
@@ -212,6 +230,16 @@ class JobContext:
         returns. An async task is cancelled where it awaits and need not look.
         """
         return self.handle is not None and self.handle.cancel_requested
+
+    async def upstream(self) -> dict[str, Any]:
+        """Return ``{step name: result}`` of this workflow step's direct dependencies.
+
+        A dependency that ended dead or cancelled (seen by a step added with
+        ``on_failure="run"``) maps to a :class:`StepFailed`. A plain job has none: ``{}``.
+        """
+        if self.handle is None:
+            return {}
+        return await self.handle.upstream()
 
     async def set_progress(self, progress: float, *, note: str | None = None) -> None:
         """Store how far the job is (0 to 1) and an optional note, visible in ``get_job``.

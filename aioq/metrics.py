@@ -36,7 +36,7 @@ DEFAULT_STATS_INTERVAL = 15.0
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-_GAUGES = ("ready", "scheduled", "running", "dead", "expired", "oldest_ready_age")
+_GAUGES = ("ready", "scheduled", "running", "dead", "expired", "oldest_ready_age", "waiting")
 
 
 def _client() -> Any:
@@ -127,6 +127,7 @@ class Metrics:
             "dead": "Dead jobs kept in the table.",
             "expired": "Running jobs whose lease expired and that are not reaped yet.",
             "oldest_ready_age": "Seconds the oldest ready job has waited past its run_at.",
+            "waiting": "Workflow steps waiting for their dependencies (not claimable).",
         }
         self.queue_gauges: dict[str, Gauge] = {
             name: pc.Gauge(

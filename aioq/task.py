@@ -33,6 +33,7 @@ __all__ = (
     "MAX_DURATION",
     "MIN_LEASE",
     "Backoff",
+    "Call",
     "Registry",
     "Task",
     "TaskCall",
@@ -418,6 +419,10 @@ class Task(Generic[P, R]):
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         return await self._call.defer(conn, *args, **kwargs)
 
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Call:
+        """Return a call to this task, checked like ``defer``, for a workflow step."""
+        return self._call.call(*args, **kwargs)
+
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
         return await self._call.defer_many(conn, calls)
@@ -565,6 +570,20 @@ async def insert_job(
 
 
 @dataclass(frozen=True, slots=True)
+class Call:
+    """A call to a task with its options, checked and encoded, not yet deferred: a workflow
+    step (``task.call(...)``, ``task.options(...).call(...)``)."""
+
+    task: Task[..., Any]
+    opts: JobOptions
+    args: str  # the arguments, encoded as defer stores them
+    concurrency_key: str | None
+
+    def __repr__(self) -> str:
+        return f"<aioq.Call {self.task.name} {self.args}>"
+
+
+@dataclass(frozen=True, slots=True)
 class TaskCall(Generic[P]):
     """A task with options applied, ready to defer."""
 
@@ -576,6 +595,18 @@ class TaskCall(Generic[P]):
         if self.task.key_of is None or self.opts.concurrency_key is not None:
             return None
         return [self.task.key_for(arguments) for arguments in bound]
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Call:
+        """Return a call with these options, checked like ``defer``, for a workflow step."""
+        task, opts = self.task, self.opts
+        if opts.unique_key is not None:
+            raise OptionError(task.name, "unique_key", "a workflow step cannot take a unique_key")
+        arguments = task.bind(args, kwargs)
+        encoded = encode_args(task.name, arguments)
+        key = opts.concurrency_key
+        if key is None and task.key_of is not None:
+            key = task.key_for(arguments)
+        return Call(task, opts, encoded, key)
 
     async def defer(self, conn: Target, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""

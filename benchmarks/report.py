@@ -772,8 +772,10 @@ def workflow_section(rows: list[Result]) -> list[str]:
         "One fan-out of n no-op steps and one fan-in that runs once every step has run, "
         "submitted to an idle worker at c50; the time runs from the submit call to the fan-in's "
         "start. CPU: the submitting process and the worker's (not the database's or Redis's). "
-        "Celery: `chord(header)(body)` with its Redis result backend. aioq's side joins when "
-        "its adapter (benchmarks/systems/sys_aioq.py) has `workflow_api` and `run_workflow`.",
+        "Celery: `chord(header)(body)` with its Redis result backend. aioq: an `aioq.Workflow` "
+        "of n steps and a fan-in after them all, deferred in one transaction (one statement "
+        "for the run, one per 4,000 steps), the fan-in made pending by the statement that "
+        "records the last step's success.",
         "",
     ]
 

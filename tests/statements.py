@@ -9,7 +9,7 @@ from aioq.db import Executor
 from aioq.job import Claim, OutcomeKind
 from aioq.sql import DEFAULT_SCHEMA, results_channel
 from aioq.sql.doorbell import ARM_DOORBELL
-from aioq.sql.outcomes import HEARTBEAT, WRITE_OUTCOMES
+from aioq.sql.outcomes import HEARTBEAT, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES
 from aioq.worker.claimer import Claimer
 
 SCHEMA = DEFAULT_SCHEMA
@@ -39,12 +39,16 @@ async def write(
     result: str | None = None,
     ttl: float | None = None,
     archive: bool = False,
+    steps: bool = False,
     schema: str = SCHEMA,
 ) -> set[int]:
-    """Write one outcome for each claim (or (job id, claim number)); return the ids written."""
+    """Write one outcome for each claim (or (job id, claim number)); return the ids written.
+
+    ``steps``: through WRITE_STEP_OUTCOMES, as a batch holding workflow steps is written."""
     ids, numbers = _keys(claims)
     n = len(ids)
-    rows = await WRITE_OUTCOMES.rows(
+    statement = WRITE_STEP_OUTCOMES if steps else WRITE_OUTCOMES
+    rows = await statement.rows(
         db,
         schema,
         ids,

@@ -329,14 +329,14 @@ def test_stats_and_check(dsn: str) -> None:
 
     table = aioq_cli(dsn, "stats").stdout.splitlines()
     assert table[0].split() == [
-        "QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "CANCELLED", "OLDEST_READY_S",
-        "EXPIRED_LEASES", "COMPLETED_1M", "FAILED_1M",
+        "QUEUE", "READY", "SCHEDULED", "WAITING", "RUNNING", "DEAD", "CANCELLED",
+        "OLDEST_READY_S", "EXPIRED_LEASES", "COMPLETED_1M", "FAILED_1M",
     ]  # fmt: skip
     q1 = table[1].split()
-    assert q1[:6] == ["q1", "2", "0", "0", "0", "0"]
-    assert 120 <= float(q1[6]) < 180
-    assert q1[7:] == ["0", "n/a", "n/a"]
-    assert table[2].split() == ["q2", "0", "1", "0", "1", "2", "0.0", "0", "n/a", "n/a"]
+    assert q1[:7] == ["q1", "2", "0", "0", "0", "0", "0"]
+    assert 120 <= float(q1[7]) < 180
+    assert q1[8:] == ["0", "n/a", "n/a"]
+    assert table[2].split() == ["q2", "0", "1", "0", "0", "1", "2", "0.0", "0", "n/a", "n/a"]
 
     data = json.loads(aioq_cli(dsn, "stats", "--json").stdout)
     assert [q["queue"] for q in data["queues"]] == ["q1", "q2"]

@@ -552,3 +552,27 @@ def test_result_sync_in_the_job_s_own_uncommitted_transaction_says_so(
         aioq.result_sync(sync.target, job_id, timeout=0.2)
     assert str(info.value) == f"job {job_id} is still pending after 0.2s"
     sync.rollback()
+
+
+def test_workflow_defers_in_the_callers_transaction(
+    sync: Sync, other: psycopg.Connection[tuple[Any, ...]], registry: aioq.Registry
+) -> None:
+    @registry.task(queue="orders")
+    def step(n: int) -> None: ...
+
+    flow = aioq.Workflow("sync")
+    first = flow.add(step.call(n=1))
+    flow.add(step.options(delay=30).call(n=2), after=[first], name="second")
+    run = flow.defer_sync(sync.target)
+    assert count(other) == 0
+    sync.rollback()
+    assert sync.value("SELECT count(*) FROM aioq.workflow_steps") == 0
+    run = flow.defer_sync(sync.target)
+    sync.commit()
+    rows = other.execute(
+        "SELECT id, status, queue, workflow_id FROM aioq.jobs ORDER BY id"
+    ).fetchall()
+    assert rows == [
+        (run.jobs["step"], "pending", "orders", run.id),
+        (run.jobs["second"], "waiting", "orders", run.id),
+    ]

@@ -122,3 +122,23 @@ async def test_flask_app_defers_in_its_request_transaction(
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [(2, True)]  # the rolled-back signup took id 1
+
+
+@pytest.mark.timeout(120)
+def test_workflow_example_runs_on_the_given_database(dsn: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "workflow.py")],
+        env={**os.environ, "AIOQ_DSN": dsn},
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "deferred run 1: 13 steps" in lines
+    assert lines.count("load: 10 parts for 2026-12-01, total 5050") == 1
+    assert lines.index("notify: report for 2026-12-01 ready") > lines.index(
+        "load: 10 parts for 2026-12-01, total 5050"
+    )
+    assert "run 1 nightly-report: succeeded, 13 steps succeeded" in lines

@@ -268,3 +268,24 @@ anyio.run(main)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[True, False]", out.stderr
+
+
+async def test_a_workflow_is_one_send_span_and_every_step_carries_its_trace(
+    conn: asyncpg.Connection, registry: aioq.Registry, exporter: InMemorySpanExporter
+) -> None:
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.group(step.call(n=1), step.call(n=2), then=step.call(n=3)).defer(conn)
+    rows = await conn.fetch("SELECT traceparent FROM aioq.jobs WHERE workflow_id = $1", run.id)
+    [send] = exporter.get_finished_spans()
+    assert send.context is not None
+    ctx = send.context
+    expected = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    assert [row[0] for row in rows] == [expected] * 3
+    attributes = dict(send.attributes or {})
+    assert (attributes["aioq.task"], attributes["messaging.batch.message_count"]) == (
+        "workflow group",
+        3,
+    )

@@ -106,6 +106,21 @@ async def test_every_statement_that_makes_a_job_claimable_rings(
             await result
         assert await on_duty.until_sentinel(conn) == ["q"], what
 
+    # A workflow: its defer rings for its first step (not for the one that waits), and the
+    # statement that records the first step's success rings for the step it makes ready.
+    flow = aioq.Workflow("rings")
+    first = flow.add(work.call(n=1))
+    flow.add(work.call(n=2), after=[first])
+    await rings("a workflow's defer", lambda: flow.defer(conn))
+    [claim] = await statements.claim(conn, ["q"], 1, "w")
+    await rings(
+        "a fan-in",
+        lambda: statements.write(conn, "w", [claim], OutcomeKind.COMPLETE, steps=True),
+    )
+    [claim] = await statements.claim(conn, ["q"], 1, "w")  # the step the fan-in made ready
+    await statements.write(conn, "w", [claim], OutcomeKind.COMPLETE, steps=True)
+    assert await on_duty.until_sentinel(conn) == []  # the last step: nothing made ready
+
     await rings("defer", lambda: work.defer(conn))
     await rings("defer with options", lambda: work.options(priority=3).defer(conn))
     await rings("defer_many", lambda: work.defer_many(conn, [{"n": 1}, {"n": 2}]))

@@ -73,6 +73,7 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
     assert mail == {
         "ready": "3",
         "scheduled": "2",
+        "waiting": "0",
         "running": "0",
         "expired": "0",
         "dead": "2",

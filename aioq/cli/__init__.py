@@ -58,6 +58,7 @@ from aioq.cli.queues import (
 from aioq.cli.schedules import cmd_schedules
 from aioq.cli.web import cmd_web
 from aioq.cli.worker import DEFAULT_METRICS_ADDR, add_worker_flags, cmd_dev, cmd_worker
+from aioq.cli.workflows import cmd_workflows_cancel, cmd_workflows_list, cmd_workflows_show
 from aioq.errors import AioqError
 from aioq.job import JobStatus
 from aioq.limits import UNSET
@@ -162,6 +163,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _schema_command(commands, [db, out])
     _stats_command(commands, [db, out])
     _jobs_command(commands, [db, out])
+    _workflows_command(commands, [db, out])
     _web_command(commands, db)
     _queues_command(commands, [db, out])
     _schedules_command(commands, [db, out])
@@ -355,6 +357,25 @@ def _jobs_command(commands: _Commands, parents: _Parents) -> None:
     purge.add_argument("--dead", action="store_true", required=True, help="purge dead jobs")
     purge.add_argument("--older-than", type=duration, metavar="DURATION", help="e.g. 7d")
     purge.set_defaults(handler=cmd_jobs_purge)
+
+
+def _workflows_command(commands: _Commands, parents: _Parents) -> None:
+    flows = commands.add_parser("workflows", help="list, show and cancel workflow runs")
+    flow_verbs = flows.add_subparsers(title="actions", dest="action", required=True)
+    fls = flow_verbs.add_parser("list", parents=parents, help="runs, newest first")
+    fls.add_argument("--name", help="runs of this workflow name only")
+    fls.add_argument("--limit", type=positive_int, default=50)
+    fls.set_defaults(handler=cmd_workflows_list)
+    fshow = flow_verbs.add_parser(
+        "show", parents=parents, help="one run and its steps; exit 1 if not found"
+    )
+    fshow.add_argument("id", type=int)
+    fshow.set_defaults(handler=cmd_workflows_show)
+    fcancel = flow_verbs.add_parser(
+        "cancel", parents=parents, help="cancel a run: waiting and pending steps, running ones"
+    )
+    fcancel.add_argument("id", type=int)
+    fcancel.set_defaults(handler=cmd_workflows_cancel)
 
 
 def _web_command(commands: _Commands, db: argparse.ArgumentParser) -> None:

@@ -157,6 +157,7 @@ def _print_stats(snapshot: admin.Stats, args: argparse.Namespace, failures: list
             q.queue,
             q.ready,
             q.scheduled,
+            q.waiting,
             q.running,
             q.dead,
             q.cancelled,
@@ -167,8 +168,8 @@ def _print_stats(snapshot: admin.Stats, args: argparse.Namespace, failures: list
         )
         for q in snapshot.queues
     ]
-    headers = ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "CANCELLED", "OLDEST_READY_S")
-    print_table((*headers, "EXPIRED_LEASES", "COMPLETED_1M", "FAILED_1M"), rows)
+    counts = ("READY", "SCHEDULED", "WAITING", "RUNNING", "DEAD", "CANCELLED", "OLDEST_READY_S")
+    print_table(("QUEUE", *counts, "EXPIRED_LEASES", "COMPLETED_1M", "FAILED_1M"), rows)
     t = snapshot.table
     print(
         f"jobs table: {format_size(t.table_bytes)}, indexes {format_size(t.index_bytes)},"

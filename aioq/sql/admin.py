@@ -42,7 +42,7 @@ PING = Statement("SELECT 1", nothing)
 _JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
        max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
        lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
-       progress_note, NULL::text AS result, last_worker"""
+       progress_note, NULL::text AS result, last_worker, workflow_id"""
 
 # A job that succeeded and stored a result has left the jobs table for results.
 GET_JOB = Statement(
@@ -52,7 +52,7 @@ FROM {{s}}.jobs WHERE id = $1
 UNION ALL
 SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
        NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
-       result::text, worker, finished_at
+       result::text, worker, NULL, finished_at
 FROM {{s}}.results WHERE id = $1
 LIMIT 1
 """,
@@ -173,11 +173,13 @@ ORDER BY m.id
 )
 
 # Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it
-# first); return the ids.
+# first); return the ids. A pending workflow step is kept: its dependents would wait for it
+# for ever (cancel it: they are cancelled with it).
 DELETE_JOBS = Statement(
     """
 DELETE FROM {s}.jobs
 WHERE id = ANY($1::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
+  AND NOT (status = 'pending' AND workflow_id IS NOT NULL)
 RETURNING id
 """,
     integer,
@@ -196,6 +198,7 @@ class QueueCounts:
     cancelled: int
     expired: int
     oldest_ready_age: float
+    waiting: int
 
 
 # Per queue: what `aioq stats`, aioq.queues() and the metrics gauges show. One scan of the hot
@@ -211,7 +214,8 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now()) AS expired,
        coalesce(extract(epoch FROM now() - min(run_at)
                 FILTER (WHERE status = 'pending' AND run_at <= now())), 0)::float8
-           AS oldest_ready_age
+           AS oldest_ready_age,
+       count(*) FILTER (WHERE status = 'waiting') AS waiting
 FROM {s}.jobs
 GROUP BY queue
 ORDER BY queue

@@ -29,7 +29,7 @@ class CancelState:
     state: str
 
 
-# Pending (ready or scheduled) jobs become cancelled at once; running ones get a cancel request
+# Pending (ready or scheduled) jobs and waiting workflow steps become cancelled at once; running ones get a cancel request
 # that their worker acts on (a NOTIFY on the control channel now, its cancel watch within a
 # heartbeat interval otherwise). One UPDATE for both, so a job claimed while this statement
 # waits for its row lock is re-checked as running and still gets its request.
@@ -43,17 +43,17 @@ WITH wanted AS (
 ),
 locked AS (  -- in id order, like the fenced writes: two statements never deadlock
     SELECT j.id FROM {s}.jobs AS j
-    WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'running')
+    WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'waiting', 'running')
     ORDER BY j.id
     FOR UPDATE OF j
 ),
 changed AS (
     UPDATE {s}.jobs AS j
-    SET status = CASE WHEN j.status = 'pending' THEN 'cancelled' ELSE j.status END,
-        run_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.run_at END,
+    SET status = CASE WHEN j.status = 'running' THEN j.status ELSE 'cancelled' END,
+        run_at = CASE WHEN j.status = 'running' THEN j.run_at ELSE now() END,
         cancel_requested_at = coalesce(j.cancel_requested_at, now())
     FROM locked
-    WHERE j.id = locked.id AND j.status IN ('pending', 'running')
+    WHERE j.id = locked.id AND j.status IN ('pending', 'waiting', 'running')
     RETURNING j.id, j.status
 ),
 rang AS (

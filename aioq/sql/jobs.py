@@ -196,7 +196,7 @@ LIMIT 1
 CLAIMED = """j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
           extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
-          j.scheduled_at"""
+          j.scheduled_at, j.workflow_id"""
 
 
 def claim_set(now: str = "now()") -> str:

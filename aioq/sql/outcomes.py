@@ -29,6 +29,7 @@ __all__ = (
     "REAP",
     "RELEASE_WORKER",
     "WRITE_OUTCOMES",
+    "WRITE_STEP_OUTCOMES",
     "Rescued",
     "claim_key",
     "fenced",
@@ -60,6 +61,7 @@ CLEAR_CLAIM = """last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
 # requested (docs/architecture.md, "Job control"): then it is cancelled and never runs again.
 AGAIN = "CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END"
 
+
 # The outcomes of a batch of attempts, of every kind, in one statement. Per job: $4 the kind
 # (OutcomeKind's value), $5 the delay before it is pending again (seconds), $6 the error to
 # record, $7 the return value to keep (JSON text), $8 how long to keep it (NULL: the task keeps
@@ -72,14 +74,20 @@ AGAIN = "CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled'
 # - dead: the error recorded; cancelled: kept as cancelled. Both set run_at to now, the
 #   pruner's clock.
 # Returns the ids written: a job missing from them was no longer held by the claim.
-WRITE_OUTCOMES = Statement(
-    "WITH "
-    + fenced(
-        ", f.kind, f.delay, f.error, f.result, f.ttl",
-        ", $4::text[], $5::float8[], $6::text[], $7::text[], $8::float8[]",
-        ", kind, delay, error, result, ttl",
+def _write_outcomes(steps: str = "", step_reads: str = "", also_ready: str = "") -> str:
+    """WRITE_OUTCOMES' text, with more CTEs (``steps``), their forced reads, and a query of
+    more queues whose jobs they made claimable now (``also_ready``), rung with the others."""
+    ready = "SELECT queue FROM changed WHERE status = 'pending' AND delay = 0" + (
+        f" UNION {also_ready}" if also_ready else " GROUP BY queue"
     )
-    + f""",
+    return (
+        "WITH "
+        + fenced(
+            ", f.kind, f.delay, f.error, f.result, f.ttl",
+            ", $4::text[], $5::float8[], $6::text[], $7::text[], $8::float8[]",
+            ", kind, delay, error, result, ttl",
+        )
+        + f""",
 done AS (
     DELETE FROM {{s}}.jobs AS j
     USING mine AS m
@@ -130,16 +138,69 @@ changed AS (
     FROM mine AS m
     WHERE j.id = m.id AND m.kind <> 'succeeded'
     RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
-),
-{ring("SELECT queue FROM changed WHERE status = 'pending' AND delay = 0 GROUP BY queue")},
+),{steps}
+{ring(ready)},
 told AS (
     SELECT pg_notify($10, id::text) FROM kept
     UNION ALL
     SELECT pg_notify($10, id::text) FROM changed WHERE awaited AND status <> 'pending'
 )
 SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
-WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0
-""",
+WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0{step_reads}
+"""
+    )
+
+
+WRITE_OUTCOMES = Statement(_write_outcomes(), integer)
+
+# WRITE_OUTCOMES for a batch that holds workflow steps (docs/architecture.md, "Workflows"): the
+# same outcomes, and for each step that succeeded, its result kept on its step row and its
+# dependents' remaining counts decremented; a dependent that reaches zero becomes pending in
+# this statement, and its queue's doorbell rings at commit (with the other queues' rang). A success is recorded once (the
+# fence: `done` holds the rows this statement deleted), so each decrement happens once, and the
+# dependent's step row lock (taken in id order, before its job row) serializes the parents that
+# finish at once on other workers: exactly one of them sees zero. Dead and cancelled steps
+# cancel their dependents through the jobs_workflow_step_changed trigger (schema.sql), whatever
+# wrote them. Plain batches keep COMPLETE or WRITE_OUTCOMES: none of this costs them. Rows are
+# found by `= ANY(ARRAY(...))`, looked up in the primary keys whatever the estimates (a run's
+# rows are often all inserted since the last ANALYZE: a join would scan them).
+WRITE_STEP_OUTCOMES = Statement(
+    _write_outcomes(
+        """
+recorded AS (
+    UPDATE {s}.workflow_steps AS w
+    SET succeeded_at = clock_timestamp(), result = coalesce(r.result, 'null')::jsonb
+    FROM (SELECT m.id, m.result FROM done JOIN mine AS m ON m.id = done.id) AS r
+    WHERE w.job_id = ANY(ARRAY(SELECT id FROM done)) AND w.job_id = r.id
+    RETURNING w.job_id
+),
+counted AS (
+    SELECT d.job_id, count(*)::integer AS n
+    FROM {s}.workflow_deps AS d
+    WHERE d.parent_id = ANY(ARRAY(SELECT id FROM done))
+    GROUP BY d.job_id
+),
+dependents AS (
+    SELECT w.job_id FROM {s}.workflow_steps AS w
+    WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM counted))
+    ORDER BY w.job_id
+    FOR UPDATE OF w
+),
+decremented AS (
+    UPDATE {s}.workflow_steps AS w SET remaining = w.remaining - c.n
+    FROM counted AS c
+    WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM dependents)) AND w.job_id = c.job_id
+    RETURNING w.job_id, w.remaining
+),
+released AS (
+    UPDATE {s}.jobs AS j SET status = 'pending', run_at = greatest(j.run_at, now())
+    WHERE j.id = ANY(ARRAY(SELECT job_id FROM decremented WHERE remaining <= 0))
+      AND j.status = 'waiting'
+    RETURNING j.queue, j.run_at
+),""",
+        "\n  AND (SELECT count(*) FROM recorded) >= 0",
+        "SELECT queue FROM released WHERE run_at <= now()",
+    ),
     integer,
 )
 

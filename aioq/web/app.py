@@ -53,6 +53,8 @@ from aioq.stats_history import DEFAULT_STATS_INTERVAL
 from aioq.web import data
 from aioq.web.filters import environment
 from aioq.web.sql import SET_STATEMENT_TIMEOUT
+from aioq.workflow import list_workflows
+from aioq.workflow import workflow as get_workflow
 
 __all__ = ("DashboardConfig", "app")
 
@@ -240,6 +242,8 @@ class _Pages:
             Route("/live", self.live, name="live"),
             Route("/jobs", self.jobs, name="jobs"),
             Route("/jobs/{job_id:int}", self.job, name="job"),
+            Route("/workflows", self.workflows, name="workflows"),
+            Route("/workflows/{run_id:int}", self.workflow, name="workflow"),
             Route("/actions", self.actions, methods=["POST"], name="actions"),
             Route("/throughput", self.throughput, name="throughput"),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -382,6 +386,42 @@ class _Pages:
 
         return await self._guarded(request, page)
 
+    async def workflows(self, request: Request) -> Response:
+        """Workflow runs, newest first, their steps counted by status."""
+
+        async def page() -> Response:
+            name = request.query_params.get("name", "").replace("\x00", "").strip() or None
+            async with self.db.transaction(readonly=True) as conn:
+                runs = await list_workflows(
+                    conn, name=name, limit=self.config.page_size, schema=self.config.schema
+                )
+            return self._render(
+                request, "workflows.html", runs=runs, run_name=name or "", page="workflows"
+            )
+
+        return await self._guarded(request, page)
+
+    async def workflow(self, request: Request) -> Response:
+        """One run: its steps, their states and dependencies, each linked to its job."""
+
+        async def page() -> Response:
+            run_id = int(request.path_params["run_id"])
+            info = None
+            if run_id <= MAX_ID:
+                async with self.db.transaction(readonly=True) as conn:
+                    info = await get_workflow(conn, run_id, schema=self.config.schema)
+            return self._render(
+                request,
+                "workflow.html",
+                status=200 if info is not None else 404,
+                run=info,
+                run_id=run_id,
+                shown=MAX_STEPS_SHOWN,
+                page="workflows",
+            )
+
+        return await self._guarded(request, page)
+
     async def throughput(self, request: Request) -> Response:
         """Outcomes per minute, and wait and run percentiles, from the per-minute history."""
 
@@ -457,6 +497,7 @@ def _message(value: str | None) -> str | None:
 
 
 MAX_ID = 2**63 - 1  # bigint: a larger id cannot exist, and the driver would refuse it
+MAX_STEPS_SHOWN = 2000  # a run's page lists this many steps at most (the CLI shows them all)
 
 
 def _int(value: str | None) -> int | None:

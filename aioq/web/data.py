@@ -49,7 +49,7 @@ __all__ = (
 
 # The per-queue columns of the overview after ready and scheduled, in order: each a state
 # counted by DASH_STATES. A new terminal state (cancelled) is one more name here and in the SQL.
-STATE_COLUMNS = ("running", "expired", "dead", "cancelled")
+STATE_COLUMNS = ("waiting", "running", "expired", "dead", "cancelled")
 MAX_QUEUES = 200
 MAX_PRIORITIES = 50  # distinct priorities per queue probed for the oldest ready job
 MAX_WORKERS = 200
@@ -61,6 +61,7 @@ LISTED_STATUSES = tuple(s.value for s in JobStatus if s is not JobStatus.SUCCEED
 # What may be done to a job in each state, by the actions of the dashboard.
 ACTIONS_BY_STATUS: dict[str, tuple[str, ...]] = {
     "pending": ("cancel", "delete"),
+    "waiting": ("cancel",),  # a workflow step: deleting it would strand its dependents
     "running": ("cancel",),  # its worker stops the run and records it cancelled
     "dead": ("retry", "delete"),
     "cancelled": ("delete",),

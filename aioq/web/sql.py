@@ -104,8 +104,8 @@ ORDER BY names.queue
 
 @dataclass(frozen=True, slots=True)
 class StateRow:
-    """How many jobs of a queue are in a state: running, expired (a running job whose lease
-    ran out), dead or cancelled."""
+    """How many jobs of a queue are in a state: waiting (a workflow step), running, expired (a
+    running job whose lease ran out), dead or cancelled."""
 
     queue: str
     state: str
@@ -113,11 +113,14 @@ class StateRow:
 
 
 # The states that are not the backlog, per queue, among at most $1 rows of each, read through
-# each state's partial index.
+# each state's partial index (waiting steps through the workflow steps' index).
 DASH_STATES = Statement(
     """
 SELECT queue, state, count(*) AS n FROM (
     (SELECT queue, 'running' AS state FROM {s}.jobs WHERE status = 'running' LIMIT $1)
+    UNION ALL
+    (SELECT queue, 'waiting' FROM {s}.jobs
+     WHERE workflow_id IS NOT NULL AND status = 'waiting' LIMIT $1)
     UNION ALL
     (SELECT queue, 'expired' FROM {s}.jobs
      WHERE status = 'running' AND lease_expires_at < now() LIMIT $1)

@@ -19,7 +19,7 @@ from aioq.db import Executor
 from aioq.job import Claim, ClaimKey, OutcomeKind
 from aioq.service import STEP_BACKOFF, Service
 from aioq.sql import results_channel
-from aioq.sql.outcomes import COMPLETE, WRITE_OUTCOMES
+from aioq.sql.outcomes import COMPLETE, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES
 from aioq.worker.claims import Claims
 
 if TYPE_CHECKING:
@@ -261,7 +261,10 @@ class Completer(Service[int]):
     async def _write(self, batch: list[Outcome], *, archive: bool) -> set[int]:
         """One fenced statement for every outcome of the batch (docs/architecture.md, "The
         fence"); return the ids still ours."""
-        if not archive and all(o.kind is _COMPLETE and o.result_ttl is None for o in batch):
+        steps = any(o.claim.workflow_id is not None for o in batch)
+        if not (archive or steps) and all(
+            o.kind is _COMPLETE and o.result_ttl is None for o in batch
+        ):
             # The hot path: plain completions, the statement that only deletes.
             ids = await COMPLETE.rows(
                 self.db,
@@ -271,7 +274,10 @@ class Completer(Service[int]):
                 self.worker_id,
             )
             return set(ids)
-        ids = await WRITE_OUTCOMES.rows(
+        # Workflow steps: the same outcomes, and the fan-in of those that succeeded
+        # (docs/architecture.md, "Workflows").
+        statement = WRITE_STEP_OUTCOMES if steps else WRITE_OUTCOMES
+        ids = await statement.rows(
             self.db,
             self.schema,
             [o.claim.id for o in batch],
@@ -333,8 +339,11 @@ _COMPLETE = OutcomeKind.COMPLETE
 
 
 def _kept_result(outcome: Outcome) -> str | None:
-    """The return value to keep: a completion's, when its task keeps results."""
-    if outcome.kind is not OutcomeKind.COMPLETE or outcome.result_ttl is None:
+    """The return value to keep: a completion's, when its task keeps results or it is a
+    workflow step (its dependents read it)."""
+    if outcome.kind is not OutcomeKind.COMPLETE:
+        return None
+    if outcome.result_ttl is None and outcome.claim.workflow_id is None:
         return None
     return outcome.result if outcome.result is not None else "null"
 

@@ -134,7 +134,7 @@ def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt
             return None  # the reaper wrote the requested cancel
         return Outcome(claim, OutcomeKind.CANCEL, attempt.duration, result_ttl=ttl)
     if not attempt.interrupted:
-        if ttl is None:
+        if ttl is None and claim.workflow_id is None:
             return Outcome(claim, OutcomeKind.COMPLETE, attempt.duration)
         try:  # a value that cannot be stored fails the attempt
             result = encode_result(claim.task, claim.id, attempt.value)

@@ -13,10 +13,14 @@ the consumer reports the outcome ``cancelled`` and the completer writes it fence
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from aioq.codec import decode_result
 from aioq.db import Executor
+from aioq.job import StepFailed
 from aioq.service import Service
 from aioq.sql.control import CANCEL_REQUESTED, SET_PROGRESS
+from aioq.sql.workflows import UPSTREAM
 from aioq.worker.claims import CancelReason, Claims, Running
 
 __all__ = ("CancelWatch", "RunHandle", "request_cancel")
@@ -113,3 +117,16 @@ class RunHandle:
         )
         if ours is None:
             logger.debug("job %s: progress not stored, the claim is no longer ours", claim.id)
+
+    async def upstream(self) -> dict[str, Any]:
+        """The results of this step's direct dependencies by step name (a plain job: none)."""
+        claim = self.running.claim
+        if claim.workflow_id is None:
+            return {}
+        found: dict[str, Any] = {}
+        for row in await UPSTREAM.rows(self.db, self.schema, claim.id):
+            if row.status == "succeeded":
+                found[row.name] = None if row.result is None else decode_result(row.result)
+            else:
+                found[row.name] = StepFailed(row.name, row.job_id, row.status, row.last_error)
+        return found

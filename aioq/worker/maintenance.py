@@ -9,10 +9,15 @@ from aioq.db import Executor
 from aioq.service import Service
 from aioq.sql import Statement
 from aioq.sql import maintenance as sql
+from aioq.sql.workflows import PRUNE_WORKFLOWS
 
 __all__ = ("Pruner", "Vacuumer")
 
 logger = logging.getLogger(__name__)
+
+WORKFLOW_RETENTION = 86400.0
+"""Seconds a workflow run's steps and results are kept once it was deferred, when none of its
+steps is left in the jobs table (all succeeded, or their kept rows were pruned)."""
 
 
 class Pruner(Service[int]):
@@ -61,7 +66,8 @@ class Pruner(Service[int]):
             cancelled = await _count(sql.PRUNE_ENDED, db, schema, *ended, "cancelled")
         results = await _count(sql.PRUNE_RESULTS, db, schema, batch)
         uniques = await _count(sql.PRUNE_UNIQUES, db, schema, batch)  # ended unique_for windows
-        self._full = max(archived, dead, cancelled, results, uniques) >= self.batch_size
+        runs = await _count(PRUNE_WORKFLOWS, db, schema, WORKFLOW_RETENTION, batch)
+        self._full = max(archived, dead, cancelled, results, uniques, runs) >= self.batch_size
         if archived or dead or cancelled or results:
             logger.info(
                 "pruner: deleted %d archived, %d dead and %d cancelled jobs, %d expired results",
@@ -76,9 +82,9 @@ class Pruner(Service[int]):
                     "results": results,
                 },
             )
-        if uniques:
-            logger.debug("pruner: deleted %d ended unique windows", uniques)
-        return archived + dead + cancelled + results + uniques
+        if uniques or runs:
+            logger.debug("pruner: deleted %d ended unique windows, %d workflow runs", uniques, runs)
+        return archived + dead + cancelled + results + uniques + runs
 
     def interval(self) -> float:
         """Seconds between passes."""

@@ -20,6 +20,12 @@ async def noop(i: int, blob: object = None) -> None:
     await run_job(i)
 
 
+@registry.task(name="fan_in")
+async def fan_in() -> None:
+    """The workflow's fan-in: runs once every step succeeded."""
+    await run_job(systems.FAN_IN)
+
+
 class Adapter(System):
     name = "aioq"
     single_api = "Task.defer(conn, ...)"
@@ -29,9 +35,10 @@ class Adapter(System):
         "its defaults otherwise (claim and completion batching, LISTEN/NOTIFY doorbell with "
         "polling as the fallback); deletes a finished job's row"
     )
-    # The workflow scenario (workloads.workflow) runs every system whose adapter sets
-    # ``workflow_api`` and implements ``run_workflow`` (systems.System.run_workflow): aioq's
-    # joins it by adding both here.
+    workflow_api = (
+        "Workflow.add(noop.call(i=i)) x n, add(fan_in.call(), after=steps), defer(conn)"
+        " in one transaction"
+    )
 
     async def install(self, dsn: str) -> None:
         conn = await asyncpg.connect(dsn)
@@ -53,6 +60,15 @@ class Adapter(System):
     async def defer_many(self, start: int, count: int) -> None:
         extra = {} if systems.blob is None else {"blob": systems.blob}
         await noop.defer_many(self.conn, [{"i": i, **extra} for i in range(start, start + count)])
+
+    async def run_workflow(self, n: int) -> None:
+        """Defer the run: ``n`` steps and the fan-in after them all, in one transaction (one
+        round trip for the run, one per 4 000 steps)."""
+        flow = aioq.Workflow("bench")
+        steps = [flow.add(noop.call(i=i)) for i in range(n)]
+        flow.add(fan_in.call(), after=steps, name="fan_in")
+        async with self.conn.transaction():
+            await flow.defer(self.conn)
 
     async def remaining(self) -> int:
         return await self.conn.fetchval("SELECT count(*) FROM aioq.jobs")  # type: ignore[no-any-return]

@@ -42,6 +42,7 @@ from aioq.job import OutcomeKind
 from aioq.migrate import migrations
 from aioq.schedule import Scheduler
 from aioq.sql.maintenance import PRUNE_ARCHIVE, PRUNE_RESULTS, PRUNE_UNIQUES
+from aioq.sql.workflows import PRUNE_WORKFLOWS
 
 pytestmark = pytest.mark.chaos
 
@@ -267,6 +268,22 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
     async def prune_uniques(conn: asyncpg.Connection) -> object:
         return await PRUNE_UNIQUES.row(conn, "aioq", 10)
 
+    async def defer_flow(conn: asyncpg.Connection) -> object:
+        """A workflow: the run's row and its ids, its steps and their edge."""
+        flow = aioq.chain(work.options(queue="flows").call(n=1), work.call(n=2), name="flow")
+        return await flow.defer(conn)
+
+    async def finish_step(conn: asyncpg.Connection) -> object:
+        """A step's success recorded, its dependent made pending (the fan-in)."""
+        run = await defer_flow(conn)
+        assert isinstance(run, aioq.WorkflowRun)
+        [claimed] = await statements.claim(conn, ["flows"], 1, "w")
+        await statements.write(conn, "w", [claimed], OutcomeKind.COMPLETE, result="1", steps=True)
+        return await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", run.jobs["work-2"])
+
+    async def prune_runs(conn: asyncpg.Connection) -> object:
+        return await PRUNE_WORKFLOWS.row(conn, "aioq", 0.0, 10)
+
     needed: list[tuple[str, Op]] = [
         ("USAGE ON SCHEMA aioq", defer),
         ("INSERT ON aioq.jobs", defer),
@@ -300,6 +317,19 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         ("UPDATE ON aioq.uniques", defer_once),
         ("DELETE ON aioq.uniques", prune_uniques),
         ("USAGE ON SEQUENCE aioq.jobs_id_seq", defer_once),
+        # Workflows: the defer, the fan-in, the pruner.
+        ("USAGE ON SEQUENCE aioq.jobs_id_seq", defer_flow),
+        ("INSERT ON aioq.workflows", defer_flow),
+        ("SELECT ON aioq.workflows", defer_flow),
+        ("INSERT ON aioq.workflow_steps", defer_flow),
+        ("INSERT ON aioq.workflow_deps", defer_flow),
+        ("SELECT ON aioq.workflow_steps", finish_step),
+        ("UPDATE ON aioq.workflow_steps", finish_step),
+        ("SELECT ON aioq.workflow_deps", finish_step),
+        ("UPDATE ON aioq.workflows", prune_runs),
+        ("DELETE ON aioq.workflows", prune_runs),
+        ("DELETE ON aioq.workflow_steps", prune_runs),
+        ("DELETE ON aioq.workflow_deps", prune_runs),
     ]
 
     async def scenario() -> None:

@@ -46,6 +46,15 @@ async def main(conn: asyncpg.Connection) -> None:
     print(name)
 
 
+def workflow_steps() -> None:
+    """A workflow step's call is checked as defer is."""
+    flow = aioq.Workflow("w")
+    flow.add(send.call(order_id="x"))  # error: [arg-type] a step's arguments
+    flow.add(send.call())  # error: [call-arg] missing argument
+    flow.add(send.options(queue="q").call(orderid=1))  # error: [call-arg] via options
+    flow.add(send.call(order_id=1), after="first")  # error: [arg-type] steps, not names
+
+
 async def other_targets(
     pool: asyncpg.Pool, session: AsyncSession, sa_conn: AsyncConnection
 ) -> None:

@@ -38,6 +38,14 @@ async def main(conn: asyncpg.Connection) -> None:
     await notify.options(queue="other").defer(conn, "bob")
     assert notify(user="direct") is False
     assert ids
+    flow = aioq.Workflow("w")
+    first = flow.add(send.call(order_id=1))
+    flow.add(send.options(priority=2).call(2, note="after"), after=[first], name="second")
+    run: aioq.WorkflowRun = await aioq.chain(notify.call("ann"), notify.call(user="bob")).defer(
+        conn
+    )
+    await aioq.group(send.call(order_id=3), then=notify.call("x")).defer(conn)
+    print(run.jobs["notify"], run.id)
 
 
 async def other_targets(

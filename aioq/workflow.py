@@ -1,0 +1,358 @@
+"""Workflows: steps with dependencies, deferred together in the caller's transaction.
+
+docs/architecture.md, "Workflows". A step is a job that waits (status ``waiting``, not
+claimable) until its dependencies succeeded; the statement that records a dependency's success
+makes it pending when it was the last one missing, so the fan-in happens once, decided by no
+poller. A dependency that ends dead or cancelled cancels its dependents (transitively), unless
+they were added with ``on_failure="run"``; replaying it brings them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from aioq import hooks
+from aioq.admin import cancel_jobs
+from aioq.codec import decode_result
+from aioq.db import Executor, Target, executor
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
+from aioq.errors import ConfigError
+from aioq.sql import DEFAULT_SCHEMA
+from aioq.sql import workflows as sql
+from aioq.task import Call, check_text
+
+__all__ = (
+    "ON_FAILURE",
+    "Step",
+    "Workflow",
+    "WorkflowInfo",
+    "WorkflowRun",
+    "WorkflowStep",
+    "cancel_workflow",
+    "chain",
+    "group",
+    "list_workflows",
+    "workflow",
+)
+
+ON_FAILURE = ("cancel", "run")
+"""What a step does when a dependency ends dead or cancelled: be cancelled, or run anyway."""
+
+STEP_BATCH = 4000
+"""Steps inserted per statement: a run of 10 000 steps takes four round trips."""
+
+_NO_HOOK = contextlib.nullcontext()
+
+MAX_NAME = 200
+"""The longest workflow or step name, in characters."""
+
+
+def _check_name(field_name: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME:
+        raise ConfigError(
+            field_name,
+            f"must be a non-empty name of at most {MAX_NAME} characters, got {value!r}",
+        )
+    check_text(field_name, value)
+    return value
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Step:
+    """A step added to a :class:`Workflow`: what ``after=`` takes."""
+
+    flow: Workflow = field(repr=False)
+    index: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    call: Call
+    name: str
+    after: tuple[int, ...]
+    on_failure: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRun:
+    """A deferred run: its id and its steps' job ids by step name."""
+
+    id: int
+    name: str
+    jobs: dict[str, int]
+
+
+class Workflow:
+    """Steps and their dependencies, deferred together by :meth:`defer`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = _check_name("name", name)
+        self._steps: list[_Planned] = []
+        self._names: set[str] = set()
+        self._counts: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<aioq.Workflow {self.name!r} steps={len(self._steps)}>"
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(
+        self,
+        call: Call,
+        *,
+        after: Iterable[Step] = (),
+        name: str | None = None,
+        on_failure: str = "cancel",
+    ) -> Step:
+        """Add a step that runs once every step of ``after`` succeeded; return it.
+
+        ``name`` is unique within the run (by default the task's name, numbered from its second
+        use); ``on_failure="run"`` runs the step even if a dependency ends dead or cancelled.
+        """
+        if not isinstance(call, Call):
+            raise ConfigError("call", f"must be a task's .call(...), got {call!r}")
+        if on_failure not in ON_FAILURE:
+            raise ConfigError("on_failure", f"must be 'cancel' or 'run', got {on_failure!r}")
+        if isinstance(after, Step):
+            after = (after,)
+        parents: dict[int, None] = {}  # in order, once each
+        for step in after:
+            if not isinstance(step, Step):
+                raise ConfigError("after", f"must be steps this workflow returned, got {step!r}")
+            if step.flow is not self:
+                raise ConfigError(
+                    "after", f"step {step.name!r} belongs to workflow {step.flow.name!r}"
+                )
+            parents[step.index] = None
+        if name is None:
+            base = call.task.name.rpartition(".")[2]
+            used = self._counts.get(base, 0)  # "load", then "load-2", "load-3"...
+            name = f"{base}-{used + 1}" if used else base
+            while name in self._names:
+                used += 1
+                name = f"{base}-{used + 1}"
+            self._counts[base] = used + 1
+        else:
+            _check_name("name", name)
+            if name in self._names:
+                raise ConfigError("name", f"step name {name!r} is already used in this workflow")
+        if self._steps and call.task.registry.schema != self._steps[0].call.task.registry.schema:
+            raise ConfigError("call", "every step's task must live in the same schema")
+        self._names.add(name)
+        self._steps.append(_Planned(call, name, tuple(parents), on_failure))
+        return Step(self, len(self._steps) - 1, name)
+
+    async def defer(self, conn: Target, /) -> WorkflowRun:
+        """Enqueue every step inside the caller's transaction (a pool: a transaction of its
+        own).
+
+        One round trip for the run, then one per :data:`STEP_BATCH` steps. Rolled back: no
+        step, no run.
+        """
+        if not self._steps:
+            raise ConfigError("steps", f"workflow {self.name!r} has no step")
+        db = await executor(conn)
+        if isinstance(db, asyncpg.Pool):  # a transaction of its own: all the steps, or none
+            async with db.acquire() as own, own.transaction():
+                return await self._defer(own)
+        return await self._defer(db)
+
+    async def _defer(self, db: Executor) -> WorkflowRun:
+        schema = self._steps[0].call.task.registry.schema
+        deferral = self._deferral()
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            created = await sql.CREATE_WORKFLOW.row(db, schema, self.name, len(self._steps))
+            assert created is not None  # an INSERT ... RETURNING returns its row
+            ids = created.ids
+            for start in range(0, len(self._steps), STEP_BATCH):
+                batch = self._steps[start : start + STEP_BATCH]
+                values = _batch_values(batch, ids, start)
+                await sql.INSERT_STEPS.row(db, schema, created.id, *values, deferral.traceparent)
+            deferral.ids = ids
+        jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
+        return WorkflowRun(created.id, self.name, jobs)
+
+    def _deferral(self) -> hooks.Deferral:
+        """The run's defer as observers see it (one span for the run, tracing every step)."""
+        first = self._steps[0].call
+        return hooks.Deferral(f"workflow {self.name}", first.opts.queue, len(self._steps))
+
+    def defer_sync(self, conn: SyncTarget, /) -> WorkflowRun:
+        """Enqueue every step from synchronous code, inside the transaction of ``conn``
+        (psycopg, Django's connection, a SQLAlchemy Session or Connection), as :meth:`defer`."""
+        if not self._steps:
+            raise ConfigError("steps", f"workflow {self.name!r} has no step")
+        schema = self._steps[0].call.task.registry.schema
+        db = sync_executor(conn)
+        deferral = self._deferral()
+        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+            created = sql.CREATE_WORKFLOW.row_sync(db, schema, self.name, len(self._steps))
+            assert created is not None  # an INSERT ... RETURNING returns its row
+            ids = created.ids
+            for start in range(0, len(self._steps), STEP_BATCH):
+                batch = self._steps[start : start + STEP_BATCH]
+                values = _batch_values(batch, ids, start)
+                sql.INSERT_STEPS.row_sync(db, schema, created.id, *values, deferral.traceparent)
+            deferral.ids = ids
+        jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
+        return WorkflowRun(created.id, self.name, jobs)
+
+
+def _batch_values(batch: Sequence[_Planned], ids: Sequence[int], start: int) -> list[object]:
+    """INSERT_STEPS' arrays ($2..$16) for one batch of steps."""
+    columns: list[list[object]] = [[] for _ in range(13)]
+    children: list[int] = []
+    parents: list[int] = []
+    for n, step in enumerate(batch, start):
+        opts = step.call.opts
+        row = (
+            ids[n],
+            opts.queue,
+            step.call.task.name,
+            step.call.args,
+            opts.priority,
+            opts.run_at,
+            opts.delay,
+            opts.max_attempts,
+            opts.lease,
+            step.call.concurrency_key,
+            step.name,
+            len(step.after),
+            step.on_failure,
+        )
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+        for parent in step.after:
+            children.append(ids[n])
+            parents.append(ids[parent])
+    return [*columns, children, parents]
+
+
+def chain(*calls: Call, name: str = "chain") -> Workflow:
+    """A workflow whose steps each run after the previous one succeeded."""
+    flow = Workflow(name)
+    previous: list[Step] = []
+    for call in calls:
+        previous = [flow.add(call, after=previous)]
+    return flow
+
+
+def group(*calls: Call, then: Call | None = None, name: str = "group") -> Workflow:
+    """A workflow of steps that run in parallel, and ``then`` once they all succeeded."""
+    flow = Workflow(name)
+    steps = [flow.add(call) for call in calls]
+    if then is not None:
+        flow.add(then, after=steps)
+    return flow
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowStep:
+    """One step of a run as stored: its job, status and dependencies (by step name)."""
+
+    name: str
+    job_id: int
+    task: str
+    queue: str | None  # None once its job row left the table
+    status: str  # waiting, pending, running, succeeded, dead, cancelled (deleted: gone)
+    after: list[str]
+    on_failure: str
+    attempts: int | None
+    last_error: str | None
+    result: Any = None  # the step's return value, once it succeeded
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowInfo:
+    """A run: its name, its state, and its steps in the order they were added.
+
+    ``state``: ``running`` while any step may still run; then ``succeeded`` when every step
+    did, ``failed`` when a step is dead, else ``cancelled``.
+    """
+
+    id: int
+    name: str
+    state: str
+    created_at: datetime
+    counts: dict[str, int]  # steps by status
+    steps: list[WorkflowStep] = field(default_factory=list)
+
+
+def _state(row: sql.WorkflowRow) -> str:
+    if row.waiting or row.pending or row.running:
+        return "running"
+    if row.dead:
+        return "failed"
+    if row.cancelled:
+        return "cancelled"
+    return "succeeded"
+
+
+def _counts(row: sql.WorkflowRow) -> dict[str, int]:
+    names = ("waiting", "pending", "running", "succeeded", "dead", "cancelled")
+    return {n: getattr(row, n) for n in names}
+
+
+async def workflow(
+    conn: Target, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
+) -> WorkflowInfo | None:
+    """Return a run with every step's name, job id and status; None if there is none."""
+    db = await executor(conn)
+    row = await sql.GET_WORKFLOW.row(db, schema, workflow_id)
+    if row is None:
+        return None
+    steps = [
+        WorkflowStep(
+            name=s.name,
+            job_id=s.job_id,
+            task=s.task,
+            queue=s.queue,
+            status=s.status,
+            after=s.after,
+            on_failure=s.on_failure,
+            attempts=s.attempts,
+            last_error=s.last_error,
+            result=None if s.result is None else decode_result(s.result),
+        )
+        for s in await sql.WORKFLOW_STEPS.rows(db, schema, workflow_id)
+    ]
+    return WorkflowInfo(
+        id=row.id,
+        name=row.name,
+        state=_state(row),
+        created_at=row.created_at,
+        counts=_counts(row),
+        steps=steps,
+    )
+
+
+async def list_workflows(
+    conn: Target, *, name: str | None = None, limit: int = 50, schema: str = DEFAULT_SCHEMA
+) -> list[WorkflowInfo]:
+    """Return the newest runs first (without their steps), optionally of one name."""
+    db = await executor(conn)
+    return [
+        WorkflowInfo(
+            id=r.id, name=r.name, state=_state(r), created_at=r.created_at, counts=_counts(r)
+        )
+        for r in await sql.LIST_WORKFLOWS.rows(db, schema, limit, name)
+    ]
+
+
+async def cancel_workflow(
+    conn: Target, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
+) -> dict[int, str]:
+    """Cancel a run: its waiting and pending steps at once, a cancel request to its running
+    ones (see :func:`aioq.cancel_jobs`); return each live step's state by job id."""
+    db = await executor(conn)
+    ids = await sql.WORKFLOW_JOBS.rows(db, schema, workflow_id)
+    return await cancel_jobs(db, ids, schema=schema) if ids else {}

@@ -1,0 +1,580 @@
+"""Workflows: steps with dependencies (docs/architecture.md, "Workflows")."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from procs import aioq_cli
+from starlette.testclient import TestClient
+from waits import eventually
+
+import aioq
+import aioq.testing
+import aioq.web
+from aioq.sql import workflows as wsql
+
+pytestmark = pytest.mark.anyio
+
+
+async def statuses(conn: asyncpg.Connection, run_id: int) -> dict[str, str]:
+    info = await aioq.workflow(conn, run_id)
+    assert info is not None
+    return {s.name: s.status for s in info.steps}
+
+
+async def test_fan_out_fan_in_runs_once_with_upstream_results(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    @registry.task
+    async def extract(day: str) -> str:
+        return f"raw-{day}"
+
+    @registry.task
+    async def transform(part: int) -> int:
+        up = await aioq.current_job().upstream()
+        assert up == {"extract": "raw-d1"}
+        return part * 10
+
+    @registry.task
+    async def load() -> None:
+        seen.append(await aioq.current_job().upstream())
+
+    flow = aioq.Workflow("nightly")
+    raw = flow.add(extract.call(day="d1"))
+    parts = [flow.add(transform.call(part=i), after=[raw]) for i in range(20)]
+    flow.add(load.call(), after=parts, name="load")
+    async with conn.transaction():
+        run = await flow.defer(conn)
+    assert set(run.jobs) == {
+        "extract",
+        "load",
+        "transform",
+        *(f"transform-{i}" for i in range(2, 21)),
+    }
+    before = await statuses(conn, run.id)
+    assert before["extract"] == "pending"
+    assert before["load"] == "waiting"
+    assert before["transform-5"] == "waiting"
+    job = await aioq.get_job(conn, run.jobs["load"])
+    assert job is not None
+    assert job.status == aioq.JobStatus.WAITING
+
+    await make_worker(concurrency=8).run_until_idle()
+    assert len(seen) == 1
+    expected = {"transform": 0, **{f"transform-{i}": (i - 1) * 10 for i in range(2, 21)}}
+    assert seen[0] == expected
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "succeeded"
+    assert {s.status for s in info.steps} == {"succeeded"}
+    assert info.counts["succeeded"] == 22
+    by_name = {s.name: s for s in info.steps}
+    assert by_name["load"].after == ["transform", *(f"transform-{i}" for i in range(2, 21))]
+    assert by_name["transform-3"].result == 20
+
+
+async def test_rolled_back_transaction_leaves_no_step(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    flow = aioq.chain(*(step.call(n=i) for i in range(5)))
+    tx = conn.transaction()
+    await tx.start()
+    run = await flow.defer(conn)
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 5
+    await tx.rollback()
+    for table in ("jobs", "workflows", "workflow_steps", "workflow_deps"):
+        assert await conn.fetchval(f"SELECT count(*) FROM aioq.{table}") == 0
+    assert await aioq.workflow(conn, run.id) is None
+
+
+async def test_dead_step_cancels_dependents_and_replay_resumes(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    broken = {"yes": True}
+    ran: list[str] = []
+
+    @registry.task(max_attempts=1)
+    async def fragile() -> str:
+        if broken["yes"]:
+            raise RuntimeError("boom")
+        return "ok"
+
+    @registry.task
+    async def after(label: str) -> str:
+        ran.append(label)
+        return label
+
+    @registry.task
+    async def report() -> None:
+        up = await aioq.current_job().upstream()
+        ran.append(f"report:{sorted(up)}:{type(up['fragile']).__name__}")
+
+    flow = aioq.Workflow("w")
+    bad = flow.add(fragile.call())
+    mid = flow.add(after.call(label="mid"), after=[bad])
+    flow.add(after.call(label="end"), after=[mid], name="end")
+    flow.add(report.call(), after=[bad], on_failure="run")
+    run = await flow.defer(conn)
+    await make_worker().run_until_idle()
+
+    now = await statuses(conn, run.id)
+    assert now == {
+        "fragile": "dead",
+        "after": "cancelled",
+        "end": "cancelled",
+        "report": "succeeded",
+    }
+    assert ran == ["report:['fragile']:StepFailed"]
+    for name in ("after", "end"):
+        job = await aioq.get_job(conn, run.jobs[name])
+        assert job is not None
+        assert job.last_error is not None
+        assert "'fragile'" in job.last_error, job.last_error
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "failed"
+
+    broken["yes"] = False
+    replay = await aioq.retry_dead(conn, job_id=run.jobs["fragile"])
+    assert replay.retried == [run.jobs["fragile"]]
+    now = await statuses(conn, run.id)
+    assert now["after"] == "waiting"
+    assert now["end"] == "waiting"
+    await make_worker().run_until_idle()
+    assert await statuses(conn, run.id) == dict.fromkeys(now, "succeeded")
+    assert ran[1:] == ["mid", "end"]
+
+
+async def test_cancel_workflow(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.group(*(step.call(n=i) for i in range(3)), then=step.call(n=9)).defer(conn)
+    assert await aioq.delete_jobs(conn, list(run.jobs.values())) == []  # cancel them instead
+    states = await aioq.cancel_workflow(conn, run.id)
+    assert set(states.values()) == {"cancelled"}
+    await make_worker().run_until_idle()
+    assert set((await statuses(conn, run.id)).values()) == {"cancelled"}
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "cancelled"
+
+
+def test_build_errors(registry: aioq.Registry) -> None:
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    flow, other = aioq.Workflow("a"), aioq.Workflow("b")
+    s = other.add(step.call(n=1))
+    with pytest.raises(aioq.ConfigError, match="belongs to workflow 'b'"):
+        flow.add(step.call(n=1), after=[s])
+    flow.add(step.call(n=1), name="x")
+    with pytest.raises(aioq.ConfigError, match="already used"):
+        flow.add(step.call(n=2), name="x")
+    with pytest.raises(aioq.ArgumentError):
+        step.call(m=1)  # type: ignore[call-arg]
+    with pytest.raises(aioq.OptionError):
+        step.options(unique_key="k").call(n=1)
+    with pytest.raises(aioq.ConfigError, match="on_failure"):
+        flow.add(step.call(n=1), on_failure="ignore")
+
+
+async def test_large_run_defers_in_few_round_trips(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def part(n: int) -> None:
+        pass
+
+    flow = aioq.Workflow("big")
+    first = flow.add(part.call(n=-1))
+    parts = [flow.add(part.call(n=i), after=[first]) for i in range(9_000)]
+    flow.add(part.call(n=-2), after=parts, name="merge")
+    statements: list[str] = []
+    conn.add_query_logger(lambda q: statements.append(q.query))
+    async with conn.transaction():
+        run = await flow.defer(conn)
+    steps = [q for q in statements if "workflow" in q]
+    assert len(steps) == 1 + -(-9_002 // 4000), steps  # the run, then one per batch
+    assert len(run.jobs) == 9_002
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_deps") == 18_000
+    assert (
+        await conn.fetchval(
+            "SELECT remaining FROM aioq.workflow_steps WHERE job_id = $1", run.jobs["merge"]
+        )
+        == 9_000
+    )
+
+
+async def test_pruned_after_retention(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task
+    async def step(n: int) -> int:
+        return n
+
+    run = await aioq.chain(step.call(n=1), step.call(n=2)).defer(conn)
+    await make_worker().run_until_idle()
+    assert await wsql.PRUNE_WORKFLOWS.row(conn, "aioq", 3600.0, 100) == 0
+    assert await wsql.PRUNE_WORKFLOWS.row(conn, "aioq", 0.0, 100) == 1
+    assert await aioq.workflow(conn, run.id) is None
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_steps") == 0
+    await eventually(lambda: True)
+
+
+async def test_fan_in_waits_for_its_last_parent(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """One parent's success is recorded while the other still runs: the fan-in still waits
+    (the statement that recorded the first success left it waiting), and runs after both."""
+    ids: dict[str, int] = {}
+    seen: list[str] = []
+
+    @registry.task
+    async def first() -> int:
+        return 1
+
+    @registry.task
+    async def second() -> int:
+        check = await asyncpg.connect(dsn)
+        try:
+            await eventually(
+                lambda: check.fetchval(
+                    "SELECT succeeded_at IS NOT NULL FROM aioq.workflow_steps WHERE job_id = $1",
+                    ids["first"],
+                ),
+                "the first parent's success",
+            )
+            seen.append(
+                await check.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", ids["join"])
+            )
+        finally:
+            await check.close()
+        return 2
+
+    @registry.task
+    async def join() -> None:
+        seen.append(repr(await aioq.current_job().upstream()))
+
+    run = await aioq.group(first.call(), second.call(), then=join.call()).defer(conn)
+    ids.update(run.jobs)
+    await make_worker(concurrency=4).run_until_idle()
+    assert seen == ["waiting", "{'first': 1, 'second': 2}"]
+
+
+async def test_cli_lists_shows_and_cancels_runs(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task(name="app.step")
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.group(
+        step.call(n=1), step.call(n=2), then=step.call(n=3), name="nightly"
+    ).defer(conn)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return aioq_cli(dsn, *args)
+
+    listed = cli("workflows", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert (row["id"], row["name"], row["state"]) == (run.id, "nightly", "running")
+    assert row["counts"] == {
+        "waiting": 1, "pending": 2, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0
+    }  # fmt: skip
+    table = cli("workflows", "list")
+    assert "nightly" in table.stdout
+    assert "WAITING" in table.stdout
+    shown = cli("workflows", "show", str(run.id))
+    assert shown.returncode == 0, shown.stderr
+    assert f"workflow {run.id} nightly: running (1 waiting, 2 pending)" in shown.stdout
+    assert any(
+        line.split()[:5]
+        == ["step-3", str(run.jobs["step-3"]), "app.step", "waiting", "step,step-2"]
+        for line in shown.stdout.splitlines()
+    ), shown.stdout
+    waiting = cli("jobs", "list", "--status", "waiting", "--json")
+    assert [j["id"] for j in json.loads(waiting.stdout)] == [run.jobs["step-3"]]
+    job = cli("jobs", "show", str(run.jobs["step-3"]))
+    shown_job = dict(line.split(maxsplit=1) for line in job.stdout.splitlines())
+    assert (shown_job["status:"], shown_job["workflow_id:"]) == ("waiting", str(run.id))
+    cancelled = cli("workflows", "cancel", str(run.id))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"workflow {run.id}: cancelled 3 steps" in cancelled.stdout
+    again = cli("workflows", "show", str(run.id), "--json")
+    assert json.loads(again.stdout)["state"] == "cancelled"
+    missing = cli("workflows", "show", "999")
+    assert missing.returncode == 1
+    assert "workflow 999 not found" in missing.stderr
+
+
+async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task(name="app.step")
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.group(
+        step.call(n=1), step.call(n=2), then=step.call(n=3), name="nightly"
+    ).defer(conn)
+    other = await aioq.chain(step.call(n=1), step.call(n=2), name="other").defer(conn)
+    await aioq.cancel_jobs(conn, [other.jobs["step"]])  # its dependent is cancelled with it
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        listing = client.get("/workflows")
+        assert listing.status_code == 200
+        assert f'<a href="/workflows/{run.id}">{run.id}</a>' in listing.text
+        assert re.search(r"<span class=\"badge cancelled\">cancelled</span>", listing.text)
+        page = client.get(f"/workflows/{run.id}")
+        assert page.status_code == 200
+        for name, job_id in run.jobs.items():
+            row = re.search(rf'<tr data-step="{name}">(.*?)</tr>', page.text, re.DOTALL)
+            assert row is not None, name
+            assert f'<a href="/jobs/{job_id}">{job_id}</a>' in row.group(1)
+        last = re.search(r'<tr data-step="step-3">(.*?)</tr>', page.text, re.DOTALL)
+        assert last is not None
+        assert "badge waiting" in last.group(1)
+        assert "step, step-2" in last.group(1)
+        cancelled = client.get(f"/workflows/{other.id}")
+        assert "DependencyFailed: step &#39;step&#39;" in cancelled.text
+        job = client.get(f"/jobs/{run.jobs['step-3']}")
+        assert f'<a id="workflow" href="/workflows/{run.id}">run {run.id}</a>' in job.text
+        assert "badge waiting" in job.text
+        overview = client.get("/")
+        cell = re.search(r'data-col="waiting"><a[^>]*>(\d+)</a>', overview.text)
+        assert cell is not None
+        assert cell.group(1) == "1"
+        assert client.get("/workflows/999").status_code == 404
+    stats = await aioq.stats(conn)
+    assert [q.waiting for q in stats.queues] == [1]
+
+
+async def test_cancel_workflow_stops_a_running_step_and_its_dependents(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    ran: list[str] = []
+
+    @registry.task(lease=2.0)
+    async def slow() -> None:
+        ran.append("slow")
+        await anyio.sleep_forever()
+
+    @registry.task
+    async def after() -> None:
+        ran.append("after")
+
+    run = await aioq.chain(slow.call(), after.call(), after.call()).defer(conn)
+    async with make_worker(concurrency=2):
+        await eventually(lambda: ran == ["slow"], "the first step running")
+        states = await aioq.cancel_workflow(conn, run.id)
+        assert states == {
+            run.jobs["slow"]: "cancelling",
+            run.jobs["after"]: "cancelled",
+            run.jobs["after-2"]: "cancelled",
+        }
+
+        async def slow_cancelled() -> bool:
+            status = await conn.fetchval(
+                "SELECT status FROM aioq.jobs WHERE id = $1", run.jobs["slow"]
+            )
+            return bool(status == "cancelled")
+
+        await eventually(slow_cancelled, "the running step cancelled by its worker")
+    assert await statuses(conn, run.id) == dict.fromkeys(run.jobs, "cancelled")
+    assert ran == ["slow"]
+
+
+async def test_200_parents_finishing_on_three_workers_release_the_fan_in_once(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """Parents complete in concurrent statements of three workers: every decrement counts
+    (a lost one leaves the fan-in waiting), and the fan-in is released once."""
+    joined: list[int] = []
+    workers: set[str] = set()
+
+    @registry.task(lease=2.0)
+    async def parent(n: int) -> int:
+        workers.add(aioq.current_job().worker_id)
+        await anyio.sleep(0.01 * (n % 5))
+        return n
+
+    @registry.task
+    async def join() -> None:
+        joined.append(len(await aioq.current_job().upstream()))
+
+    flow = aioq.Workflow("wide")
+    parents = [flow.add(parent.call(n=i)) for i in range(200)]
+    flow.add(join.call(), after=parents, name="join")
+    run = await flow.defer(conn)
+    async with (
+        make_worker(concurrency=10),
+        make_worker(concurrency=10),
+        make_worker(concurrency=10),
+    ):
+
+        async def done() -> bool:
+            info = await aioq.workflow(conn, run.id)
+            return info is not None and info.state == "succeeded"
+
+        await eventually(done, "the run to succeed")
+    assert joined == [200]
+    assert len(workers) > 1  # the parents' successes were recorded by several workers
+
+
+async def test_the_test_drain_runs_a_whole_run(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    @registry.task
+    async def step(n: int) -> int:
+        return n + sum((await aioq.current_job().upstream()).values())
+
+    run = await aioq.chain(step.call(n=1), step.call(n=10), step.call(n=100)).defer(conn)
+    ran = await aioq.testing.drain(dsn, registry)
+    assert [r.outcome for r in ran] == ["succeeded"] * 3
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert [s.result for s in info.steps] == [1, 11, 111]
+
+
+async def test_a_run_in_another_schema(
+    dsn: str, conn: asyncpg.Connection, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """The fan-in statement and the triggers name the schema they were installed in."""
+    await aioq.install(conn, schema="Other_1")
+    other = aioq.Registry(schema="Other_1")
+
+    @other.task(max_attempts=1)
+    async def fails() -> None:
+        raise RuntimeError("no")
+
+    @other.task
+    async def ok(n: int) -> int:
+        return n
+
+    flow = aioq.Workflow("elsewhere")
+    first = flow.add(ok.call(n=1))
+    bad = flow.add(fails.call(), after=[first])
+    flow.add(ok.call(n=2), after=[bad])
+    run = await flow.defer(conn)
+    await make_worker(registry=other).run_until_idle()
+    info = await aioq.workflow(conn, run.id, schema="Other_1")
+    assert info is not None
+    assert [(s.name, s.status) for s in info.steps] == [
+        ("ok", "succeeded"),
+        ("fails", "dead"),
+        ("ok-2", "cancelled"),
+    ]
+    assert await aioq.workflow(conn, run.id) is None  # nothing in the default schema
+
+
+async def test_a_long_chain_cascades_and_revives_in_one_statement(
+    conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """A failure at the head of a 1 500-step chain cancels the other 1 499 and its replay
+    revives them: a recursive query, not a recursion of triggers (which overflows the server's
+    stack past a few hundred levels)."""
+
+    @registry.task
+    async def link(n: int) -> None:
+        pass
+
+    run = await aioq.chain(*(link.call(n=i) for i in range(1500))).defer(conn)
+    head = run.jobs["link"]
+    await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", head)  # as the reaper
+    counts = "SELECT status, count(*) FROM aioq.jobs WHERE workflow_id = $1 GROUP BY status"
+    assert dict(await conn.fetch(counts, run.id)) == {"dead": 1, "cancelled": 1499}
+    tail = await aioq.get_job(conn, run.jobs["link-1500"])
+    assert tail is not None
+    assert tail.last_error == f"DependencyFailed: step 'link' (job {head}) ended dead"
+    assert (await aioq.retry_dead(conn, job_id=head)).retried == [head]
+    assert dict(await conn.fetch(counts, run.id)) == {"pending": 1, "waiting": 1499}
+
+
+async def test_a_pool_defers_a_run_in_one_transaction_of_its_own(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """On a pool, a failing batch leaves nothing: the run and its steps are one transaction."""
+
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    flow = aioq.Workflow("pooled")
+    first = flow.add(step.call(n=1))
+    flow.add(step.call(n=2), after=[first])
+    async with asyncpg.create_pool(dsn, min_size=1, max_size=2) as pool:
+        run = await flow.defer(pool)
+        assert len(run.jobs) == 2
+        await conn.execute(
+            "ALTER TABLE aioq.workflow_deps ADD CONSTRAINT no_edges CHECK (false) NOT VALID"
+        )
+        with pytest.raises(asyncpg.CheckViolationError):
+            await flow.defer(pool)
+    assert await conn.fetchval("SELECT count(*) FROM aioq.workflows") == 1
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 2
+
+
+async def test_a_diamond_cascades_through_steps_that_run_anyway_and_resumes(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    broken = {"yes": True}
+    ran: list[str] = []
+
+    @registry.task(max_attempts=1)
+    async def head() -> int:
+        if broken["yes"]:
+            raise RuntimeError("boom")
+        return 1
+
+    @registry.task
+    async def node(label: str) -> str:
+        up = await aioq.current_job().upstream()
+        failed = sorted(k for k, v in up.items() if isinstance(v, aioq.StepFailed))
+        ran.append(f"{label}{failed if failed else ''}")
+        return label
+
+    flow = aioq.Workflow("diamond")
+    p = flow.add(head.call(), name="p")
+    a = flow.add(node.call(label="a"), after=[p], name="a")
+    b = flow.add(node.call(label="b"), after=[p], name="b")
+    flow.add(node.call(label="c"), after=[a, b], name="c")
+    flow.add(node.call(label="r"), after=[a], name="r", on_failure="run")
+    run = await flow.defer(conn)
+    await make_worker().run_until_idle()
+    assert await statuses(conn, run.id) == {
+        "p": "dead", "a": "cancelled", "b": "cancelled", "c": "cancelled", "r": "succeeded"
+    }  # fmt: skip
+    assert ran == ["r['a']"]  # ran anyway, seeing its dependency failed
+    c = await aioq.get_job(conn, run.jobs["c"])
+    assert c is not None
+    assert c.last_error == f"DependencyFailed: step 'p' (job {run.jobs['p']}) ended dead"
+
+    broken["yes"] = False
+    await aioq.retry_dead(conn, job_id=run.jobs["p"])
+    assert await statuses(conn, run.id) == {
+        "p": "pending", "a": "waiting", "b": "waiting", "c": "waiting", "r": "succeeded"
+    }  # fmt: skip
+    await make_worker().run_until_idle()
+    assert set((await statuses(conn, run.id)).values()) == {"succeeded"}
+    assert sorted(ran[1:]) == ["a", "b", "c"]

@@ -329,6 +329,38 @@ async def test_cli_lists_shows_and_cancels_runs(
     assert "workflow 999 not found" in missing.stderr
 
 
+async def test_cli_shortens_a_fan_in_and_says_which_step_to_replay(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    @registry.task(name="app.part", max_attempts=1)
+    async def part(n: int) -> None:
+        if n == 0:
+            raise RuntimeError("boom")
+
+    @registry.task(name="app.merge")
+    async def merge() -> None:
+        pass
+
+    run = await aioq.group(*(part.call(n=i) for i in range(6)), then=merge.call()).defer(conn)
+    await make_worker().run_until_idle()
+    shown = aioq_cli(dsn, "workflows", "show", str(run.id))
+    assert shown.returncode == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if line.startswith("merge ")]
+    assert "part,part-2,part-3 +3 more" in row, shown.stdout
+    assert max(map(len, shown.stdout.splitlines())) < 150, shown.stdout  # not 6 names wide
+    # A new user's first try: replay the step that was cancelled, not the one that died.
+    retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["merge"]))
+    assert retried.returncode == 1
+    assert (
+        f"skipped job {run.jobs['merge']}: cancelled as its dependency failed"
+        f" (DependencyFailed: step 'part' (job {run.jobs['part']}) ended dead): retry that step"
+    ) in retried.stdout, retried.stdout
+    assert (await statuses(conn, run.id))["merge"] == "cancelled"
+
+
 async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(
     dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
 ) -> None:

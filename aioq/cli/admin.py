@@ -257,6 +257,10 @@ async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> 
     )
 
 
+_EXPLAINED = 20
+"""Ids not replayed that `jobs retry` looks up to say why (a step cancelled for a dependency)."""
+
+
 def cmd_jobs_retry(args: argparse.Namespace) -> int:
     """Make dead jobs pending again; exit 1 if a given id was not a dead job."""
     if bool(args.ids) == args.dead:
@@ -273,7 +277,18 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
             all=args.dead,
             schema=schema_from(args),
         )
-        return _report(args, "retried", replay.retried, "not dead jobs", skipped=replay.skipped)
+        skipped = dict(replay.skipped)
+        for job_id in sorted(set(args.ids) - set(replay.retried) - set(skipped))[:_EXPLAINED]:
+            job = await admin.get_job(conn, job_id, schema=schema_from(args))
+            if job is None or job.workflow_id is None or job.status != "cancelled":
+                continue
+            if (job.last_error or "").startswith("DependencyFailed:"):
+                # A step cancelled for its dependency comes back with it: say which to replay.
+                skipped[job_id] = (
+                    f"cancelled as its dependency failed ({job.last_error}): retry that step"
+                    " once it is dead; the steps it cancelled come back with it"
+                )
+        return _report(args, "retried", replay.retried, "not dead jobs", skipped=skipped)
 
     return with_db(args, run)
 

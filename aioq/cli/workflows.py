@@ -65,7 +65,7 @@ def cmd_workflows_show(args: argparse.Namespace) -> int:
                 s.job_id,
                 s.task,
                 s.status,
-                ",".join(s.after) or "-",
+                _after(s.after),
                 (s.last_error or "").split("\n", 1)[0][:60],
             )
             for s in info.steps
@@ -74,6 +74,17 @@ def cmd_workflows_show(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return with_db(args, run)
+
+
+_AFTER_SHOWN = 3
+"""Dependencies a step's row names in `workflows show`; a fan-in's others are counted."""
+
+
+def _after(names: list[str]) -> str:
+    """A step's dependencies for the table: a fan-in of 50 would make every row 700 wide."""
+    if len(names) <= _AFTER_SHOWN:
+        return ",".join(names) or "-"
+    return ",".join(names[:_AFTER_SHOWN]) + f" +{len(names) - _AFTER_SHOWN} more"
 
 
 def cmd_workflows_cancel(args: argparse.Namespace) -> int:

@@ -355,10 +355,16 @@ async def test_cli_shortens_a_fan_in_and_says_which_step_to_replay(
     retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["merge"]))
     assert retried.returncode == 1
     assert (
-        f"skipped job {run.jobs['merge']}: cancelled as its dependency failed"
-        f" (DependencyFailed: step 'part' (job {run.jobs['part']}) ended dead): retry that step"
+        f"skipped job {run.jobs['merge']}: cancelled as a step it needs failed"
+        f" (DependencyFailed: step 'part' (job {run.jobs['part']}) ended dead):"
+        f" retry job {run.jobs['part']} instead"
     ) in retried.stdout, retried.stdout
     assert (await statuses(conn, run.id))["merge"] == "cancelled"
+    stopped = await aioq.chain(part.call(n=1), merge.call()).defer(conn)
+    await aioq.cancel_jobs(conn, [stopped.jobs["part"]])
+    retried = aioq_cli(dsn, "jobs", "retry", str(stopped.jobs["merge"]))
+    assert retried.returncode == 1
+    assert "ended cancelled): a cancelled step is not replayed" in retried.stdout, retried.stdout
 
 
 async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(

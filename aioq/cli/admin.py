@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -257,6 +258,11 @@ async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> 
     )
 
 
+_DEPENDENCY_FAILED = re.compile(
+    r"DependencyFailed: step .* \(job (?P<job>\d+)\) ended (?P<status>\w+)$"
+)
+"""The last_error of a step cancelled for a dependency (aioq/schema.sql, workflow_step_changed)."""
+
 _EXPLAINED = 20
 """Ids not replayed that `jobs retry` looks up to say why (a step cancelled for a dependency)."""
 
@@ -282,12 +288,15 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
             job = await admin.get_job(conn, job_id, schema=schema_from(args))
             if job is None or job.workflow_id is None or job.status != "cancelled":
                 continue
-            if (job.last_error or "").startswith("DependencyFailed:"):
-                # A step cancelled for its dependency comes back with it: say which to replay.
-                skipped[job_id] = (
-                    f"cancelled as its dependency failed ({job.last_error}): retry that step"
-                    " once it is dead; the steps it cancelled come back with it"
-                )
+            failed = _DEPENDENCY_FAILED.match(job.last_error or "")
+            if failed is None:
+                continue
+            # A step cancelled for its dependency comes back with it: say which to replay.
+            skipped[job_id] = f"cancelled as a step it needs failed ({job.last_error}): " + (
+                f"retry job {failed['job']} instead, and the steps it cancelled wait again"
+                if failed["status"] == "dead"
+                else "a cancelled step is not replayed, nor the steps it cancelled"
+            )
         return _report(args, "retried", replay.retried, "not dead jobs", skipped=skipped)
 
     return with_db(args, run)

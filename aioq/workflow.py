@@ -130,7 +130,9 @@ class Workflow:
                 raise ConfigError("after", f"must be steps this workflow returned, got {step!r}")
             if step.flow is not self:
                 raise ConfigError(
-                    "after", f"step {step.name!r} belongs to workflow {step.flow.name!r}"
+                    "after",
+                    f"step {step.name!r} belongs to another workflow ({step.flow.name!r}): after="
+                    " takes the steps this workflow's add() returned",
                 )
             parents[step.index] = None
         if name is None:

@@ -186,7 +186,7 @@ def test_build_errors(registry: aioq.Registry) -> None:
     with pytest.raises(aioq.ConfigError, match=r"belongs to another workflow \('b'\)"):
         flow.add(step.call(n=1), after=[s])
     twin = aioq.chain(step.call(n=1))  # two chains share a name: the message still tells them apart
-    with pytest.raises(aioq.ConfigError, match="another workflow .* this workflow's add"):
+    with pytest.raises(aioq.ConfigError, match=r"another workflow .* this workflow's add"):
         twin.add(step.call(n=2), after=[aioq.chain(step.call(n=3)).add(step.call(n=4))])
     flow.add(step.call(n=1), name="x")
     with pytest.raises(aioq.ConfigError, match="already used"):

@@ -327,6 +327,12 @@ async def test_cli_lists_shows_and_cancels_runs(
     assert f"workflow {run.id}: cancelled 3 steps" in cancelled.stdout
     again = cli("workflows", "show", str(run.id), "--json")
     assert json.loads(again.stdout)["state"] == "cancelled"
+    twice = cli("workflows", "cancel", str(run.id))
+    assert twice.returncode == 0, twice.stderr
+    assert (
+        twice.stdout
+        == f"workflow {run.id}: nothing left to cancel, every step ended (run cancelled)\n"
+    )
     missing = cli("workflows", "show", "999")
     assert missing.returncode == 1
     assert "workflow 999 not found" in missing.stderr

@@ -92,10 +92,16 @@ def cmd_workflows_cancel(args: argparse.Namespace) -> int:
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         schema = schema_from(args)
-        if await get_workflow(conn, args.id, schema=schema) is None:
+        info = await get_workflow(conn, args.id, schema=schema)
+        if info is None:
             print(f"aioq: workflow {args.id} not found (pruned, or never existed)", file=sys.stderr)
             return EXIT_FAILED
         states = await cancel_workflow(conn, args.id, schema=schema)
+        if not states and not args.json:  # every step had ended: say how the run ended
+            print(
+                f"workflow {args.id}: nothing left to cancel, every step ended (run {info.state})"
+            )
+            return EXIT_OK
         by_state: dict[str, list[int]] = {}
         for job_id, state in states.items():
             by_state.setdefault(state, []).append(job_id)

@@ -278,7 +278,8 @@ class WorkflowInfo:
     """A run: its name, its state, and its steps in the order they were added.
 
     ``state``: ``running`` while any step may still run; then ``succeeded`` when every step
-    did, ``failed`` when a step is dead, else ``cancelled``.
+    did, ``failed`` when a step is dead (or ended without succeeding and its job was deleted
+    since, as ``aioq jobs purge`` does), else ``cancelled``.
     """
 
     id: int
@@ -292,7 +293,9 @@ class WorkflowInfo:
 def _state(row: sql.WorkflowRow) -> str:
     if row.waiting or row.pending or row.running:
         return "running"
-    if row.dead:
+    if row.dead or row.succeeded + row.cancelled < row.steps:
+        # A step ended dead or cancelled and its job was deleted since (`aioq jobs purge`,
+        # dead_retention, delete_jobs): counted nowhere, and the run did not succeed.
         return "failed"
     if row.cancelled:
         return "cancelled"

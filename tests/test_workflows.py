@@ -158,6 +158,32 @@ async def test_dead_step_cancels_dependents_and_replay_resumes(
     assert ran[1:] == ["mid", "end"]
 
 
+async def test_a_failed_run_stays_failed_once_its_dead_step_is_purged(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    @registry.task(max_attempts=1)
+    async def fragile(n: int) -> int:
+        if n == 0:
+            raise RuntimeError("boom")
+        return n
+
+    run = await aioq.group(fragile.call(n=0), fragile.call(n=1)).defer(conn)
+    await make_worker().run_until_idle()
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "failed"
+    assert await aioq.purge_dead(conn) == 1  # what `aioq jobs purge --dead` and dead_retention do
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert {s.name: s.status for s in info.steps} == {
+        "fragile": "deleted",
+        "fragile-2": "succeeded",
+    }
+    assert info.state == "failed"  # not "succeeded": one step never did
+    [listed] = await aioq.list_workflows(conn)
+    assert listed.state == "failed"
+
+
 async def test_cancel_workflow(
     conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
 ) -> None:

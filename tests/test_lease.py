@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import asyncpg
@@ -409,6 +410,75 @@ async def test_a_job_whose_lease_lapsed_while_it_waited_is_never_started(
                 )
     assert set(ahead_ids) <= set(rescued)
     assert [s for s in starts if s[1] == "first"] == []
+
+
+async def test_a_def_task_whose_lease_lapsed_before_its_thread_began_is_never_started(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """docs/architecture.md, "Leases": the worker decided to start a plain def task with its
+    lease fresh, but the event loop was blocked (here by a middleware; in the randomized chaos
+    scenario, by another task during the hand-off to the thread) before the thread began, past
+    the lease; another worker rescued the job meanwhile. The thread must not call the task."""
+    lease = 1.0
+    starts: list[tuple[int, str]] = []
+    blocking = threading.Event()
+
+    async def block_once(job: aioq.JobContext, call_next: Callable[[], Any]) -> Any:
+        if not blocking.is_set():
+            blocking.set()
+            time.sleep(3 * lease)  # noqa: ASYNC251 (the point: the event loop is blocked)
+        return await call_next()
+
+    @registry.task(name="t.sync", lease=lease)
+    def sync() -> None:
+        job = aioq.current_job()
+        starts.append((job.id, job.worker_id))
+
+    job_id = await sync.defer(conn)
+
+    def rescue() -> list[int]:
+        """The other worker, in a thread of its own (this event loop is blocked): once the
+        lease lapsed, its reaper takes the job back and it claims it."""
+
+        async def other() -> list[int]:
+            db = await asyncpg.connect(dsn)
+            try:
+                await until_sql(
+                    db, "SELECT bool_and(lease_expires_at < now()) FROM aioq.jobs", guard=10
+                )
+                await Reaper(schema="aioq", db=db, interval=1, batch_size=10).run_once()
+                claimed = await statements.claim(db, ["default"], 10, "other")
+                return sorted(c.id for c in claimed)
+            finally:
+                await db.close()
+
+        assert blocking.wait(HANG_GUARD)
+        return anyio.run(other)
+
+    rescued: list[int] = []
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+
+            async def run_rescue() -> None:
+                rescued.extend(await anyio.to_thread.run_sync(rescue))
+
+            tg.start_soon(run_rescue)
+            worker = make_worker(worker_id="first", concurrency=1, middleware=[block_once])
+            async with worker:
+                await eventually(
+                    lambda: (
+                        bool(rescued) and worker.current is not None and not worker.current.claims
+                    ),
+                    "the first worker to settle its claim",
+                )
+    assert rescued == [job_id]
+    assert starts == []
+    # The other worker holds it: this one gave back nothing of its (fenced).
+    row = await conn.fetchrow("SELECT status, locked_by FROM aioq.jobs WHERE id = $1", job_id)
+    assert tuple(row) == ("running", "other")
 
 
 async def test_a_lost_claim_is_not_kept_alive_by_a_newer_claim_of_the_same_job(

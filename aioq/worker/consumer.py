@@ -78,6 +78,11 @@ def _scope_class() -> type[anyio.CancelScope]:
     return type(anyio.CancelScope())
 
 
+class _NotStarted(Exception):
+    """A plain def task's thread found, as it began, that the job's lease may have lapsed
+    since the worker decided to start it: the task was not called."""
+
+
 @dataclass(slots=True)
 class Attempt:
     """How one call of a task went: what :func:`judge` decides the outcome from."""
@@ -275,6 +280,15 @@ class Consumer:
         finally:
             running.end()
             _current.reset(token)
+        if isinstance(attempt.error, _NotStarted):
+            logger.warning(
+                "job %s %s: not started, its lease may have lapsed before its thread began;"
+                " released",
+                claim.id,
+                claim.task,
+                extra={"job_id": claim.id, "task": claim.task, "queue": claim.queue},
+            )
+            return Outcome(claim, OutcomeKind.RELEASE)
         return judge(claim, task, running, attempt)
 
     def _context(self, claim: Claim, running: Running) -> JobContext:
@@ -373,12 +387,21 @@ class Consumer:
         returns, and its outcome is recorded; abandoning it would let a retry run beside it
         (docs/architecture.md, "Shutdown").
         """
+
+        def start() -> object:
+            # The thread begins after the event loop ran other tasks (the hand-off to the
+            # thread and the limiter yield to it): one that blocked the loop then may have let
+            # the lease lapse, and another worker may run the job already. Checked as the task
+            # would begin, in its thread: never started, given back (docs/architecture.md,
+            # "Leases").
+            if running.lapsed(time.monotonic()) or running.cancel_reason is CancelReason.LEASE_LOST:
+                raise _NotStarted
+            return task.fn(**kwargs)
+
         self.claims.enter_thread(running)
         try:
             return await anyio.to_thread.run_sync(
-                functools.partial(task.fn, **kwargs),
-                abandon_on_cancel=False,
-                limiter=self.threads,
+                start, abandon_on_cancel=False, limiter=self.threads
             )
         finally:
             self.claims.leave_thread(running)

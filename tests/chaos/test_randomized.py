@@ -6,7 +6,9 @@ serve jobs whose leases are drawn from the allowed range and whose durations str
 and plain ``def`` tasks (some with a timeout they overstay once), tasks that snooze
 (``raise aioq.Retry``) or fail once on purpose, and tasks that block their worker's event loop
 past their lease (``time.sleep`` in an ``async def``), in four queues, three of them limited
-(``max_running``, a rate, ``max_running_per_key``). Meanwhile the test stops workers (SIGTERM),
+(``max_running``, a rate, ``max_running_per_key``). A share of the defers are small random
+workflows instead (chains, fan-out/fan-in, diamonds, groups; some steps ``on_failure="run"``)
+whose steps are drawn like the jobs. Meanwhile the test stops workers (SIGTERM),
 hard-cancels them (a second SIGTERM: ``Worker.run()`` cancelled while threads run), kills them
 (SIGKILL), drops or stalls every connection through a TCP proxy (lost replies), and pauses,
 resumes and re-limits the queues.
@@ -25,6 +27,9 @@ At the end, with every worker stopped:
 * every duplicate run (a run after one that was not a planned snooze or failure) is explained by
   a fault: the previous run's worker was killed, stopped or hard-cancelled (its run cut), a
   network fault hit it, or its loop was blocked.
+* every workflow step's first run started after each of its dependencies had a run that
+  succeeded (on the tasks' clock); a fan-in step succeeded once, unless a fault explains its
+  next run as above; no step is lost (each succeeded), and ``aioq.workflow()`` agrees.
 
 The seed is printed at the start and in every failure; ``AIOQ_CHAOS_SEED`` replays it.
 ``AIOQ_CHAOS_PROFILE=long`` (``make chaos``) runs longer with more jobs.
@@ -32,6 +37,7 @@ The seed is printed at the start and in every failure; ``AIOQ_CHAOS_SEED`` repla
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -74,6 +80,7 @@ GRACE = 2.0  # --shutdown-grace
 REAPER = 5.0  # the worker's default reaper interval: a lost lease is reaped within it
 SLACK = 3.0  # scheduling noise on a machine shared with other test runs
 DRAIN_GUARD = 180.0  # hang guard: "never", not a timing
+WORKFLOW_SHARE = 0.3  # of the defers: one or two small random workflows instead of jobs
 
 TASKS = textwrap.dedent(
     '''
@@ -339,48 +346,140 @@ def workers(workdir: Path) -> Iterator[Callable[[str, str, random.Random], Worke
         group.kill_all()
 
 
-def _defer(sql: Sql, rng: random.Random, count: int) -> dict[int, float]:
-    """Defer ``count`` jobs with random tasks, leases, durations, snoozes and failures.
+@dataclass(frozen=True)
+class Plan:
+    """One job as drawn: its task, arguments, lease, queue and concurrency key."""
 
-    Return the lease of each job id.
-    """
-    tasks, args, leases, queues, keys = [], [], [], [], []
-    for _ in range(count):
-        lease = round(rng.uniform(MIN_LEASE, MAX_LEASE), 2)
-        kind = rng.choices(["work", "sync_work", "sync_timeout", "block"], weights=[6, 2, 1, 0.25])[0]  # fmt: skip
-        queue = rng.choices(QUEUES, weights=[5, 1, 1, 1])[0]
-        keys.append(rng.choice(KEYS) if queue == "keyed" else None)
-        queues.append(queue)
-        tasks.append(kind)
-        if kind == "block":
-            lease = round(rng.uniform(*BLOCK_LEASE), 2)
-            args.append({"seconds": round(rng.uniform(*BLOCK_SECONDS), 3)})
-            leases.append(lease)
-            continue
-        long_run = rng.random() < 0.35
-        seconds = lease * rng.uniform(0.3, 1.8) if long_run else rng.uniform(0.0, 0.2)
-        if kind == "sync_timeout":
-            seconds = min(seconds, SYNC_TIMEOUT / 2)  # later runs stay inside the timeout
-        args.append(
-            {
-                "seconds": round(seconds, 3),
-                "snoozes": rng.choice([0, 0, 0, 1, 2, 3]),
-                "fail_once": rng.random() < 0.1,
-            }
-        )
-        leases.append(lease)
+    task: str
+    args: dict[str, Any]
+    lease: float
+    queue: str
+    key: str | None
+
+
+def _draw(rng: random.Random) -> Plan:
+    """A job with a random task, lease, duration, snoozes and failure, in a random queue."""
+    lease = round(rng.uniform(MIN_LEASE, MAX_LEASE), 2)
+    kind = rng.choices(["work", "sync_work", "sync_timeout", "block"], weights=[6, 2, 1, 0.25])[0]  # fmt: skip
+    queue = rng.choices(QUEUES, weights=[5, 1, 1, 1])[0]
+    key = rng.choice(KEYS) if queue == "keyed" else None
+    if kind == "block":
+        lease = round(rng.uniform(*BLOCK_LEASE), 2)
+        return Plan(kind, {"seconds": round(rng.uniform(*BLOCK_SECONDS), 3)}, lease, queue, key)
+    long_run = rng.random() < 0.35
+    seconds = lease * rng.uniform(0.3, 1.8) if long_run else rng.uniform(0.0, 0.2)
+    if kind == "sync_timeout":
+        seconds = min(seconds, SYNC_TIMEOUT / 2)  # later runs stay inside the timeout
+    args = {
+        "seconds": round(seconds, 3),
+        "snoozes": rng.choice([0, 0, 0, 1, 2, 3]),
+        "fail_once": rng.random() < 0.1,
+    }
+    return Plan(kind, args, lease, queue, key)
+
+
+def _defer(sql: Sql, rng: random.Random, count: int) -> dict[int, float]:
+    """Defer ``count`` jobs drawn by :func:`_draw`; return the lease of each job id."""
+    plans = [_draw(rng) for _ in range(count)]
     rows = sql.fetch(
         "INSERT INTO aioq.jobs (task, args, lease, max_attempts, queue, concurrency_key)"
         " SELECT t, a::jsonb, make_interval(secs => l), 25, q, k"
         " FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[])"
         " AS u(t, a, l, q, k) RETURNING id",
-        tasks,
-        [json.dumps(a) for a in args],
-        leases,
-        queues,
-        keys,
+        [p.task for p in plans],
+        [json.dumps(p.args) for p in plans],
+        [p.lease for p in plans],
+        [p.queue for p in plans],
+        [p.key for p in plans],
     )
-    return {r["id"]: lease for r, lease in zip(rows, leases, strict=True)}
+    return {r["id"]: p.lease for r, p in zip(rows, plans, strict=True)}
+
+
+# Stand-ins of the workers' tasks (same names and signatures) for the test to build workflow
+# steps with Task.call: the test only defers them; the workers run randomtasks' own.
+STEPS = aioq.Registry()
+
+
+@STEPS.task(name="work", max_attempts=25)
+async def _work(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None: ...
+
+
+@STEPS.task(name="block", max_attempts=25)
+async def _block(seconds: float) -> None: ...
+
+
+@STEPS.task(name="sync_work", max_attempts=25)
+def _sync_work(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None: ...
+
+
+@STEPS.task(name="sync_timeout", max_attempts=25, timeout=SYNC_TIMEOUT)
+def _sync_timeout(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None: ...
+
+
+STEP_TASKS: dict[str, aioq.Task[..., None]] = {
+    "work": _work, "block": _block, "sync_work": _sync_work, "sync_timeout": _sync_timeout
+}  # fmt: skip
+SHAPES = ("chain", "fan", "diamond", "group")
+
+
+@dataclass
+class Flow:
+    """A workflow run the test deferred: its steps' job ids, dependencies and failure modes."""
+
+    id: int
+    shape: str
+    jobs: dict[str, int]  # step name -> job id
+    after: dict[str, list[str]]  # step name -> its dependencies' names
+    on_failure: dict[str, str]
+
+
+def _shape(rng: random.Random) -> tuple[str, list[tuple[str, list[str]]]]:
+    """A small random workflow: (shape, [(step name, its dependencies)] in order)."""
+    shape = rng.choice(SHAPES)
+    if shape == "chain":  # s1 -> s2 (-> s3)
+        names = [f"s{i}" for i in range(1, rng.randint(2, 3) + 1)]
+        return shape, [(n, names[i - 1 : i]) for i, n in enumerate(names)]
+    if shape == "diamond":  # top -> left, right -> bottom
+        return shape, [("top", []), ("left", ["top"]), ("right", ["top"]), ("bottom", ["left", "right"])]  # fmt: skip
+    parts = [f"p{i}" for i in range(1, rng.randint(2, 4) + 1)]
+    if shape == "group":  # p1..pn -> merge
+        return shape, [*((p, []) for p in parts), ("merge", parts)]
+    return shape, [("root", []), *((p, ["root"]) for p in parts), ("merge", parts)]  # fan
+
+
+def _defer_flows(sql: Sql, rng: random.Random, count: int) -> tuple[list[Flow], dict[int, float]]:
+    """Defer ``count`` random workflows whose steps are drawn like the plain jobs (task,
+    lease, duration, snoozes, failure, queue), some steps with ``on_failure="run"``; return
+    them and the lease of each step's job id."""
+    flows, leases = [], {}
+    for _ in range(count):
+        shape, steps = _shape(rng)
+        flow = aioq.Workflow(f"chaos-{shape}")
+        made: dict[str, aioq.Step] = {}
+        on_failure: dict[str, str] = {}
+        step_leases: dict[str, float] = {}
+        for name, after in steps:
+            plan = _draw(rng)
+            mode = "run" if after and rng.random() < 0.3 else "cancel"
+            call = (
+                STEP_TASKS[plan.task]
+                .options(
+                    queue=plan.queue, lease=plan.lease, max_attempts=25, concurrency_key=plan.key
+                )
+                .call(**plan.args)
+            )
+            made[name] = flow.add(call, after=[made[a] for a in after], name=name, on_failure=mode)
+            on_failure[name] = mode
+            step_leases[name] = plan.lease
+
+        async def defer(conn: Any, flow: aioq.Workflow = flow) -> aioq.WorkflowRun:
+            async with conn.transaction():
+                return await flow.defer(conn)
+
+        run = sql._run(defer)
+        flows.append(Flow(run.id, shape, dict(run.jobs), dict(steps), on_failure))
+        leases.update({run.jobs[n]: lease for n, lease in step_leases.items()})
+    return flows, leases
 
 
 def _epoch(at: datetime | None) -> float | None:
@@ -427,8 +526,12 @@ def analyse(
     faults: list[Fault],
     exits: dict[int, float],
     leases: dict[int, float],
+    explained: set[int] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
-    """Check overlaps and duplicates against the faults; return (violations, figures)."""
+    """Check overlaps and duplicates against the faults; return (violations, figures).
+
+    ``explained`` receives the ids of the duplicate runs a fault explains.
+    """
     kills = {f.pid: f.started for f in faults if f.kind == "kill" and f.pid is not None}
     stops = {f.pid: f for f in faults if f.kind in ("stop", "cancel") and f.pid is not None}
     blocks = _blocks(runs, exits, kills)
@@ -500,6 +603,8 @@ def analyse(
                 )
             else:
                 figures[f"duplicates_{why}"] += 1
+                if explained is not None:
+                    explained.add(run["id"])
     for fault in faults:  # hard cancels that caught plain def tasks' threads running
         if fault.cancelled is not None and any(
             r["pid"] == fault.pid
@@ -509,6 +614,91 @@ def analyse(
         ):
             figures["cancels_with_threads"] += 1
     return violations, dict(figures)
+
+
+def analyse_flows(
+    flows: list[Flow],
+    infos: dict[int, aioq.WorkflowInfo | None],
+    runs: list[dict[str, Any]],
+    explained: set[int],
+) -> tuple[list[str], dict[str, Any]]:
+    """Check every workflow run against its steps' runs; return (violations, figures).
+
+    * a step's first run started only after each of its dependencies had a run that ended in
+      success (``ok``), on the tasks' own clock: the success is recorded after that end, and the
+      step made pending only then (an ``on_failure="run"`` step too: its dependencies all
+      succeed here, as the scenario's tasks eventually do);
+    * a fan-in step (two dependencies or more) ran to success once, unless each later success
+      repeats the run before it for a fault :func:`analyse` explains (``explained``);
+    * no step is lost: every step has a successful run, and ``aioq.workflow()`` shows the run
+      succeeded with each step succeeded, under the job id, dependencies and failure mode the
+      test deferred it with.
+    """
+    by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        by_job[run["job_id"]].append(run)
+    for job_runs in by_job.values():
+        job_runs.sort(key=lambda r: r["started"])
+    violations: list[str] = []
+    figures: Counter[str] = Counter()
+    for flow in flows:
+        figures[f"flows_{flow.shape}"] += 1
+        where = f"workflow {flow.id} ({flow.shape})"
+        for name, job in flow.jobs.items():
+            figures["steps"] += 1
+            step_runs = by_job.get(job, [])
+            successes = [r for r in step_runs if r["outcome"] == "ok"]
+            if not successes:
+                violations.append(f"{where}: step {name!r} (job {job}) never succeeded (lost)")
+            after = flow.after[name]
+            if flow.on_failure[name] == "run":
+                figures["steps_on_failure_run"] += 1
+            if step_runs and after:
+                first = step_runs[0]
+                for parent in after:
+                    ends = [r["ended"] for r in by_job.get(flow.jobs[parent], []) if r["outcome"] == "ok"]  # fmt: skip
+                    if not ends:
+                        violations.append(
+                            f"{where}: step {name!r} (job {job}) ran (run {first['id']}) though"
+                            f" its dependency {parent!r} never succeeded"
+                        )
+                    elif first["started"] < min(ends):
+                        violations.append(
+                            f"{where}: step {name!r} (job {job}) started (run {first['id']})"
+                            f" {min(ends) - first['started']:.3f}s before its dependency"
+                            f" {parent!r} succeeded"
+                        )
+            if len(after) >= 2:
+                figures["fan_ins"] += 1
+                for ok in successes[:-1]:
+                    later = step_runs[step_runs.index(ok) + 1]
+                    if later["id"] in explained:
+                        figures["fan_in_reruns_explained"] += 1
+                    else:
+                        violations.append(
+                            f"{where}: fan-in step {name!r} (job {job}) succeeded in run"
+                            f" {ok['id']}, then ran again (run {later['id']}) with no fault to"
+                            " explain it"
+                        )
+        info = infos.get(flow.id)
+        if info is None:
+            violations.append(f"{where}: aioq.workflow() finds no such run")
+            continue
+        if info.state != "succeeded" or info.counts.get("succeeded") != len(flow.jobs):
+            violations.append(f"{where}: aioq.workflow() says {info.state} {info.counts}")
+        shown = {s.name: (s.job_id, sorted(s.after), s.on_failure, s.status) for s in info.steps}
+        deferred = {
+            n: (j, sorted(flow.after[n]), flow.on_failure[n], "succeeded")
+            for n, j in flow.jobs.items()
+        }
+        if shown != deferred:
+            violations.append(f"{where}: aioq.workflow() shows {shown}, deferred {deferred}")
+    return violations, dict(figures)
+
+
+def _workflows(sql: Sql, flows: list[Flow]) -> dict[int, aioq.WorkflowInfo | None]:
+    """What ``aioq.workflow()`` says of each run."""
+    return {f.id: sql._run(lambda c, f=f: aioq.workflow(c, f.id)) for f in flows}
 
 
 def test_randomized_faults_keep_the_core_promises(
@@ -526,6 +716,7 @@ def test_randomized_faults_keep_the_core_promises(
     faults: list[Fault] = []
     violations: list[str] = []
     leases: dict[int, float] = {}
+    flows: list[Flow] = []
     limits = Limits(sql, rng)
     try:
         with Proxy("127.0.0.1", own_server.port) as proxy:
@@ -543,7 +734,11 @@ def test_randomized_faults_keep_the_core_promises(
                     weights=[4, 0.4, 0.4, 0.3, 0.5, 0.3, 0.8, 2],
                 )[0]
                 alive = fleet.alive()
-                if action == "defer":
+                if action == "defer" and rng.random() < WORKFLOW_SHARE:
+                    made, step_leases = _defer_flows(sql, rng, rng.randint(1, 2))
+                    flows += made
+                    leases.update(step_leases)
+                elif action == "defer":
                     leases.update(_defer(sql, rng, rng.randint(1, JOBS_PER_BATCH)))
                 elif action == "kill" and alive:
                     slot = rng.choice(alive)
@@ -574,16 +769,23 @@ def test_randomized_faults_keep_the_core_promises(
                     proxy.stall(seconds)
                     faults.append(Fault("stall", now, now + seconds))
                 time.sleep(rng.uniform(0.1, 0.6))
-            log(f"faults injected: {Counter(f.kind for f in faults)}; {len(leases)} jobs")
+            log(
+                f"faults injected: {Counter(f.kind for f in faults)}; {len(leases)} jobs,"
+                f" {len(flows)} workflows"
+            )
             limits.lift()
             violations += _drain(sql, fleet, rng, faults)
         runs, exits = _collect(sql, fleet)
-        found, figures = analyse(runs, faults, exits, leases)
+        explained: set[int] = set()
+        found, figures = analyse(runs, faults, exits, leases, explained)
         violations += found
+        found, flow_figures = analyse_flows(flows, _workflows(sql, flows), runs, explained)
+        violations += found
+        figures.update(flow_figures)
         violations += _terminal(sql, list(leases))
         blocked = sum(1 for r in runs if r["kind"] == "block")
         summary = (
-            f"{len(leases)} jobs, {len(runs)} runs, {fleet.started} worker processes"
+            f"{len(leases)} jobs ({len(flows)} workflows), {len(runs)} runs, {fleet.started} worker processes"
             f" {dict(fleet.configs)}, faults {dict(Counter(f.kind for f in faults))},"
             f" {blocked} blocked loops, queue changes {dict(limits.changes)}, {figures}"
         )
@@ -591,7 +793,7 @@ def test_randomized_faults_keep_the_core_promises(
         report = os.environ.get("AIOQ_CHAOS_REPORT")
         if report:
             with open(report, "a") as out:
-                out.write(json.dumps({"scenario": "12 randomized", "profile": PROFILE, "seed": seed, "jobs": len(leases), "runs": len(runs), "faults": dict(Counter(f.kind for f in faults)), "blocked": blocked, "queue_changes": dict(limits.changes), "violations": len(violations), **figures}) + "\n")  # fmt: skip
+                out.write(json.dumps({"scenario": "12 randomized", "profile": PROFILE, "seed": seed, "jobs": len(leases), "workflows": len(flows), "runs": len(runs), "faults": dict(Counter(f.kind for f in faults)), "blocked": blocked, "queue_changes": dict(limits.changes), "violations": len(violations), **figures}) + "\n")  # fmt: skip
     finally:
         sql.close()
     assert not violations, (
@@ -688,7 +890,7 @@ def _drain(sql: Sql, fleet: Workers, rng: random.Random, faults: list[Fault]) ->
             violations += _left_running(sql, pid, faults)
         left = sql.retrying(
             lambda: sql.value(
-                "SELECT count(*) FROM aioq.jobs WHERE status IN ('pending', 'running')"
+                "SELECT count(*) FROM aioq.jobs WHERE status IN ('waiting', 'pending', 'running')"
             )
         )
         if left == 0:
@@ -697,10 +899,10 @@ def _drain(sql: Sql, fleet: Workers, rng: random.Random, faults: list[Fault]) ->
     else:
         rows = sql.fetch(
             "SELECT id, task, status, attempts, locked_by, lease_expires_at, run_at"
-            " FROM aioq.jobs WHERE status IN ('pending', 'running') ORDER BY id LIMIT 10"
+            " FROM aioq.jobs WHERE status IN ('waiting', 'pending', 'running') ORDER BY id LIMIT 10"
         )
         violations.append(
-            f"{left} jobs still pending or running after {DRAIN_GUARD:g}s without faults:"
+            f"{left} jobs still waiting, pending or running after {DRAIN_GUARD:g}s without faults:"
             f" {[dict(r) for r in rows]}"
         )
     for slot in fleet.alive():
@@ -795,9 +997,12 @@ def test_the_analysis_tells_explained_from_unexplained_runs() -> None:
     found, _ = analyse(healthy, [], {}, lease)
     assert any("no network fault" in v for v in found)
     assert any("no fault to explain it" in v for v in found)
-    # The same with a stall of the network during the first run: explained.
-    found, figures = analyse(healthy, [Fault("stall", 100.5, 101.5)], {}, lease)
+    # The same with a stall of the network during the first run: explained (the rerun's id
+    # is what the workflow checks excuse a fan-in's second success with).
+    explained: set[int] = set()
+    found, figures = analyse(healthy, [Fault("stall", 100.5, 101.5)], {}, lease, explained)
     assert found == []
+    assert explained == {2}
     assert figures == {"overlaps": 1, "overlaps_explained": 1, "duplicates": 1, "duplicates_network": 1}  # fmt: skip
     # A run cut by SIGKILL (no end recorded) ends at the kill; its rerun is explained by it.
     killed = [_run(1, 10, 100.0, None, None), _run(2, 11, 104.0, 105.0, "ok")]
@@ -830,3 +1035,66 @@ def test_the_analysis_tells_explained_from_unexplained_runs() -> None:
     ended = [_run(1, 10, 100.0, 100.6, "ok"), _run(2, 11, 101.0, 102.0, "ok")]
     found, _ = analyse(ended, cancel, {}, lease)
     assert any("no fault to explain it" in v for v in found)
+
+
+def test_the_flow_analysis_tells_order_fan_in_and_losses() -> None:
+    """The workflow checks: a step started before a dependency succeeded, a fan-in that
+    succeeded twice with no fault to explain it, a lost step and a disagreeing aioq.workflow()
+    are each flagged; the same runs in order pass."""
+    flow = Flow(
+        7,
+        "diamond",
+        {"top": 1, "left": 2, "right": 3, "bottom": 4},
+        {"top": [], "left": ["top"], "right": ["top"], "bottom": ["left", "right"]},
+        {"top": "cancel", "left": "cancel", "right": "run", "bottom": "cancel"},
+    )
+    steps = [
+        aioq.WorkflowStep(
+            name=n, job_id=j, task="work", queue=None, status="succeeded",
+            after=flow.after[n], on_failure=flow.on_failure[n], attempts=1, last_error=None,
+        )
+        for n, j in flow.jobs.items()
+    ]  # fmt: skip
+    info = aioq.WorkflowInfo(
+        id=7,
+        name="chaos-diamond",
+        state="succeeded",
+        created_at=datetime.now(),
+        counts={"succeeded": 4},
+        steps=steps,
+    )
+    good = [
+        _run(1, 10, 100.0, 100.5, "ok", job_id=1),
+        _run(2, 11, 100.6, 100.9, "snooze", job_id=2),
+        _run(3, 11, 101.0, 101.5, "ok", job_id=2),
+        _run(4, 10, 100.7, 101.2, "ok", job_id=3),
+        _run(5, 12, 101.6, 102.0, "ok", job_id=4),
+    ]
+    found, figures = analyse_flows([flow], {7: info}, good, set())
+    assert found == []
+    assert figures["fan_ins"] == 1
+    assert figures["steps"] == 4
+    # The fan-in starts after "right" succeeded but before "left" did: an order violation.
+    early = [*good[:4], _run(5, 12, 101.3, 102.0, "ok", job_id=4)]
+    found, _ = analyse_flows([flow], {7: info}, early, set())
+    assert len(found) == 1
+    assert "before its dependency 'left' succeeded" in found[0]
+    # A step run while its dependency only snoozed: it never succeeded.
+    found, _ = analyse_flows([flow], {7: info}, [good[1], good[4]], set())
+    assert any("'left' never succeeded" in v for v in found)
+    assert any("step 'top' (job 1) never succeeded (lost)" in v for v in found)
+    # The fan-in succeeds twice: flagged unless analyse() explained the second run.
+    twice = [*good, _run(6, 10, 102.5, 102.8, "ok", job_id=4)]
+    found, _ = analyse_flows([flow], {7: info}, twice, set())
+    assert len(found) == 1
+    assert "fan-in step 'bottom'" in found[0]
+    found, figures = analyse_flows([flow], {7: info}, twice, {6})
+    assert found == []
+    assert figures["fan_in_reruns_explained"] == 1
+    # aioq.workflow() must agree: the run, its state and every step as deferred.
+    found, _ = analyse_flows([flow], {}, good, set())
+    assert found == ["workflow 7 (diamond): aioq.workflow() finds no such run"]
+    waiting = [*steps[:3], dataclasses.replace(steps[3], status="waiting")]
+    stuck = dataclasses.replace(info, state="running", counts={"succeeded": 3, "waiting": 1}, steps=waiting)  # fmt: skip
+    found, _ = analyse_flows([flow], {7: stuck}, good, set())
+    assert len(found) == 2

@@ -313,6 +313,10 @@ def test_cli_worker_with_a_failing_lifespan_exits_with_one_line(dsn: str, tmp_pa
 
 
             registry = aioq.Registry(lifespan=lifespan)
+
+
+            @registry.task
+            async def upload() -> None: ...
             """
         )
     )

@@ -28,6 +28,7 @@ from aioq.cli.common import (
 from aioq.dev.server import EmbeddedPostgres
 from aioq.errors import ConfigError
 from aioq.migrate import check_installed
+from aioq.sql import quote_schema
 from aioq.stats_history import DEFAULT_STATS_RETENTION
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.task import Registry, default_registry
@@ -218,6 +219,8 @@ async def _dev(port: int | None, fsync: bool) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker, or ``--processes`` of them under a supervisor."""
     options = _worker_options(args)
+    if args.schema:  # refused before the module loads and warns about what it holds
+        quote_schema(args.schema)
     dsn = dsn_from(args)
     project = getattr(args, "django_project", None)
     if args.target is None and project is None:

@@ -74,16 +74,21 @@ MAX_QUEUE_NAME = 200
 """The longest queue name, in characters."""
 
 
-def check_queue(field: str, value: object) -> str:
-    """Return a queue name, or raise ConfigError unless it is non-empty storable text of at
-    most MAX_QUEUE_NAME characters (the one check of every queue name aioq takes)."""
-    if not isinstance(value, str) or not value or len(value) > MAX_QUEUE_NAME:
+def check_name(field: str, value: object, longest: int) -> str:
+    """Return a name, or raise ConfigError unless it is non-empty storable text of at most
+    ``longest`` characters."""
+    if not isinstance(value, str) or not value or len(value) > longest:
         raise ConfigError(
-            field,
-            f"must be a non-empty name of at most {MAX_QUEUE_NAME} characters, got {value!r}",
+            field, f"must be a non-empty name of at most {longest} characters, got {value!r}"
         )
     check_text(field, value)
     return value
+
+
+def check_queue(field: str, value: object) -> str:
+    """Return a queue name, or raise ConfigError unless it is non-empty storable text of at
+    most MAX_QUEUE_NAME characters (the one check of every queue name aioq takes)."""
+    return check_name(field, value, MAX_QUEUE_NAME)
 
 
 def to_seconds(field: str, value: object, *, where: str = "") -> float:

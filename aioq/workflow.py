@@ -26,7 +26,7 @@ from aioq.dbapi import executor as sync_executor
 from aioq.errors import ConfigError
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql import workflows as sql
-from aioq.task import Call, check_text
+from aioq.task import Call, check_name
 
 __all__ = (
     "ON_FAILURE",
@@ -52,16 +52,6 @@ _NO_HOOK = contextlib.nullcontext()
 
 MAX_NAME = 200
 """The longest workflow or step name, in characters."""
-
-
-def _check_name(field_name: str, value: object) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_NAME:
-        raise ConfigError(
-            field_name,
-            f"must be a non-empty name of at most {MAX_NAME} characters, got {value!r}",
-        )
-    check_text(field_name, value)
-    return value
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -94,7 +84,7 @@ class Workflow:
     """Steps and their dependencies, deferred together by :meth:`defer`."""
 
     def __init__(self, name: str) -> None:
-        self.name = _check_name("name", name)
+        self.name = check_name("name", name, MAX_NAME)
         self._steps: list[_Planned] = []
         self._names: set[str] = set()
         self._counts: dict[str, int] = {}
@@ -144,7 +134,7 @@ class Workflow:
                 name = f"{base}-{used + 1}"
             self._counts[base] = used + 1
         else:
-            _check_name("name", name)
+            check_name("name", name, MAX_NAME)
             if name in self._names:
                 raise ConfigError("name", f"step name {name!r} is already used in this workflow")
         if self._steps and call.task.registry.schema != self._steps[0].call.task.registry.schema:

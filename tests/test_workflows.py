@@ -651,3 +651,63 @@ async def test_a_diamond_cascades_through_steps_that_run_anyway_and_resumes(
     await make_worker().run_until_idle()
     assert set((await statuses(conn, run.id)).values()) == {"succeeded"}
     assert sorted(ran[1:]) == ["a", "b", "c"]
+
+
+async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    fail = True
+
+    @registry.task(name="app.charge", max_attempts=1)
+    async def charge() -> None:
+        if fail:
+            raise RuntimeError("card declined")
+
+    @registry.task(name="app.ship")
+    async def ship() -> None: ...
+
+    run = await aioq.chain(charge.call(), ship.call(), name="order").defer(conn)
+    await make_worker().run_until_idle()
+
+    def act(client: TestClient, button: str) -> str:
+        page = client.get(f"/workflows/{run.id}").text
+        form = re.search(
+            rf'<form method="post"[^>]*>(?:(?!</form>).)*{button}.*?</form>', page, re.S
+        )
+        assert form is not None, (button, page)
+        fields = re.findall(r'name="(\w+)" value="([^"]*)"', form.group(0))
+        response = client.post(
+            "/actions",
+            data={
+                "csrf": dict(fields)["csrf"],
+                "next": dict(fields)["next"],
+                "action": dict(fields)["action"],
+                "ids": [v for k, v in fields if k == "ids"],
+            },
+            follow_redirects=False,
+        )
+        assert response.status_code == 303, response.text
+        return str(response.headers["location"])
+
+    with TestClient(aioq.web.app(dsn=dsn, actions=True)) as client:
+        # The charge died and its dependent was cancelled: nothing live to cancel.
+        page = client.get(f"/workflows/{run.id}").text
+        assert "Cancel run" not in page
+        assert act(client, r"Retry dead steps \(1\)").startswith(f"/workflows/{run.id}?done=")
+        info = await aioq.workflow(conn, run.id)
+        assert info is not None
+        assert {s.name: s.status for s in info.steps} == {"charge": "pending", "ship": "waiting"}
+        # Both steps are live again: cancel the run from its page.
+        assert "Retry dead steps" not in client.get(f"/workflows/{run.id}").text
+        act(client, "Cancel run")
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert {s.status for s in info.steps} == {"cancelled"}
+    assert set(run.jobs.values()) == {s.job_id for s in info.steps}
+    # A read-only dashboard shows neither button.
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        page = client.get(f"/workflows/{run.id}").text
+        assert "<form" not in page

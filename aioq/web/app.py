@@ -53,7 +53,7 @@ from aioq.stats_history import DEFAULT_STATS_INTERVAL
 from aioq.web import data
 from aioq.web.filters import environment
 from aioq.web.sql import SET_STATEMENT_TIMEOUT
-from aioq.workflow import list_workflows
+from aioq.workflow import WorkflowInfo, list_workflows
 from aioq.workflow import workflow as get_workflow
 
 __all__ = ("DashboardConfig", "app")
@@ -418,6 +418,9 @@ class _Pages:
                 run_id=run_id,
                 shown=MAX_STEPS_SHOWN,
                 page="workflows",
+                here=_here(request),
+                live=_step_ids(info, LIVE_STEPS),
+                dead=_step_ids(info, ("dead",)),
             )
 
         return await self._guarded(request, page)
@@ -498,6 +501,15 @@ def _message(value: str | None) -> str | None:
 
 MAX_ID = 2**63 - 1  # bigint: a larger id cannot exist, and the driver would refuse it
 MAX_STEPS_SHOWN = 2000  # a run's page lists this many steps at most (the CLI shows them all)
+
+
+LIVE_STEPS = ("waiting", "pending", "running")  # the steps "Cancel run" cancels
+
+
+def _step_ids(run: WorkflowInfo | None, statuses: tuple[str, ...]) -> list[int]:
+    """The job ids of a run's steps in these statuses, as many as one POST may act on."""
+    steps = run.steps if run is not None else []
+    return [s.job_id for s in steps if s.status in statuses][:MAX_SELECTION]
 
 
 def _int(value: str | None) -> int | None:

@@ -25,83 +25,61 @@ __all__ = (
 VACUUM_TIMEOUT = 3600.0
 """Seconds a VACUUM of the jobs table may take before it is cancelled."""
 
-# Archived rows finished more than $1 seconds ago, at most $2.
-PRUNE_ARCHIVE = Statement(
-    """
+
+def _delete_oldest(table: str, key: str, where: str, order: str, limit: str) -> str:
+    """A bounded prune: delete at most ``limit`` rows of ``table`` that match ``where``, the
+    oldest by ``order`` first, skipping rows another transaction holds; count them."""
+    return f"""
 WITH deleted AS (
-    DELETE FROM {s}.archive
-    WHERE id IN (
-        SELECT id FROM {s}.archive
-        WHERE finished_at < now() - make_interval(secs => $1::float8)
-        ORDER BY finished_at
-        LIMIT $2
+    DELETE FROM {{s}}.{table}
+    WHERE {key} IN (
+        SELECT {key} FROM {{s}}.{table}
+        WHERE {where}
+        ORDER BY {order}
+        LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     )
     RETURNING 1
 )
 SELECT count(*)::integer FROM deleted
-""",
+"""
+
+
+# Archived rows finished more than $1 seconds ago, at most $2.
+PRUNE_ARCHIVE = Statement(
+    _delete_oldest(
+        "archive",
+        "id",
+        "finished_at < now() - make_interval(secs => $1::float8)",
+        "finished_at",
+        "$2",
+    ),
     integer,
 )
 
 # Kept terminal jobs of status $3 ('dead' or 'cancelled') have no finished_at: their age is
 # counted from run_at, which every statement that ends a job sets to when it ended.
 PRUNE_ENDED = Statement(
-    """
-WITH deleted AS (
-    DELETE FROM {s}.jobs
-    WHERE id IN (
-        SELECT id FROM {s}.jobs
-        WHERE status = $3 AND run_at < now() - make_interval(secs => $1::float8)
-        ORDER BY run_at
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING 1
-)
-SELECT count(*)::integer FROM deleted
-""",
+    _delete_oldest(
+        "jobs",
+        "id",
+        "status = $3 AND run_at < now() - make_interval(secs => $1::float8)",
+        "run_at",
+        "$2",
+    ),
     integer,
 )
 
 # Results past their TTL, at most $1.
 PRUNE_RESULTS = Statement(
-    """
-WITH deleted AS (
-    DELETE FROM {s}.results
-    WHERE id IN (
-        SELECT id FROM {s}.results
-        WHERE expires_at < now()
-        ORDER BY expires_at
-        LIMIT $1
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING 1
-)
-SELECT count(*)::integer FROM deleted
-""",
-    integer,
+    _delete_oldest("results", "id", "expires_at < now()", "expires_at", "$1"), integer
 )
 
 
 # Unique windows that have ended, at most $1 (docs/architecture.md, "Unique jobs"). A defer
 # taking an expired row over holds its lock: SKIP LOCKED leaves it to that defer.
 PRUNE_UNIQUES = Statement(
-    """
-WITH deleted AS (
-    DELETE FROM {s}.uniques
-    WHERE key IN (
-        SELECT key FROM {s}.uniques
-        WHERE expires_at <= now()
-        ORDER BY expires_at
-        LIMIT $1
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING 1
-)
-SELECT count(*)::integer FROM deleted
-""",
-    integer,
+    _delete_oldest("uniques", "key", "expires_at <= now()", "expires_at", "$1"), integer
 )
 
 

@@ -10,6 +10,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import asyncpg
+from waits import eventually
+
 # The LISTEN connection of every worker process of this database; its worker id is host:pid:token.
 LISTENERS = (
     "SELECT application_name FROM pg_stat_activity"
@@ -100,3 +103,38 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
     for fragment in fragments:
         assert fragment in message, message
     return message
+
+
+def fleet_of(dsn: str, cwd: Path, target: str) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Yield ``start(*args)``, which starts ``python -m aioq worker TARGET ARGS`` in ``cwd``
+    (output to cwd/workers.log); at exit, each still running is stopped with SIGTERM, killed
+    if it has not stopped within 30 s."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "aioq", "worker", target, *args]
+        with (cwd / "workers.log").open("ab") as log:
+            proc = subprocess.Popen(
+                command, cwd=cwd, env={**os.environ, "AIOQ_DSN": dsn}, stdout=log, stderr=log
+            )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def listening(conn: asyncpg.Connection, n: int) -> None:
+    """Wait until ``n`` worker processes of this database have their LISTEN connection up."""
+
+    async def count() -> bool:
+        return len(await conn.fetch(LISTENERS)) == n
+
+    await eventually(count)

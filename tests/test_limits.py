@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -16,7 +13,7 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
-from procs import LISTENERS, aioq_cli, assert_one_line_error
+from procs import aioq_cli, assert_one_line_error, fleet_of, listening
 from waits import eventually
 
 import aioq
@@ -246,34 +243,7 @@ NAPPER = textwrap.dedent(
 def fleet(dsn: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start ``aioq worker napper:registry`` processes; stopped (or killed) at teardown."""
     (tmp_path / "napper.py").write_text(NAPPER)
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "aioq", "worker", "napper:registry", *args]
-        with (tmp_path / "workers.log").open("ab") as log:
-            proc = subprocess.Popen(
-                command, cwd=tmp_path, env={**os.environ, "AIOQ_DSN": dsn}, stdout=log, stderr=log
-            )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-async def listening(conn: asyncpg.Connection, n: int) -> None:
-    await eventually(lambda: _true(conn, LISTENERS, n))
-
-
-async def _true(conn: asyncpg.Connection, query: str, n: int) -> bool:
-    return len(await conn.fetch(query)) == n
+    yield from fleet_of(dsn, tmp_path, "napper:registry")
 
 
 @pytest.mark.anyio

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import collections
-import os
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
-from procs import LISTENERS, aioq_cli
+from procs import aioq_cli, fleet_of, listening
 from waits import eventually
 
 import aioq
@@ -220,33 +218,7 @@ NAPPER = textwrap.dedent(
 @pytest.fixture
 def fleet(dsn: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     (tmp_path / "napper.py").write_text(NAPPER)
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "aioq", "worker", "napper:registry", *args]
-        with (tmp_path / "workers.log").open("ab") as log:
-            proc = subprocess.Popen(
-                command, cwd=tmp_path, env={**os.environ, "AIOQ_DSN": dsn}, stdout=log, stderr=log
-            )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-async def listening(conn: asyncpg.Connection, n: int) -> None:
-    async def count() -> bool:
-        return len(await conn.fetch(LISTENERS)) == n
-
-    await eventually(count)
+    yield from fleet_of(dsn, tmp_path, "napper:registry")
 
 
 @pytest.mark.anyio

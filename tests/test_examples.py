@@ -43,16 +43,21 @@ def test_fastapi_lifespan_worker_processes_job_deferred_with_the_row(dsn: str) -
         assert "read-only" in dashboard.text
 
 
-@pytest.mark.timeout(120)
-def test_quickstart_runs_on_the_given_database(dsn: str) -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+def run_example(name: str, dsn: str) -> subprocess.CompletedProcess[str]:
+    """Run examples/NAME on the given database, as ``AIOQ_DSN=... python examples/NAME``."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
         env={**os.environ, "AIOQ_DSN": dsn},
         capture_output=True,
         text=True,
         timeout=100,
         check=False,
     )
+
+
+@pytest.mark.timeout(120)
+def test_quickstart_runs_on_the_given_database(dsn: str) -> None:
+    result = run_example("quickstart.py", dsn)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "receipts sent for orders [1, 2]; jobs left in the queue: 0" in result.stdout
     assert "order 3 rows = 0, its jobs = 0" in result.stdout
@@ -126,14 +131,7 @@ async def test_flask_app_defers_in_its_request_transaction(
 
 @pytest.mark.timeout(120)
 def test_workflow_example_runs_on_the_given_database(dsn: str) -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "workflow.py")],
-        env={**os.environ, "AIOQ_DSN": dsn},
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
+    result = run_example("workflow.py", dsn)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert "deferred run 1: 13 steps" in lines

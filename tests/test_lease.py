@@ -343,6 +343,27 @@ async def test_a_thread_outlives_a_hard_cancel_with_its_claim_kept_and_its_outco
     assert runs == ["first"]
 
 
+def rescue_once_lapsed(dsn: str, blocking: threading.Event) -> list[int]:
+    """Another worker, in a thread of its own (the test's event loop is blocked once
+    ``blocking`` is set): once every lease lapsed, its reaper takes the jobs back and it
+    claims them; return their ids."""
+
+    async def other() -> list[int]:
+        db = await asyncpg.connect(dsn)
+        try:
+            await until_sql(
+                db, "SELECT bool_and(lease_expires_at < now()) FROM aioq.jobs", guard=10
+            )
+            await Reaper(schema="aioq", db=db, interval=1, batch_size=10).run_once()
+            claimed = await statements.claim(db, ["default"], 10, "other")
+            return sorted(c.id for c in claimed)
+        finally:
+            await db.close()
+
+    assert blocking.wait(HANG_GUARD)
+    return anyio.run(other)
+
+
 async def test_a_job_whose_lease_lapsed_while_it_waited_is_never_started(
     dsn: str,
     conn: asyncpg.Connection,
@@ -370,31 +391,12 @@ async def test_a_job_whose_lease_lapsed_while_it_waited_is_never_started(
     await blocker.defer(conn)
     ahead_ids = await ahead.defer_many(conn, [{"n": n} for n in range(3)])
 
-    def rescue() -> list[int]:
-        """The other worker, in a thread of its own (this event loop is blocked): once the
-        leases lapsed, its reaper takes the jobs back and it claims them."""
-
-        async def other() -> list[int]:
-            db = await asyncpg.connect(dsn)
-            try:
-                await until_sql(
-                    db, "SELECT bool_and(lease_expires_at < now()) FROM aioq.jobs", guard=10
-                )
-                await Reaper(schema="aioq", db=db, interval=1, batch_size=10).run_once()
-                claimed = await statements.claim(db, ["default"], 10, "other")
-                return sorted(c.id for c in claimed)
-            finally:
-                await db.close()
-
-        assert blocking.wait(HANG_GUARD)
-        return anyio.run(other)
-
     rescued: list[int] = []
     with anyio.fail_after(HANG_GUARD):
         async with anyio.create_task_group() as tg:
 
             async def run_rescue() -> None:
-                rescued.extend(await anyio.to_thread.run_sync(rescue))
+                rescued.extend(await anyio.to_thread.run_sync(rescue_once_lapsed, dsn, blocking))
 
             tg.start_soon(run_rescue)
             # One consumer and three claimed ahead: the blocker runs, the others wait.
@@ -439,31 +441,12 @@ async def test_a_def_task_whose_lease_lapsed_before_its_thread_began_is_never_st
 
     job_id = await sync.defer(conn)
 
-    def rescue() -> list[int]:
-        """The other worker, in a thread of its own (this event loop is blocked): once the
-        lease lapsed, its reaper takes the job back and it claims it."""
-
-        async def other() -> list[int]:
-            db = await asyncpg.connect(dsn)
-            try:
-                await until_sql(
-                    db, "SELECT bool_and(lease_expires_at < now()) FROM aioq.jobs", guard=10
-                )
-                await Reaper(schema="aioq", db=db, interval=1, batch_size=10).run_once()
-                claimed = await statements.claim(db, ["default"], 10, "other")
-                return sorted(c.id for c in claimed)
-            finally:
-                await db.close()
-
-        assert blocking.wait(HANG_GUARD)
-        return anyio.run(other)
-
     rescued: list[int] = []
     with anyio.fail_after(HANG_GUARD):
         async with anyio.create_task_group() as tg:
 
             async def run_rescue() -> None:
-                rescued.extend(await anyio.to_thread.run_sync(rescue))
+                rescued.extend(await anyio.to_thread.run_sync(rescue_once_lapsed, dsn, blocking))
 
             tg.start_soon(run_rescue)
             worker = make_worker(worker_id="first", concurrency=1, middleware=[block_once])

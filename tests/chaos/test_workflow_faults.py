@@ -27,6 +27,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from harness import (
@@ -251,24 +252,48 @@ def check_runs(sql: Sql, run_ids: list[int]) -> dict[str, int]:
     return {"steps": steps, "runs": runs}
 
 
-def test_fan_out_fan_in_under_sigkill(
-    dsn: str, workdir: Path, open_sql: Callable[[str], Sql], fleets: Callable[..., WorkerProcess]
-) -> None:
-    """A 200-way fan-out and its fan-in while worker processes are SIGKILLed: the fan-in runs
-    after all 200 parents succeeded, once, and sees all 200 results."""
+class Started(NamedTuple):
+    """A scenario under way: its runs deferred, the worker processes serving them."""
+
+    sql: Sql
+    seed: int
+    rng: random.Random
+    run_ids: list[int]
+    fleet: WorkerProcess
+    started: float
+
+
+def start(
+    dsn: str,
+    workdir: Path,
+    open_sql: Callable[[str], Sql],
+    fleets: Callable[..., WorkerProcess],
+    shape: str,
+    label: str,
+) -> Started:
+    """Defer the runs of ``shape`` (a seeded random choice), then start the worker processes."""
     sql = open_sql(dsn)
     sql.execute(RUNS_DDL)
     (workdir / "wftasks.py").write_text(TASKS)
     seed = chaos_seed()
-    log(f"workflow fan-in seed {seed}")
+    log(f"workflow {label} seed {seed}")
     rng = random.Random(seed)
-    run_ids = defer_flows(workdir, dsn, "fan", seed)
-    merge_id = sql.value("SELECT job_id FROM aioq.workflow_steps WHERE name = 'merge'")
+    run_ids = defer_flows(workdir, dsn, shape, seed)
     started = time.monotonic()
     fleet = fleets(
         workdir, dsn, processes=PROCESSES, concurrency=CONCURRENCY, target="wftasks:registry"
     )
     wait_serving(fleet, sql)
+    return Started(sql, seed, rng, run_ids, fleet, started)
+
+
+def test_fan_out_fan_in_under_sigkill(
+    dsn: str, workdir: Path, open_sql: Callable[[str], Sql], fleets: Callable[..., WorkerProcess]
+) -> None:
+    """A 200-way fan-out and its fan-in while worker processes are SIGKILLed: the fan-in runs
+    after all 200 parents succeeded, once, and sees all 200 results."""
+    sql, _, rng, run_ids, fleet, started = start(dsn, workdir, open_sql, fleets, "fan", "fan-in")
+    merge_id = sql.value("SELECT job_id FROM aioq.workflow_steps WHERE name = 'merge'")
 
     def merge_waiting() -> bool:
         return sql.value("SELECT status FROM aioq.jobs WHERE id = $1", merge_id) == "waiting"
@@ -314,18 +339,9 @@ def test_random_dags_under_sigkill(
 ) -> None:
     """Random DAGs (each step after 0-3 earlier ones) while worker processes are SIGKILLed:
     every step runs only after its dependencies succeeded, and all succeed."""
-    sql = open_sql(dsn)
-    sql.execute(RUNS_DDL)
-    (workdir / "wftasks.py").write_text(TASKS)
-    seed = chaos_seed()
-    log(f"workflow random DAG seed {seed}")
-    rng = random.Random(seed)
-    run_ids = defer_flows(workdir, dsn, "dag", seed)
-    started = time.monotonic()
-    fleet = fleets(
-        workdir, dsn, processes=PROCESSES, concurrency=CONCURRENCY, target="wftasks:registry"
+    sql, seed, rng, run_ids, fleet, started = start(
+        dsn, workdir, open_sql, fleets, "dag", "random DAG"
     )
-    wait_serving(fleet, sql)
     deadline = time.monotonic() + scaled(10, 60)
 
     def live() -> bool:
@@ -364,18 +380,9 @@ def test_random_dags_with_failures_under_sigkill(
     processes are SIGKILLed: every run ends; a step is cancelled only when a dependency it needs
     ended dead or cancelled, and then never ran; every other step succeeded, after all its
     dependencies ended, seeing their results or their failures."""
-    sql = open_sql(dsn)
-    sql.execute(RUNS_DDL)
-    (workdir / "wftasks.py").write_text(TASKS)
-    seed = chaos_seed()
-    log(f"workflow failing DAG seed {seed}")
-    rng = random.Random(seed)
-    run_ids = defer_flows(workdir, dsn, "failing", seed)
-    started = time.monotonic()
-    fleet = fleets(
-        workdir, dsn, processes=PROCESSES, concurrency=CONCURRENCY, target="wftasks:registry"
+    sql, seed, rng, run_ids, fleet, started = start(
+        dsn, workdir, open_sql, fleets, "failing", "failing DAG"
     )
-    wait_serving(fleet, sql)
     live_steps = (
         "SELECT count(*) FROM aioq.jobs WHERE workflow_id IS NOT NULL"
         " AND status IN ('waiting', 'pending', 'running')"

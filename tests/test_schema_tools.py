@@ -22,6 +22,8 @@ from waits import wait_for
 
 import aioq
 from aioq import migrate
+from aioq.dev.pgbin import find_binaries
+from aioq.errors import ServerError
 
 LATEST = migrate.latest_version()
 SCHEMA = "tooled"
@@ -38,11 +40,23 @@ def run(dsn: str, coro: Any) -> Any:
     return asyncio.run(go())
 
 
+def _beside_the_server(name: str) -> str | None:
+    """A program of the PostgreSQL installation the test harness runs its server from."""
+    try:
+        found = find_binaries() / name
+    except ServerError:  # no installation here (the tests' server came from AIOQ_TEST_DSN)
+        return None
+    return str(found) if found.is_file() else None
+
+
 def psql(dsn: str, sql: str) -> subprocess.CompletedProcess[str]:
     """Pipe a script to psql in one transaction, stopping at the first error, as documented."""
-    binary = shutil.which("psql")
+    binary = shutil.which("psql") or _beside_the_server("psql")
     if binary is None:
-        pytest.skip("psql is not installed")
+        pytest.skip(
+            "psql (PostgreSQL's client) is not installed: the documented `aioq schema sql | psql`"
+            " cannot be run here"
+        )
     return subprocess.run(
         [binary, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", dsn],
         input=sql,

@@ -81,6 +81,12 @@ def test_judge_health_decides_without_io() -> None:
         loop_lag=0.0, now=now,
     )  # fmt: skip
     assert (stopping.live, stopping.ready, stopping.detail) == (True, False, "stopping")
+    # Stopping closes the LISTEN connection: that is the shutdown, not a second fault.
+    closed = judge_health(
+        started=True, stopping=True, listening=False, answered_at=now, started_at=now - 9,
+        loop_lag=0.0, now=now,
+    )  # fmt: skip
+    assert (closed.live, closed.ready, closed.detail) == (True, False, "stopping")
     no_listen = judge_health(
         started=True, stopping=False, listening=False, answered_at=now, started_at=now - 9,
         loop_lag=0.0, now=now,

@@ -137,7 +137,8 @@ def judge_health(
         problems.append("starting")
     elif stopping:
         problems.append("stopping")
-    if listening is False:
+    if listening is False and serving:
+        # Stopping closes the LISTEN connection on purpose: not a fault to report.
         problems.append("the LISTEN connection is down")
     ready = live and serving and listening is not False and answered_at is not None
     if ready is False and serving and not problems:

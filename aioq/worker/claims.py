@@ -43,6 +43,9 @@ class Running:
     # A cancel request reached this run (current_job().cancel_requested); the run
     # ends `cancelled` whatever it does next.
     cancel_requested: bool = False
+    # A plain def task's thread found the lease may have lapsed as it began and did not call the
+    # task: the job is given back, whatever a middleware around the call made of it.
+    not_started: bool = False
     # When the statement that last set the lease (the claim, then each beat) was sent, in
     # time.monotonic() seconds: the database set the lease no earlier, so the lease holds at
     # least until extended_at + lease on our clock.

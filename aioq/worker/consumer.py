@@ -280,7 +280,7 @@ class Consumer:
         finally:
             running.end()
             _current.reset(token)
-        if isinstance(attempt.error, _NotStarted):
+        if running.not_started:
             logger.warning(
                 "job %s %s: not started, its lease may have lapsed before its thread began;"
                 " released",
@@ -395,6 +395,7 @@ class Consumer:
             # would begin, in its thread: never started, given back (docs/architecture.md,
             # "Leases").
             if running.lapsed(time.monotonic()) or running.cancel_reason is CancelReason.LEASE_LOST:
+                running.not_started = True
                 raise _NotStarted
             return task.fn(**kwargs)
 

@@ -263,6 +263,16 @@ async def test_a_result_awaited_in_the_job_s_own_uncommitted_transaction_says_so
         with pytest.raises(aioq.ResultTimeout, match=why):
             await aioq.result(conn, job_id, timeout=0.2)
     assert [r.levelname for r in caplog.records if r.name == "aioq.results"] == ["WARNING"]
+    # Deferred inside a savepoint (the row carries the subtransaction's xid), released or not.
+    async with conn.transaction():
+        await conn.execute("CREATE TEMP TABLE first_write (x int)")  # the outer xid comes first
+        async with conn.transaction():
+            in_savepoint = await double.defer(conn, n=3)
+            with pytest.raises(aioq.ResultTimeout, match=why):
+                await aioq.result(conn, in_savepoint, timeout=0.2)
+        with pytest.raises(aioq.ResultTimeout, match=why):
+            await aioq.result(conn, in_savepoint, timeout=0.2)
+        await conn.execute("DROP TABLE first_write")
     async with conn.transaction():  # committed now; this transaction writes something else
         await conn.execute("CREATE TEMP TABLE scratch (x int)")
         with pytest.raises(aioq.ResultTimeout) as info:

@@ -115,14 +115,25 @@ class ResultState:
 
 
 # The live or kept job's state, or its stored result. `uncommitted`: the job row's version was
-# written by this very transaction (its xid, without the epoch), which has not committed, so no
-# worker can claim it while this transaction waits (a row written in a savepoint has the
-# subtransaction's xid and is not recognised: the flag only ever adds a hint).
+# written by this very transaction or one of its savepoints (released or not), which has not
+# committed, so no worker can claim it while this transaction waits. Such a row's xmin comes at
+# or after this transaction's top xid: `own` is that full xid, the 32-bit xmin placed after the
+# top xid (within 2**31 of it, as live xids are). A row this snapshot sees whose writer is at
+# or past the snapshot's xmax, or still in progress, can only be this transaction's own; the
+# CASE asks txid_status only of an xid before xmax (never of one "in the future", which raises).
+# A frozen row over 2**31 xids old may keep a raw xmin that passes: the flag only adds a hint.
 RESULT_STATE = Statement(
     """
 SELECT status, last_error, NULL::text AS result, false AS expired,
-       coalesce(xmin::text::bigint = txid_current_if_assigned() % 4294967296, false) AS uncommitted
-FROM {s}.jobs WHERE id = $1
+       CASE WHEN t.top IS NULL OR w.after >= 2147483648 THEN false
+            WHEN t.top + w.after >= txid_snapshot_xmax(txid_current_snapshot()) THEN true
+            ELSE coalesce(txid_status(t.top + w.after) = 'in progress', false)
+       END AS uncommitted
+FROM {s}.jobs AS j,
+     LATERAL (SELECT txid_current_if_assigned() AS top) AS t,
+     LATERAL (SELECT (j.xmin::text::bigint - t.top % 4294967296 + 4294967296) % 4294967296
+              AS after) AS w
+WHERE j.id = $1
 UNION ALL
 SELECT 'succeeded', NULL, result::text, expires_at <= now(), false FROM {s}.results WHERE id = $1
 LIMIT 1

@@ -158,6 +158,55 @@ def test_user_tests_against_aioq_test_dsn(admin_dsn: str, tmp_path: Path) -> Non
     assert anyio.run(databases, admin_dsn) == before  # the session's database was dropped
 
 
+WRONG_REGISTRY_TESTS = """
+import anyio
+import pytest
+
+import aioq
+
+pytestmark = pytest.mark.anyio
+
+app = aioq.Registry()  # the app's tasks, and no aioq_registry fixture returning it
+
+
+@app.task(name="app.mail", queue="mail")
+async def mail() -> None: ...
+
+
+@app.task(name="app.note")
+async def note() -> None: ...
+
+
+async def test_jobs_on_a_registry_the_worker_does_not_serve(aioq_conn, aioq_worker):
+    await mail.defer(aioq_conn)
+    await note.defer(aioq_conn)
+    await anyio.sleep(0.5)  # the worker claims the note and fails it: it has no such task
+
+
+async def test_jobs_in_a_queue_the_worker_does_not_serve(aioq_conn, aioq_registry, aioq_worker):
+    @aioq_registry.task(name="app.report")
+    async def report() -> None: ...
+
+    await report.options(queue="reports").defer(aioq_conn)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_worker_fixture_says_which_registry_or_queue_left_jobs_waiting(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    (tmp_path / "test_user.py").write_text(WRONG_REGISTRY_TESTS)
+    result = run_pytest(tmp_path, "-rA", env={**os.environ, "AIOQ_TEST_DSN": admin_dsn})
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())  # the summary wraps long warnings
+    assert "2 passed" in out
+    assert "aioq_worker's registry has no task: its worker runs nothing" in out
+    assert "aioq_worker's registry (0 tasks) has no task app.mail, app.note, whose jobs it" in out
+    assert "return your app's registry from an aioq_registry fixture in conftest.py" in out
+    assert "aioq_worker served the queues default (its registry's tasks' own) and left" in out
+    assert "jobs waiting in reports" in out  # the second test: a queue by options(queue=...)
+
+
 async def databases(dsn: str) -> set[str]:
     conn = await asyncpg.connect(dsn)
     try:

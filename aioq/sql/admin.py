@@ -29,11 +29,13 @@ __all__ = (
     "REPLAY_DEAD",
     "TABLE_STATS",
     "WAITING_JOBS",
+    "WAITING_TASKS",
     "PendingJob",
     "QueueCompleted",
     "QueueCounts",
     "Replayed",
     "TableFigures",
+    "TaskQueue",
 )
 
 # A statement that does nothing: a liveness probe, or what makes a driver begin its transaction.
@@ -275,6 +277,22 @@ READY_QUEUES = Statement(
 SELECT DISTINCT queue FROM {s}.jobs WHERE status = 'pending' AND run_at <= now() ORDER BY queue
 """,
     text,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskQueue:
+    """A task and a queue that pending jobs are in."""
+
+    task: str
+    queue: str
+
+
+# The tasks and queues of every pending job (due or scheduled): what the pytest plugin's worker
+# left waiting, to tell a test why (a task its registry lacks, a queue it does not serve).
+WAITING_TASKS = Statement(
+    "SELECT DISTINCT task, queue FROM {s}.jobs WHERE status = 'pending' ORDER BY task, queue",
+    columns(TaskQueue),
 )
 
 

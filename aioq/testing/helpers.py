@@ -169,12 +169,17 @@ async def drain(
 def _warn_unknown(ran: Sequence[Ran], registry: Registry) -> None:
     """Say why runs failed with UnknownTaskError: most often, the plugin's registry is aioq's
     default one while the app's tasks live in a registry of their own."""
-    unknown = sorted({r.task for r in ran if registry.get(r.task) is None})
-    if unknown:
+    if unknown := sorted({r.task for r in ran if registry.get(r.task) is None}):
         logger.warning(
             "the drain's registry (%d tasks) has no task %s, whose jobs failed with"
-            " UnknownTaskError: with the pytest plugin, return your app's registry from an"
-            " aioq_registry fixture in conftest.py (the default is aioq.default_registry)",
+            " UnknownTaskError: %s",
             len(registry),
             ", ".join(unknown),
+            REGISTRY_FIX,
         )
+
+
+REGISTRY_FIX = (
+    "with the pytest plugin, return your app's registry from an aioq_registry fixture in"
+    " conftest.py (the default is aioq.default_registry)"
+)

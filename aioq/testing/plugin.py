@@ -21,6 +21,7 @@ import asyncio
 import os
 import secrets
 import threading
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -29,9 +30,10 @@ import asyncpg
 import pytest
 
 from aioq.migrate import install
+from aioq.sql.admin import WAITING_TASKS
 from aioq.sql.schema import DROP_SCHEMA, create_database, drop_database
 from aioq.task import Registry, default_registry
-from aioq.testing.helpers import Drain, Ran, drain
+from aioq.testing.helpers import REGISTRY_FIX, Drain, Ran, drain
 from aioq.worker import Worker
 
 __all__ = (
@@ -136,14 +138,49 @@ async def aioq_conn(aioq_dsn: str) -> AsyncIterator[asyncpg.Connection]:
 
 @pytest.fixture
 async def aioq_worker(aioq_dsn: str, aioq_registry: Registry) -> AsyncIterator[Worker]:
-    """A worker serving every queue of the registry's tasks, running for the test."""
+    """A worker serving every queue of the registry's tasks, running for the test.
+
+    When the test ends, jobs it left waiting for a task the registry lacks, or in a queue it
+    does not serve, are named in a RegistryWarning (pytest's warnings summary).
+    """
     tasks = (aioq_registry.get(name) for name in aioq_registry)
     queues = sorted({task.defaults.queue for task in tasks if task is not None} | {"default"})
+    if not len(aioq_registry):
+        warnings.warn(
+            f"aioq_worker's registry has no task: its worker runs nothing; {REGISTRY_FIX}",
+            RegistryWarning,
+            stacklevel=1,
+        )
     worker = Worker(
         dsn=aioq_dsn, registry=aioq_registry, queues=queues, poll_interval=0.1, shutdown_grace=5.0
     )
     async with worker:
         yield worker
+    conn = await asyncpg.connect(aioq_dsn)
+    try:
+        waiting = await WAITING_TASKS.rows(conn, aioq_registry.schema)
+    finally:
+        await conn.close()
+    if unknown := sorted({w.task for w in waiting if aioq_registry.get(w.task) is None}):
+        warnings.warn(
+            f"aioq_worker's registry ({len(aioq_registry)} tasks) has no task"
+            f" {', '.join(unknown)}, whose jobs it left waiting: {REGISTRY_FIX}",
+            RegistryWarning,
+            stacklevel=1,
+        )
+    if unserved := sorted({w.queue for w in waiting if w.queue not in queues}):
+        warnings.warn(
+            f"aioq_worker served the queues {', '.join(queues)} (its registry's tasks' own) and"
+            f" left jobs waiting in {', '.join(unserved)}: a job deferred into another queue"
+            " (options(queue=...)) needs a worker serving it, e.g."
+            " aioq.Worker(dsn=aioq_dsn, registry=..., queues=[...])",
+            RegistryWarning,
+            stacklevel=1,
+        )
+
+
+class RegistryWarning(UserWarning):
+    """aioq_worker left jobs it could not run: a registry or queue other than the app's."""
 
 
 @pytest.fixture

@@ -158,6 +158,9 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
         await eventually(lambda: _worker_off_duty(other), "the worker to leave duty", HANG_GUARD)
         assert not await statements.arm(listener, ["sp"])
         await aioq.set_queue(other, "sp", paused=False)
+        # The resume rings the queue (and tells workers that limits changed): both arrive
+        # before this sentinel, so neither passes for round 0's.
+        await quiet_until_sentinel(other, "resumed")
         try:
             for i in range(rounds):
                 notified.clear()

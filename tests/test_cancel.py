@@ -141,6 +141,7 @@ async def test_cancelled_jobs_are_pruned_with_dead_retention(
         db=conn,
         archive_retention=None,
         dead_retention=None,
+        workflow_retention=None,
         interval=1,
         batch_size=2,
     )
@@ -150,6 +151,7 @@ async def test_cancelled_jobs_are_pruned_with_dead_retention(
         db=conn,
         archive_retention=None,
         dead_retention=3600,
+        workflow_retention=None,
         interval=1,
         batch_size=2,
     )

@@ -146,7 +146,7 @@ async def test_purge_dead_refuses_an_age_out_of_range_before_any_sql(
         assert await conn.fetchval("SELECT 1") == 1  # the transaction is still usable
 
 
-@pytest.mark.parametrize("field", ["archive_retention", "dead_retention"])
+@pytest.mark.parametrize("field", ["archive_retention", "dead_retention", "workflow_retention"])
 @pytest.mark.parametrize("value", [math.inf, 1e12], ids=repr)
 def test_retention_out_of_range_is_refused(field: str, value: float) -> None:
     with pytest.raises(aioq.ConfigError, match=f"^{field}: "):

@@ -379,6 +379,7 @@ async def test_expired_results_raise_result_missing_and_are_pruned(
         db=conn,
         archive_retention=None,
         dead_retention=None,
+        workflow_retention=None,
         interval=1,
         batch_size=2,
     )

@@ -24,6 +24,7 @@ def pruner(
     *,
     archive_retention: float | None = None,
     dead_retention: float | None = None,
+    workflow_retention: float | None = None,
     interval: float = 3600.0,
 ) -> Pruner:
     return Pruner(
@@ -31,6 +32,7 @@ def pruner(
         db=db,
         archive_retention=archive_retention,
         dead_retention=dead_retention,
+        workflow_retention=workflow_retention,
         interval=interval,
         batch_size=10,
     )

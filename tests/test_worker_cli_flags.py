@@ -105,9 +105,10 @@ def listening(port: int) -> list[str]:
     return found
 
 
-def test_bad_retention_is_a_usage_error(dsn: str, app: Path) -> None:
+@pytest.mark.parametrize("flag", ["--dead-retention", "--workflow-retention"])
+def test_bad_retention_is_a_usage_error(dsn: str, app: Path, flag: str) -> None:
     assert_one_line_error(
-        aioq_cli(dsn, "worker", "tasks", "--dead-retention", "forever", cwd=app),
-        "--dead-retention",
+        aioq_cli(dsn, "worker", "tasks", flag, "forever", cwd=app),
+        flag,
         "'forever' is not a duration",
     )

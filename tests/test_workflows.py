@@ -19,6 +19,7 @@ import aioq
 import aioq.testing
 import aioq.web
 from aioq.sql import workflows as wsql
+from aioq.worker.maintenance import Pruner
 
 pytestmark = pytest.mark.anyio
 
@@ -266,6 +267,41 @@ async def test_pruned_after_retention(
     assert await aioq.workflow(conn, run.id) is None
     assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_steps") == 0
     await eventually(lambda: True)
+
+
+async def test_pruner_keeps_runs_for_the_workflow_retention(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """The pruner deletes a finished run after the worker's workflow_retention (None: never)."""
+
+    @registry.task
+    async def step(n: int) -> int:
+        return n
+
+    run = await aioq.chain(step.call(n=1), step.call(n=2)).defer(conn)
+    await make_worker().run_until_idle()
+    await conn.execute(
+        "UPDATE aioq.workflows SET created_at = now() - interval '2 hours' WHERE id = $1", run.id
+    )
+
+    def pruner(retention: float | None) -> Pruner:
+        return Pruner(
+            schema="aioq",
+            db=conn,
+            archive_retention=None,
+            dead_retention=None,
+            workflow_retention=retention,
+            interval=3600,
+            batch_size=10,
+        )
+
+    assert await pruner(None).run_once() == 0  # kept for ever
+    assert await pruner(3 * 3600).run_once() == 0  # younger than the retention
+    assert await aioq.workflow(conn, run.id) is not None
+    assert await pruner(3600).run_once() == 1
+    assert await aioq.workflow(conn, run.id) is None
+    assert aioq.WorkerConfig().workflow_retention == 86400
+    assert make_worker(workflow_retention=600).config.workflow_retention == 600
 
 
 async def test_fan_in_waits_for_its_last_parent(

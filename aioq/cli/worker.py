@@ -39,6 +39,7 @@ from aioq.worker import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_WORKFLOW_RETENTION,
     Worker,
     WorkerConfig,
 )
@@ -133,6 +134,14 @@ WORKER_FLAGS = (
         None,
         "prune dead and cancelled jobs this long after they were last due, e.g. 30d, or none"
         " (default: none, kept until `aioq jobs purge`)",
+    ),
+    _Flag(
+        "--workflow-retention",
+        "workflow_retention",
+        _retention,
+        DEFAULT_WORKFLOW_RETENTION,
+        "prune a workflow run's steps and results this long after it was deferred, once none"
+        " of its steps is left in the jobs table, e.g. 7d, or none (default: 1d)",
     ),
     _Flag(
         "--stats-retention",

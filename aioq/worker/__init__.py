@@ -69,6 +69,8 @@ _UNSERVED_NAMED = 5
 DEFAULT_CLAIM_BATCH = 1000
 DEFAULT_COMPLETION_BATCH = 1000
 DEFAULT_ARCHIVE_RETENTION = 7 * 24 * 3600.0
+# A workflow run's steps, edges and results, once none of its steps is left in the jobs table.
+DEFAULT_WORKFLOW_RETENTION = 24 * 3600.0
 DEFAULT_PRUNE_INTERVAL = 60.0
 DEFAULT_PRUNE_BATCH = 1000
 # Every statement of the worker's connections gives up after this long. Without it a
@@ -115,6 +117,8 @@ class WorkerConfig:
     # Retention (None keeps rows forever): archived jobs by finished_at, dead jobs by run_at.
     archive_retention: float | None = DEFAULT_ARCHIVE_RETENTION
     dead_retention: float | None = None
+    # Workflow runs by created_at, once none of their steps is left in the jobs table.
+    workflow_retention: float | None = DEFAULT_WORKFLOW_RETENTION
     prune_interval: float = DEFAULT_PRUNE_INTERVAL
     prune_batch: int = DEFAULT_PRUNE_BATCH
     # None leaves the jobs table to autovacuum alone.
@@ -191,7 +195,7 @@ class WorkerConfig:
         for name in ("command_timeout", "lag_threshold"):  # None: off
             if getattr(self, name) is not None:
                 check_duration(name, getattr(self, name), minimum=MIN_INTERVAL)
-        for name in ("archive_retention", "dead_retention"):  # None: kept forever
+        for name in ("archive_retention", "dead_retention", "workflow_retention"):  # None: kept
             if getattr(self, name) is not None:
                 check_duration(name, getattr(self, name))
         check_duration("shutdown_grace", self.shutdown_grace)

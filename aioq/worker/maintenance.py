@@ -15,10 +15,6 @@ __all__ = ("Pruner", "Vacuumer")
 
 logger = logging.getLogger(__name__)
 
-WORKFLOW_RETENTION = 86400.0
-"""Seconds a workflow run's steps and results are kept once it was deferred, when none of its
-steps is left in the jobs table (all succeeded, or their kept rows were pruned)."""
-
 
 class Pruner(Service[int]):
     """Deletes archived, dead and cancelled jobs past their retention, expired results and
@@ -26,7 +22,9 @@ class Pruner(Service[int]):
 
     One bounded batch per kind per pass.
 
-    A retention of None keeps those rows forever. Each pass runs at most one DELETE of at most
+    A retention of None keeps those rows forever. A workflow run's steps, edges and results go
+    ``workflow_retention`` seconds after the run was deferred, once none of its steps is left
+    in the jobs table. Each pass runs at most one DELETE of at most
     ``batch_size`` rows per table, picked with SKIP LOCKED, so no statement runs long, no lock
     piles up and every worker can run a pruner. A dead job's age counts from its ``run_at``,
     which burial (by the worker or the reaper) sets to the time the job died.
@@ -42,6 +40,7 @@ class Pruner(Service[int]):
         archive_retention: float | None,
         dead_retention: float | None,
         interval: float,
+        workflow_retention: float | None,
         batch_size: int,
     ) -> None:
         super().__init__()
@@ -49,6 +48,7 @@ class Pruner(Service[int]):
         self.db = db
         self.archive_retention = archive_retention
         self.dead_retention = dead_retention
+        self.workflow_retention = workflow_retention
         self.prune_interval = interval
         self.batch_size = batch_size
         self._full = False  # the last pass filled a batch: more rows may be due
@@ -66,7 +66,9 @@ class Pruner(Service[int]):
             cancelled = await _count(sql.PRUNE_ENDED, db, schema, *ended, "cancelled")
         results = await _count(sql.PRUNE_RESULTS, db, schema, batch)
         uniques = await _count(sql.PRUNE_UNIQUES, db, schema, batch)  # ended unique_for windows
-        runs = await _count(PRUNE_WORKFLOWS, db, schema, WORKFLOW_RETENTION, batch)
+        runs = 0
+        if self.workflow_retention is not None:
+            runs = await _count(PRUNE_WORKFLOWS, db, schema, self.workflow_retention, batch)
         self._full = max(archived, dead, cancelled, results, uniques, runs) >= self.batch_size
         if archived or dead or cancelled or results:
             logger.info(

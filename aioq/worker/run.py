@@ -297,6 +297,7 @@ def _upkeep(
             db=pool,
             archive_retention=cfg.archive_retention,
             dead_retention=cfg.dead_retention,
+            workflow_retention=cfg.workflow_retention,
             interval=cfg.prune_interval,
             batch_size=cfg.prune_batch,
         ),

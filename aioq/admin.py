@@ -141,7 +141,11 @@ CANCEL_RACES = 10
 
 
 async def cancel_jobs(
-    conn: Target, job_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+    conn: Target,
+    job_ids: Sequence[int],
+    *,
+    reason: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
 ) -> dict[int, str]:
     """Cancel jobs wherever they are; return each id's state after the call.
 
@@ -152,6 +156,7 @@ async def cancel_jobs(
     it succeeded (found in the results or the archive); ``"dead"``; ``"missing"``: no such job,
     or it succeeded leaving no trace (no ``result_ttl``, no ``keep_completed``). Idempotent:
     a second call changes nothing. Cancelled jobs are kept, like dead ones, until pruned.
+    ``reason``: recorded as the ``last_error`` of the jobs it cancels or asks to cancel.
     """
     conn = await executor(conn)
     ids = sorted({int(i) for i in job_ids})
@@ -161,7 +166,7 @@ async def cancel_jobs(
     for _ in range(CANCEL_RACES):
         if not ids:
             break
-        found = {r.id: r.state for r in await CANCEL_JOBS.rows(conn, schema, ids, *channels)}
+        found = {r.id: r.state for r in await CANCEL_JOBS.rows(conn, schema, ids, *channels, reason)}
         ids = settle_cancels(states, found)
     return cancel_outcome(states, ids)
 

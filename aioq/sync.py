@@ -57,7 +57,7 @@ def cancel_jobs_sync(
     for _ in range(CANCEL_RACES):
         if not ids:
             break
-        found = {r.id: r.state for r in CANCEL_JOBS.rows_sync(db, schema, ids, *channels)}
+        found = {r.id: r.state for r in CANCEL_JOBS.rows_sync(db, schema, ids, *channels, None)}
         ids = settle_cancels(states, found)
     return cancel_outcome(states, ids)
 

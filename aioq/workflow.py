@@ -347,7 +347,16 @@ async def cancel_workflow(
     conn: Target, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
 ) -> dict[int, str]:
     """Cancel a run: its waiting and pending steps at once, a cancel request to its running
-    ones (see :func:`aioq.cancel_jobs`); return each live step's state by job id."""
+    ones (see :func:`aioq.cancel_jobs`); return each live step's state by job id.
+
+    Each step it cancels says why in its ``last_error``: ``cancelled: workflow run N
+    cancelled``."""
     db = await executor(conn)
     ids = await sql.WORKFLOW_JOBS.rows(db, schema, workflow_id)
-    return await cancel_jobs(db, ids, schema=schema) if ids else {}
+    reason = cancelled_reason(workflow_id)
+    return await cancel_jobs(db, ids, reason=reason, schema=schema) if ids else {}
+
+
+def cancelled_reason(workflow_id: int) -> str:
+    """The last_error of the steps of a cancelled run."""
+    return f"cancelled: workflow run {workflow_id} cancelled"

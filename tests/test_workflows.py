@@ -11,9 +11,10 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+import statements
 from procs import aioq_cli
 from starlette.testclient import TestClient
-from waits import eventually
+from waits import eventually, until_sql
 
 import aioq
 import aioq.testing
@@ -715,14 +716,10 @@ async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
         )
         assert form is not None, (button, page)
         fields = re.findall(r'name="(\w+)" value="([^"]*)"', form.group(0))
+        data: dict[str, Any] = {k: v for k, v in fields if k != "ids"}
         response = client.post(
             "/actions",
-            data={
-                "csrf": dict(fields)["csrf"],
-                "next": dict(fields)["next"],
-                "action": dict(fields)["action"],
-                "ids": [v for k, v in fields if k == "ids"],
-            },
+            data={**data, "ids": [v for k, v in fields if k == "ids"]},
             follow_redirects=False,
         )
         assert response.status_code == 303, response.text
@@ -742,8 +739,81 @@ async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
     info = await aioq.workflow(conn, run.id)
     assert info is not None
     assert {s.status for s in info.steps} == {"cancelled"}
+    assert {s.last_error for s in info.steps} == {f"cancelled: workflow run {run.id} cancelled"}
     assert set(run.jobs.values()) == {s.job_id for s in info.steps}
     # A read-only dashboard shows neither button.
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         page = client.get(f"/workflows/{run.id}").text
         assert "<form" not in page
+
+
+async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_the_reaper(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """cancel_workflow gives every step it cancels a last_error naming the run, whichever path
+    ends it: cancelled at once (waiting, pending), by its worker's cancel (running), by the
+    release of a hard-cancelled worker, or by the reaper after its worker vanished."""
+    running: set[int] = set()
+
+    @registry.task(lease=1.0)
+    async def slow(n: int) -> None:
+        running.add(aioq.current_job().id)
+        await anyio.sleep_forever()
+
+    @registry.task
+    async def after() -> None: ...
+
+    flow = aioq.Workflow("doomed")
+    parts = [flow.add(slow.call(n=i)) for i in range(8)]
+    join = flow.add(after.call(), after=parts, name="join")
+    flow.add(after.call(), after=[join], name="end")
+    run = await flow.defer(conn)
+    # One step held by a worker that vanished (a SIGKILL): only the reaper can end it.
+    [lost] = await statements.claim(conn, ["default"], 1, "vanished")
+    lease = "UPDATE aioq.jobs SET lease_expires_at = now() + $2::text::interval WHERE id = $1"
+    await conn.execute(lease, lost.id, "1 hour")  # until the test says it expired
+    options = {"concurrency": 2, "heartbeat_interval": 0.2, "reaper_interval": 0.2}
+    workers = [make_worker(**options) for _ in range(3)]
+    doomed = anyio.CancelScope()
+
+    async def hard_cancelled(worker: aioq.Worker) -> None:
+        with doomed:
+            await worker.run()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hard_cancelled, workers[0])
+            for worker in workers[1:]:
+                tg.start_soon(worker.run)
+            await eventually(lambda: len(running) == 6, "six steps running on three workers")
+            states = await aioq.cancel_workflow(conn, run.id)
+            doomed.cancel()  # one worker is cut off mid-flight, its claims released
+            assert states[lost.id] == "cancelling"
+            assert list(states.values()).count("cancelling") == 7
+            await conn.execute(lease, lost.id, "-1 second")
+            await until_sql(
+                conn,
+                "SELECT NOT EXISTS (SELECT FROM aioq.jobs"
+                " WHERE status IN ('waiting', 'pending', 'running'))",
+            )
+            for worker in workers[1:]:
+                worker.stop()
+    reason = f"cancelled: workflow run {run.id} cancelled"
+    info = await aioq.workflow(conn, run.id)
+    assert info is not None
+    assert info.state == "cancelled"
+    assert {s.name: (s.status, s.last_error) for s in info.steps} == {
+        s.name: ("cancelled", reason) for s in info.steps
+    }
+    job = await aioq.get_job(conn, run.jobs["end"])
+    assert job is not None
+    assert job.last_error == reason
+    shown = aioq_cli(dsn, "jobs", "show", str(lost.id))
+    assert shown.returncode == 0, shown.stderr
+    assert reason in shown.stdout
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        page = client.get(f"/jobs/{run.jobs['join']}").text
+        assert f'<pre class="error" id="last-error">{reason}</pre>' in page

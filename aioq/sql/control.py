@@ -33,7 +33,9 @@ class CancelState:
 # that their worker acts on (a NOTIFY on the control channel now, its cancel watch within a
 # heartbeat interval otherwise). One UPDATE for both, so a job claimed while this statement
 # waits for its row lock is re-checked as running and still gets its request.
-# $1 ids, $2 control channel, $3 results channel (waiters of a job cancelled while pending).
+# $1 ids, $2 control channel, $3 results channel (waiters of a job cancelled while pending),
+# $4 the reason recorded as last_error of every job it cancels or asks to cancel (NULL: none;
+# a running job keeps it when its worker records the cancel: the outcome leaves last_error).
 # A row that was live in this statement's snapshot but that the UPDATE did not change ended
 # (or changed hands) concurrently: 'raced', and the caller asks again with a fresh snapshot.
 CANCEL_JOBS = Statement(
@@ -51,7 +53,8 @@ changed AS (
     UPDATE {s}.jobs AS j
     SET status = CASE WHEN j.status = 'running' THEN j.status ELSE 'cancelled' END,
         run_at = CASE WHEN j.status = 'running' THEN j.run_at ELSE now() END,
-        cancel_requested_at = coalesce(j.cancel_requested_at, now())
+        cancel_requested_at = coalesce(j.cancel_requested_at, now()),
+        last_error = coalesce($4::text, j.last_error)
     FROM locked
     WHERE j.id = locked.id AND j.status IN ('pending', 'waiting', 'running')
     RETURNING j.id, j.status

@@ -276,7 +276,8 @@ class Rescued:
     status: str
 
 
-# Expired leases: back to pending, or dead when the attempts are spent. At most $1 per pass.
+# Expired leases: back to pending, or dead when the attempts are spent, or cancelled when a
+# cancel was requested. At most $1 per pass.
 # $2: the reaping worker, whose own claims are left alone: a late heartbeat (an event loop
 # blocked by a task) must not make a worker rescue the jobs it is running, and a list of the
 # claims it holds would be stale by the time the statement runs. Other workers rescue them
@@ -296,8 +297,12 @@ changed AS (
     SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                       WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
         run_at = now(),
-        last_error = format('LeaseExpired: worker %s held attempt %s past its lease', j.locked_by,
-                            j.attempts),
+        -- A job cancelled with a reason (a cancelled workflow run) keeps it: that is why it
+        -- ended; any other rescue records the lost lease.
+        last_error = CASE WHEN j.cancel_requested_at IS NOT NULL AND j.last_error LIKE 'cancelled:%'
+                          THEN j.last_error
+                          ELSE format('LeaseExpired: worker %s held attempt %s past its lease',
+                                      j.locked_by, j.attempts) END,
         {CLEAR_CLAIM}
     FROM expired
     WHERE j.id = expired.id

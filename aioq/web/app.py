@@ -53,7 +53,7 @@ from aioq.stats_history import DEFAULT_STATS_INTERVAL
 from aioq.web import data
 from aioq.web.filters import environment
 from aioq.web.sql import SET_STATEMENT_TIMEOUT
-from aioq.workflow import WorkflowInfo, list_workflows
+from aioq.workflow import WorkflowInfo, cancel_workflow, list_workflows
 from aioq.workflow import workflow as get_workflow
 
 __all__ = ("DashboardConfig", "app")
@@ -480,7 +480,13 @@ class _Pages:
                 replay = await admin.retry_dead(conn, job_id=ids, schema=schema)
                 count = len(replay.retried)  # a dead job whose unique_key is live stays dead
             elif action == "cancel":
-                states = list((await admin.cancel_jobs(conn, ids, schema=schema)).values())
+                run = _int((form.get("run") or [""])[0])
+                if run is not None:  # "Cancel run": every live step, each saying why
+                    by_id = await cancel_workflow(conn, run, schema=schema)
+                    ids = list(by_id)
+                else:
+                    by_id = await admin.cancel_jobs(conn, ids, schema=schema)
+                states = list(by_id.values())
                 stopping = states.count("cancelling")
                 count = states.count("cancelled") + stopping
             else:

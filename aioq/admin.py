@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
@@ -166,7 +166,9 @@ async def cancel_jobs(
     for _ in range(CANCEL_RACES):
         if not ids:
             break
-        found = {r.id: r.state for r in await CANCEL_JOBS.rows(conn, schema, ids, *channels, reason)}
+        found = {
+            r.id: r.state for r in await CANCEL_JOBS.rows(conn, schema, ids, *channels, reason)
+        }
         ids = settle_cancels(states, found)
     return cancel_outcome(states, ids)
 
@@ -227,6 +229,9 @@ class Replay:
 
     retried: list[int]
     skipped: dict[int, str]  # job id -> why it stays dead (its unique_key is taken)
+    # Workflow steps that a retried step's death had cancelled and that wait again (job id ->
+    # step name): the run resumes.
+    revived: dict[int, str] = field(default_factory=dict)
 
 
 REPLAY_TRIES = 10
@@ -246,7 +251,8 @@ async def retry_dead(
 
     A ``unique_key`` belongs to at most one live job: of several dead jobs sharing a key only the
     newest is replayed, and none while a live job holds it. Those are reported in ``skipped``;
-    they never make the whole call fail.
+    they never make the whole call fail. A workflow step brings back the steps its death
+    cancelled (they wait for it again): ``revived`` names them.
     """
     if job_id is None and task is None and queue is None and not all:
         raise ValueError("retry_dead needs job_id, task, queue or all=True")
@@ -276,7 +282,12 @@ async def _replay(
             continue
         retried = [row.id for row in rows if row.replayed]
         skipped = {row.id: _why_skipped(row) for row in rows if not row.replayed}
-        return Replay(retried=retried, skipped=skipped)
+        revived = {
+            job_id: name
+            for row in rows
+            for job_id, name in zip(row.revived, row.revived_names, strict=True)
+        }
+        return Replay(retried=retried, skipped=skipped, revived=dict(sorted(revived.items())))
     raise AioqError(f"retry_dead: unique keys kept changing owner over {REPLAY_TRIES} tries")
 
 

@@ -152,6 +152,7 @@ async def test_dead_step_cancels_dependents_and_replay_resumes(
     broken["yes"] = False
     replay = await aioq.retry_dead(conn, job_id=run.jobs["fragile"])
     assert replay.retried == [run.jobs["fragile"]]
+    assert replay.revived == {run.jobs["after"]: "after", run.jobs["end"]: "end"}
     now = await statuses(conn, run.id)
     assert now["after"] == "waiting"
     assert now["end"] == "waiting"
@@ -437,6 +438,18 @@ async def test_cli_shortens_a_fan_in_and_says_which_step_to_replay(
     retried = aioq_cli(dsn, "jobs", "retry", str(stopped.jobs["merge"]))
     assert retried.returncode == 1
     assert "ended cancelled): a cancelled step is not replayed" in retried.stdout, retried.stdout
+    # The step that died: its dependent waits again, and the retry says so.
+    retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["part"]))
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout == (
+        f"retried 1 jobs: {run.jobs['part']}\n"
+        f"revived 1 dependent steps, waiting again: {run.jobs['merge']} (merge)\n"
+    )
+    assert (await statuses(conn, run.id))["merge"] == "waiting"
+    await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", run.jobs["part"])
+    as_json = aioq_cli(dsn, "jobs", "retry", "--dead", "--task", "app.part", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["revived"] == {str(run.jobs["merge"]): "merge"}
 
 
 async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(
@@ -729,7 +742,10 @@ async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
         # The charge died and its dependent was cancelled: nothing live to cancel.
         page = client.get(f"/workflows/{run.id}").text
         assert "Cancel run" not in page
-        assert act(client, r"Retry dead steps \(1\)").startswith(f"/workflows/{run.id}?done=")
+        retried = act(client, r"Retry dead steps \(1\)")
+        assert retried.startswith(f"/workflows/{run.id}?done=")
+        flash = client.get(retried).text
+        assert f"retried 1 of 1 job (1 dependent step revived: {run.jobs['ship']})" in flash
         info = await aioq.workflow(conn, run.id)
         assert info is not None
         assert {s.name: s.status for s in info.steps} == {"charge": "pending", "ship": "waiting"}
@@ -817,3 +833,69 @@ async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_t
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         page = client.get(f"/jobs/{run.jobs['join']}").text
         assert f'<pre class="error" id="last-error">{reason}</pre>' in page
+
+
+async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_workers(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """A step dies while its siblings run on three workers with short leases; its retry
+    (while one worker is hard-cancelled) names exactly the steps its death cancelled, and the
+    fan-in after it runs once."""
+    broken = True
+    merged: list[int] = []
+    notified: list[str] = []
+
+    @registry.task(lease=1.0, max_attempts=1)
+    async def part(n: int) -> int:
+        if n == 0 and broken:
+            raise RuntimeError("boom")
+        await anyio.sleep(0.01 * (n % 7))
+        return n
+
+    @registry.task(lease=1.0)
+    async def merge() -> int:
+        merged.append(len(await aioq.current_job().upstream()))
+        return 1
+
+    @registry.task(lease=1.0)
+    async def notify() -> None:
+        notified.append("sent")
+
+    flow = aioq.Workflow("resumed")
+    parts = [flow.add(part.call(n=i)) for i in range(40)]
+    done = flow.add(merge.call(), after=parts, name="merge")
+    flow.add(notify.call(), after=[done], name="notify")
+    flow.add(notify.call(), after=parts[1:3], name="unrelated")  # not blocked by part 0
+    run = await flow.defer(conn)
+    options = {"concurrency": 3, "heartbeat_interval": 0.2, "reaper_interval": 0.2}
+    workers = [make_worker(**options) for _ in range(3)]
+    doomed = anyio.CancelScope()
+
+    async def hard_cancelled(worker: aioq.Worker) -> None:
+        with doomed:
+            await worker.run()
+
+    async def succeeded() -> bool:
+        info = await aioq.workflow(conn, run.id)
+        return info is not None and info.state == "succeeded"
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hard_cancelled, workers[0])
+            for worker in workers[1:]:
+                tg.start_soon(worker.run)
+            await until_sql(
+                conn,
+                "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1",
+                run.jobs["notify"],
+            )
+            broken = False
+            replay = await aioq.retry_dead(conn, job_id=run.jobs["part"])
+            doomed.cancel()  # one worker is cut off mid-flight, claims and all
+            assert replay.retried == [run.jobs["part"]]
+            assert replay.revived == {run.jobs["merge"]: "merge", run.jobs["notify"]: "notify"}
+            await eventually(succeeded, "the run to resume and succeed")
+            for worker in workers[1:]:
+                worker.stop()
+    assert merged == [40]
+    assert notified.count("sent") == 2  # notify and unrelated, once each

@@ -297,7 +297,14 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
                 if failed["status"] == "dead"
                 else "a cancelled step is not replayed, nor the steps it cancelled"
             )
-        return _report(args, "retried", replay.retried, "not dead jobs", skipped=skipped)
+        return _report(
+            args,
+            "retried",
+            replay.retried,
+            "not dead jobs",
+            skipped=skipped,
+            revived=replay.revived,
+        )
 
     return with_db(args, run)
 
@@ -340,17 +347,26 @@ def _report(
     missing_are: str,
     *,
     skipped: dict[int, str] | None = None,
+    revived: dict[int, str] | None = None,
 ) -> int:
-    """Print what was done; exit 1 if a job asked for by id was not done."""
+    """Print what was done; exit 1 if a job asked for by id was not done.
+
+    ``revived``: workflow steps a retry brought back to waiting (job id -> step name).
+    """
     skipped = skipped or {}
     missing = sorted(set(args.ids) - set(done) - set(skipped))
     if args.json:
         out: dict[str, object] = {verb: done, "missing": missing}
         if skipped:
             out["skipped"] = {str(job_id): why for job_id, why in skipped.items()}
+        if revived:
+            out["revived"] = {str(job_id): name for job_id, name in revived.items()}
         print_json(out)
     else:
         print(f"{verb} {len(done)} jobs" + (f": {format_ints(done)}" if done else ""))
+        if revived:
+            steps = ", ".join(f"{job_id} ({name})" for job_id, name in revived.items())
+            print(f"revived {len(revived)} dependent steps, waiting again: {steps}")
         for job_id, why in skipped.items():
             print(f"skipped job {job_id}: {why}")
         if missing:

@@ -131,6 +131,8 @@ class Replayed:
     replayed: bool
     live_id: int | None  # the live job holding its unique_key
     newest: int  # the dead job of its unique_key that was chosen
+    revived: list[int]  # the workflow steps it cancelled that wait again, by job id
+    revived_names: list[str]  # and their step names
 
 
 # Dead jobs back to pending with fresh attempts ($1 ids, $2 task, $3 queue; NULL: any).
@@ -138,10 +140,11 @@ class Replayed:
 # back, and none while a live job holds the key; every matching dead job is returned with what
 # happened to it, so the caller can say why one was left. `newest` is a window over `locked`
 # because FOR UPDATE and window functions cannot share a SELECT. The final WHERE only forces
-# `rang` (and its NOTIFY) to run.
+# `rang` (and its NOTIFY) to run; a replayed workflow step that still waits for its
+# dependencies (the BEFORE trigger made it waiting) rings nothing.
 REPLAY_DEAD = Statement(
     f"""
-WITH locked AS (
+WITH RECURSIVE locked AS (
     SELECT j.id, j.queue, j.unique_key FROM {{s}}.jobs AS j
     WHERE j.status = 'dead'
       AND ($1::bigint[] IS NULL OR j.id = ANY($1))
@@ -162,10 +165,26 @@ changed AS (
         cancel_requested_at = NULL  -- a request that came too late ended with the run
     FROM matching AS m
     WHERE j.id = m.id AND (m.unique_key IS NULL OR (m.live_id IS NULL AND m.id = m.newest))
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.status, j.workflow_id
 ),
-{ring("SELECT queue FROM changed GROUP BY queue")}
-SELECT m.id, m.unique_key, c.id IS NOT NULL AS replayed, m.live_id, m.newest
+-- The steps a replayed step's death cancelled, directly or through others: the
+-- jobs_workflow_step_changed trigger (schema.sql) makes them wait again at the end of this
+-- statement, which still reads them as they were (blocked_by set), so it can name them.
+revived(root, job_id) AS (
+    SELECT id, id FROM changed WHERE workflow_id IS NOT NULL
+    UNION
+    SELECT r.root, w.job_id
+    FROM revived AS r
+    JOIN {{s}}.workflow_deps AS d ON d.parent_id = r.job_id
+    JOIN {{s}}.workflow_steps AS w ON w.job_id = d.job_id AND w.blocked_by = r.job_id
+    JOIN {{s}}.jobs AS b ON b.id = w.job_id AND b.status = 'cancelled'
+),
+{ring("SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue")}
+SELECT m.id, m.unique_key, c.id IS NOT NULL AS replayed, m.live_id, m.newest,
+       ARRAY(SELECT r.job_id FROM revived AS r
+             WHERE r.root = m.id AND r.job_id <> r.root ORDER BY r.job_id) AS revived,
+       ARRAY(SELECT w.name FROM revived AS r JOIN {{s}}.workflow_steps AS w ON w.job_id = r.job_id
+             WHERE r.root = m.id AND r.job_id <> r.root ORDER BY r.job_id) AS revived_names
 FROM matching AS m
 LEFT JOIN changed AS c ON c.id = m.id
 WHERE (SELECT count(*) FROM rang) >= 0

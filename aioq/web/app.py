@@ -87,7 +87,10 @@ SECURITY_HEADERS = {
 }
 # What an action's redirect may ask the next page to say; anything else in ?done= is ignored,
 # so a link cannot make the dashboard display text of someone else's choosing.
-DONE_MESSAGE = re.compile(r"(retried|cancelled|deleted) \d+ of \d+ jobs?( \(\d+ stopping\))?")
+DONE_MESSAGE = re.compile(
+    r"(retried|cancelled|deleted) \d+ of \d+ jobs?"
+    r"( \(\d+ stopping\))?( \(\d+ dependent steps? revived: \d+(, \d+){0,4}(, \.\.\.)?\))?"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -473,12 +476,14 @@ class _Pages:
     ) -> Response:
         schema = self.config.schema
         stopping = 0  # running jobs asked to cancel: their workers stop them
+        revived: dict[int, str] = {}  # workflow steps a retry brought back to waiting
         async with self.db.transaction(readonly=False) as conn:
             if not ids:
                 count = 0
             elif action == "retry":
                 replay = await admin.retry_dead(conn, job_id=ids, schema=schema)
                 count = len(replay.retried)  # a dead job whose unique_key is live stays dead
+                revived = replay.revived
             elif action == "cancel":
                 run = _int((form.get("run") or [""])[0])
                 if run is not None:  # "Cancel run": every live step, each saying why
@@ -496,9 +501,23 @@ class _Pages:
         message = f"{verb} {count} of {len(ids)} job{'s' if len(ids) != 1 else ''}"
         if stopping:
             message += f" ({stopping} stopping)"
+        if revived:
+            message += f" ({_revived(revived)})"
         target = _safe_next((form.get("next") or [""])[0], request)
         joiner = "&" if "?" in target else "?"
         return RedirectResponse(f"{target}{joiner}{urlencode({'done': message})}", 303)
+
+
+REVIVED_NAMED = 5  # job ids a retry's message names; it counts them all
+
+
+def _revived(revived: dict[int, str]) -> str:
+    """What a retry's message says of the workflow steps it revived (DONE_MESSAGE's form:
+    ids only, since the message comes back in a URL and must not carry any text)."""
+    named = ", ".join(str(job_id) for job_id in list(revived)[:REVIVED_NAMED])
+    more = ", ..." if len(revived) > REVIVED_NAMED else ""
+    n = len(revived)
+    return f"{n} dependent step{'s' if n != 1 else ''} revived: {named}{more}"
 
 
 def _message(value: str | None) -> str | None:

@@ -357,3 +357,52 @@ async def test_a_queue_nobody_can_claim_from_rings_nobody(
 
 async def _off_duty(conn: asyncpg.Connection, queue: str) -> bool:
     return await _on_duty_for(conn, queue) == 0
+
+
+async def test_a_workflow_step_made_ready_rings_only_when_claimable_now(
+    conn: asyncpg.Connection, registry: aioq.Registry, on_duty: Spy
+) -> None:
+    """A step released by its dependency's success, or (on_failure="run") by its death in the
+    cascade trigger, rings its queue when it is claimable now, not when its delay starts."""
+
+    @registry.task(queue="q")
+    async def work(n: int = 0) -> None: ...
+
+    async def step_then(kind: OutcomeKind, delay: float, on_failure: str) -> list[str]:
+        flow = aioq.Workflow("rings")
+        first = flow.add(work.call(n=1))
+        flow.add(work.options(delay=delay).call(n=2), after=[first], on_failure=on_failure)
+        await flow.defer(conn)
+        assert await on_duty.until_sentinel(conn) == ["q"]  # the first step
+        [claim] = await statements.claim(conn, ["q"], 1, "w")
+        await statements.write(conn, "w", [claim], kind, error="boom", steps=True)
+        seen = await on_duty.until_sentinel(conn)
+        await conn.execute("DELETE FROM aioq.jobs")
+        return seen
+
+    assert await step_then(OutcomeKind.COMPLETE, 0, "cancel") == ["q"]
+    assert await step_then(OutcomeKind.COMPLETE, 3600, "cancel") == []
+    assert await step_then(OutcomeKind.BURY, 0, "run") == ["q"]  # the cascade trigger rings
+    assert await step_then(OutcomeKind.BURY, 3600, "run") == []
+
+
+async def test_the_cascade_trigger_rings_nobody_when_nobody_is_on_duty(
+    conn: asyncpg.Connection, registry: aioq.Registry, unarmed: Spy
+) -> None:
+    """The step the cascade trigger makes ready (on_failure="run") rings as aioq's statements
+    do: a NOTIFY only when a worker is on duty for its queue."""
+
+    @registry.task(queue="q")
+    async def work(n: int = 0) -> None: ...
+
+    flow = aioq.Workflow("quiet")
+    first = flow.add(work.call(n=1))
+    anyway = flow.add(work.call(n=2), after=[first], on_failure="run")
+    run = await flow.defer(conn)
+    [claim] = await statements.claim(conn, ["q"], 1, "w")
+    await statements.write(conn, "w", [claim], OutcomeKind.BURY, error="boom", steps=True)
+    assert (
+        await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", run.jobs[anyway.name])
+        == "pending"
+    )
+    assert await unarmed.until_sentinel(conn) == []

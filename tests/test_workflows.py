@@ -899,3 +899,128 @@ async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_wor
                 worker.stop()
     assert merged == [40]
     assert notified.count("sent") == 2  # notify and unrelated, once each
+
+
+async def test_a_steps_delay_counts_from_its_last_dependencys_success(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """A waiting step's delay starts when it becomes ready: the statement that records its
+    last dependency's success (or, for on_failure="run", its end) sets run_at = now + delay.
+    A step without dependencies counts from the defer."""
+
+    @registry.task(max_attempts=1)
+    async def first(fail: bool = False) -> None:
+        if fail:
+            raise RuntimeError("boom")
+
+    @registry.task
+    async def later() -> None: ...
+
+    hour = 3600.0
+    flow = aioq.Workflow("delays")
+    a = flow.add(first.call())
+    flow.add(later.options(delay=2 * hour).call(), after=[a], name="delayed")
+    flow.add(later.options(delay=0).call(), after=[a], name="at-once")
+    bad = flow.add(first.call(fail=True), name="bad")
+    flow.add(later.options(delay=2 * hour).call(), after=[bad], name="anyway", on_failure="run")
+    flow.add(later.options(delay=2 * hour).call(), name="root")  # no dependency: from the defer
+    run = await flow.defer(conn)
+    # As if the run was deferred a day ago: a delay counted from the defer would be over.
+    await conn.execute(
+        "UPDATE aioq.jobs SET run_at = now() - interval '1 day'"
+        " WHERE workflow_id = $1 AND status = 'waiting'",
+        run.id,
+    )
+    await make_worker().run_until_idle()
+    assert await statuses(conn, run.id) == {
+        "first": "succeeded",
+        "delayed": "pending",
+        "at-once": "succeeded",
+        "bad": "dead",
+        "anyway": "pending",
+        "root": "pending",
+    }
+    rows = await conn.fetch(
+        """
+        SELECT s.name, extract(epoch FROM j.run_at - p.ended)::float8 AS after_ready,
+               extract(epoch FROM j.run_at - w.created_at)::float8 AS after_defer
+        FROM aioq.workflow_steps AS s
+        JOIN aioq.jobs AS j ON j.id = s.job_id
+        JOIN aioq.workflows AS w ON w.id = s.workflow_id
+        CROSS JOIN LATERAL (
+            SELECT max(coalesce(ps.succeeded_at, pj.run_at)) AS ended
+            FROM aioq.workflow_deps AS d
+            JOIN aioq.workflow_steps AS ps ON ps.job_id = d.parent_id
+            LEFT JOIN aioq.jobs AS pj ON pj.id = d.parent_id
+            WHERE d.job_id = s.job_id
+        ) AS p
+        WHERE s.workflow_id = $1 AND j.status = 'pending'
+        """,
+        run.id,
+    )
+    by_name = {r["name"]: r for r in rows}
+    for name in ("delayed", "anyway"):  # from the moment it became ready
+        assert 2 * hour - 5 <= by_name[name]["after_ready"] <= 2 * hour, dict(by_name[name])
+    assert abs(by_name["root"]["after_defer"] - 2 * hour) < 5  # from the defer
+
+
+async def test_a_delayed_fan_in_waits_its_delay_after_the_last_parent_across_workers(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """Parents succeed on three workers with short leases, one worker hard-cancelled midway:
+    the delayed fan-in runs once, its delay counted from the last parent's success."""
+    joined: list[int] = []
+
+    @registry.task(lease=1.0)
+    async def parent(n: int) -> int:
+        await anyio.sleep(0.01 * (n % 5))
+        return n
+
+    @registry.task(lease=1.0, result_ttl=600)
+    async def join() -> None:
+        joined.append(len(await aioq.current_job().upstream()))
+
+    flow = aioq.Workflow("delayed-join")
+    parents = [flow.add(parent.call(n=i)) for i in range(60)]
+    flow.add(join.options(delay=1.0).call(), after=parents, name="join")
+    run = await flow.defer(conn)
+    await conn.execute(  # counted from the defer, the delay would be long over
+        "UPDATE aioq.jobs SET run_at = now() - interval '1 day' WHERE id = $1", run.jobs["join"]
+    )
+    options = {"concurrency": 4, "heartbeat_interval": 0.2, "reaper_interval": 0.2}
+    workers = [make_worker(**options) for _ in range(3)]
+    doomed = anyio.CancelScope()
+
+    async def hard_cancelled(worker: aioq.Worker) -> None:
+        with doomed:
+            await worker.run()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hard_cancelled, workers[0])
+            for worker in workers[1:]:
+                tg.start_soon(worker.run)
+            await until_sql(
+                conn,
+                "SELECT count(*) >= 20 FROM aioq.workflow_steps"
+                " WHERE workflow_id = $1 AND succeeded_at IS NOT NULL",
+                run.id,
+            )
+            doomed.cancel()  # one worker is cut off mid-flight, claims and all
+            await until_sql(
+                conn, "SELECT EXISTS (SELECT FROM aioq.results WHERE id = $1)", run.jobs["join"]
+            )
+            for worker in workers[1:]:
+                worker.stop()
+    assert joined == [60]
+    waited = await conn.fetchval(
+        """
+        SELECT extract(epoch FROM r.started_at - (SELECT max(succeeded_at)
+                                                   FROM aioq.workflow_steps
+                                                   WHERE workflow_id = $1 AND name <> 'join'))
+        FROM aioq.results AS r WHERE r.id = $2
+        """,
+        run.id,
+        run.jobs["join"],
+    )
+    assert waited >= 0.9, waited  # the delay, counted from the last parent's success

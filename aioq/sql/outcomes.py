@@ -190,12 +190,16 @@ decremented AS (
     UPDATE {s}.workflow_steps AS w SET remaining = w.remaining - c.n
     FROM counted AS c
     WHERE w.job_id = ANY(ARRAY(SELECT job_id FROM dependents)) AND w.job_id = c.job_id
-    RETURNING w.job_id, w.remaining
+    RETURNING w.job_id, w.remaining, w.delay
 ),
+-- A step's delay counts from now, the moment it became ready; a step without one runs now,
+-- or at the time it was deferred for.
 released AS (
-    UPDATE {s}.jobs AS j SET status = 'pending', run_at = greatest(j.run_at, now())
+    UPDATE {s}.jobs AS j SET status = 'pending',
+        run_at = CASE WHEN d.delay IS NULL THEN greatest(j.run_at, now()) ELSE now() + d.delay END
+    FROM decremented AS d
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM decremented WHERE remaining <= 0))
-      AND j.status = 'waiting'
+      AND j.id = d.job_id AND j.status = 'waiting'
     RETURNING j.queue, j.run_at
 ),""",
         "\n  AND (SELECT count(*) FROM recorded) >= 0",

@@ -56,8 +56,9 @@ _READY_STEPS = """SELECT DISTINCT queue FROM steps
 # $6 priority, $7 run_at (NULL: now + $8 seconds), $9 max_attempts, $10 lease seconds,
 # $11 concurrency key, $12 name, $13 dependencies, $14 on_failure; and the edges of the batch's
 # steps, $15 dependent and $16 dependency job ids; $17 the traceparent of the run's defer (one
-# for every step). A step with dependencies waits; the others are pending, and their queues'
-# doorbells ring (those claimable now).
+# for every step). A step with dependencies waits (its delay kept on its step row: it counts
+# from the moment the step becomes ready); the others are pending, and their queues' doorbells
+# ring (those claimable now).
 INSERT_STEPS = Statement(
     """
 WITH steps AS (
@@ -79,8 +80,11 @@ inserted AS (
     RETURNING id
 ),
 step_rows AS (
-    INSERT INTO {s}.workflow_steps (job_id, workflow_id, name, task, remaining, on_failure)
-    SELECT id, $1, name, task, remaining, on_failure FROM steps
+    INSERT INTO {s}.workflow_steps (job_id, workflow_id, name, task, remaining, on_failure, delay)
+    SELECT id, $1, name, task, remaining, on_failure,
+           CASE WHEN remaining > 0 AND run_at IS NULL AND delay > 0
+                THEN make_interval(secs => delay) END
+    FROM steps
 ),
 edges AS (
     INSERT INTO {s}.workflow_deps (job_id, parent_id)

@@ -658,13 +658,60 @@ CREATE TRIGGER jobs_workflow_step_changed
 
 -- aioq:migration 16
 
--- A workflow step's delay counts from the moment it becomes ready (docs/workflows.md): the
+-- Workflows, second part. A workflow step's delay counts from the moment it becomes ready
+-- (docs/workflows.md): the
 -- statement that releases it (its last dependency succeeded, or ended for a step that runs
 -- anyway) sets run_at = now() + delay. NULL: no delay, or a run_at given as a time (then it
 -- stays, or now if past). A step without dependencies counts from the defer, as before; steps
 -- deferred before this migration keep the run_at of their defer. The function below is
 -- migration 15's with that release, and its doorbell rung as aioq's statements ring it.
 ALTER TABLE {{schema}}.workflow_steps ADD COLUMN delay interval;
+
+-- The workflows list counts a run's steps by status up to a bound (aioq.sql.workflows.
+-- LIST_WORKFLOWS, through workflow_counts below): a run of 100 000 steps costs the page at most
+-- bound + 1 index entries per status, never the whole run. Steps still in jobs by (run,
+-- status); succeeded steps (their job row gone) by run. The jobs index replaces migration 15's
+-- (workflow_id), which served the same lookups by run; plain jobs stay out of both.
+DROP INDEX {{schema}}.jobs_workflow_idx;
+CREATE INDEX jobs_workflow_idx ON {{schema}}.jobs (workflow_id, status, id)
+    WHERE workflow_id IS NOT NULL;
+CREATE INDEX workflow_steps_succeeded_idx ON {{schema}}.workflow_steps (workflow_id, job_id)
+    WHERE succeeded_at IS NOT NULL;
+
+-- A run's steps per status, each counted up to bound + 1 along its index range, in order. The
+-- function's planner settings make each count an index scan whatever the statistics say: a
+-- run inserted since the last ANALYZE looks small, and the plan chosen for a small range (a
+-- bitmap scan, which reads the whole range before the LIMIT, or a sequential scan) would read
+-- every step of a run of 100 000.
+CREATE FUNCTION {{schema}}.workflow_counts(
+    run bigint, bound integer,
+    OUT waiting integer, OUT pending integer, OUT running integer, OUT succeeded integer,
+    OUT dead integer, OUT cancelled integer)
+LANGUAGE sql STABLE
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+SELECT
+    (SELECT count(*) FROM (
+        SELECT FROM {{schema}}.jobs AS j WHERE j.workflow_id = run AND j.status = 'waiting'
+        ORDER BY j.id LIMIT bound + 1) AS c)::integer,
+    (SELECT count(*) FROM (
+        SELECT FROM {{schema}}.jobs AS j WHERE j.workflow_id = run AND j.status = 'pending'
+        ORDER BY j.id LIMIT bound + 1) AS c)::integer,
+    (SELECT count(*) FROM (
+        SELECT FROM {{schema}}.jobs AS j WHERE j.workflow_id = run AND j.status = 'running'
+        ORDER BY j.id LIMIT bound + 1) AS c)::integer,
+    (SELECT count(*) FROM (
+        SELECT FROM {{schema}}.workflow_steps AS s
+        WHERE s.workflow_id = run AND s.succeeded_at IS NOT NULL
+        ORDER BY s.job_id LIMIT bound + 1) AS c)::integer,
+    (SELECT count(*) FROM (
+        SELECT FROM {{schema}}.jobs AS j WHERE j.workflow_id = run AND j.status = 'dead'
+        ORDER BY j.id LIMIT bound + 1) AS c)::integer,
+    (SELECT count(*) FROM (
+        SELECT FROM {{schema}}.jobs AS j WHERE j.workflow_id = run AND j.status = 'cancelled'
+        ORDER BY j.id LIMIT bound + 1) AS c)::integer
+$$;
 
 CREATE OR REPLACE FUNCTION {{schema}}.workflow_step_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -278,14 +278,31 @@ class WorkflowInfo:
     created_at: datetime
     counts: dict[str, int]  # steps by status
     steps: list[WorkflowStep] = field(default_factory=list)
+    # list_workflows counts each status up to this (a count above it means "more"); None: exact.
+    count_limit: int | None = None
+
+    def count_text(self, status: str) -> str:
+        """A status's count as shown: ``10000+`` past what was counted."""
+        n = self.counts[status]
+        limit = self.count_limit
+        return f"{limit}+" if limit is not None and n > limit else str(n)
 
 
-def _state(row: sql.WorkflowRow) -> str:
+LIST_COUNT_LIMIT = 10_000
+"""The most steps per status that :func:`list_workflows` counts in a run (then "10000+"): a
+list of huge runs stays cheap; :func:`workflow` counts them all."""
+
+
+def _state(row: sql.WorkflowRow, limit: int | None = None) -> str:
     if row.waiting or row.pending or row.running:
         return "running"
-    if row.dead or row.succeeded + row.cancelled < row.steps:
+    counts = (row.succeeded, row.dead, row.cancelled)
+    exact = limit is None or max(counts) <= limit
+    if row.dead or (exact and row.succeeded + row.cancelled < row.steps):
         # A step ended dead or cancelled and its job was deleted since (`aioq jobs purge`,
-        # dead_retention, delete_jobs): counted nowhere, and the run did not succeed.
+        # dead_retention, delete_jobs): counted nowhere, and the run did not succeed. (Past
+        # the count limit such a step goes unseen: the list may call that run succeeded or
+        # cancelled; its own page, which counts every step, says failed.)
         return "failed"
     if row.cancelled:
         return "cancelled"
@@ -333,13 +350,22 @@ async def workflow(
 async def list_workflows(
     conn: Target, *, name: str | None = None, limit: int = 50, schema: str = DEFAULT_SCHEMA
 ) -> list[WorkflowInfo]:
-    """Return the newest runs first (without their steps), optionally of one name."""
+    """Return the newest runs first (without their steps), optionally of one name.
+
+    Each run's steps are counted per status up to :data:`LIST_COUNT_LIMIT` (``count_limit``;
+    a count above it means more), so the list stays cheap however large the runs."""
     db = await executor(conn)
+    bound = LIST_COUNT_LIMIT
     return [
         WorkflowInfo(
-            id=r.id, name=r.name, state=_state(r), created_at=r.created_at, counts=_counts(r)
+            id=r.id,
+            name=r.name,
+            state=_state(r, bound),
+            created_at=r.created_at,
+            counts=_counts(r),
+            count_limit=bound,
         )
-        for r in await sql.LIST_WORKFLOWS.rows(db, schema, limit, name)
+        for r in await sql.LIST_WORKFLOWS.rows(db, schema, limit, name, bound)
     ]
 
 

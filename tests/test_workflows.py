@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -1024,3 +1025,86 @@ async def test_a_delayed_fan_in_waits_its_delay_after_the_last_parent_across_wor
         run.jobs["join"],
     )
     assert waited >= 0.9, waited  # the delay, counted from the last parent's success
+
+
+async def _tuples_read(conn: asyncpg.Connection) -> int:
+    """Index entries and rows this database has read so far from the workflow tables (this
+    session's statistics flushed first)."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(
+        await conn.fetchval(
+            """
+            SELECT (SELECT sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))
+                    FROM pg_stat_user_tables WHERE schemaname = 'aioq')
+                 + (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE schemaname = 'aioq')
+            """
+        )
+    )
+
+
+async def test_the_workflows_list_counts_a_huge_run_within_a_bound(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The list counts each status of a run up to a bound ("1000+"), reading a bounded range
+    of an index per status, however many steps the run has; the run's page counts them all."""
+
+    @registry.task(name="app.step")
+    async def step(n: int) -> None: ...
+
+    n = 20_000
+    flow = aioq.group(*(step.call(n=i) for i in range(n)), then=step.call(n=-1), name="huge")
+    run = await flow.defer(conn)
+    small = await aioq.chain(step.call(n=1), step.call(n=2), name="small").defer(conn)
+    # 12 000 steps succeeded (their job rows gone), 3 000 dead, the rest pending.
+    ids = sorted(run.jobs.values())[:n]
+    await conn.execute(
+        "UPDATE aioq.workflow_steps SET succeeded_at = now() WHERE job_id = ANY($1)", ids[:12_000]
+    )
+    await conn.execute("DELETE FROM aioq.jobs WHERE id = ANY($1)", ids[:12_000])
+    await conn.execute(
+        "UPDATE aioq.jobs SET status = 'dead', run_at = now() WHERE id = ANY($1)",
+        ids[12_000:15_000],
+    )
+    bound = 1000
+    monkeypatch.setattr(importlib.import_module("aioq.workflow"), "LIST_COUNT_LIMIT", bound)
+    # The deleted rows' index entries go with the next vacuum (the worker's vacuumer, or
+    # autovacuum), as for every index of the jobs table; until then a scan steps over them.
+    await conn.execute("VACUUM (INDEX_CLEANUP ON) aioq.jobs")
+    await conn.execute("ALTER TABLE aioq.jobs SET (autovacuum_enabled = false)")
+    await conn.execute("ALTER TABLE aioq.workflow_steps SET (autovacuum_enabled = false)")
+    for analyzed in (False, True):  # a run inserted since the last ANALYZE, and after one
+        if analyzed:
+            await conn.execute("ANALYZE aioq.jobs; ANALYZE aioq.workflow_steps")
+        before = await _tuples_read(conn)
+        little, huge = await aioq.list_workflows(conn)  # newest first
+        read = await _tuples_read(conn) - before
+        # Six bounded index ranges per run (each its entries and rows), not 20 000 steps.
+        assert read <= 2 * 6 * (bound + 1) + 100, (analyzed, read)
+        assert huge.state == "running"
+        assert {c: huge.count_text(c) for c in huge.counts} == {
+            "waiting": "0",
+            "pending": "1000+",
+            "running": "0",
+            "succeeded": "1000+",
+            "dead": "1000+",
+            "cancelled": "1",  # the fan-in, cancelled as its dead dependencies died
+        }
+        assert little.counts == {
+            "waiting": 1, "pending": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0
+        }  # fmt: skip
+    info = await aioq.workflow(conn, run.id)  # the run's page counts every step
+    assert info is not None
+    assert info.counts["succeeded"] == 12_000
+    assert info.counts["pending"] == 5_000
+    with TestClient(aioq.web.app(dsn=dsn)) as client:
+        page = client.get("/workflows").text
+    assert re.search(rf'<tr data-run="{run.id}">.*?data-col="succeeded">1000\+</td>', page, re.S)
+    assert re.search(rf'<tr data-run="{small.id}">.*?data-col="waiting">1</td>', page, re.S)
+    listed = aioq_cli(dsn, "workflows", "list")  # its own process: the real bound, 10 000
+    assert listed.returncode == 0, listed.stderr
+    [row] = [line.split() for line in listed.stdout.splitlines() if " huge " in line]
+    assert row[-6:] == ["0", "5000", "0", "10000+", "3000", "1"], listed.stdout

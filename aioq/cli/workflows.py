@@ -35,7 +35,7 @@ def cmd_workflows_list(args: argparse.Namespace) -> int:
             print_json([dataclasses.asdict(r) | {"steps": sum(r.counts.values())} for r in runs])
             return EXIT_OK
         rows = [
-            (r.id, r.name, r.state, format_time(r.created_at), *(r.counts[c] for c in _COUNTS))
+            (r.id, r.name, r.state, format_time(r.created_at), *(r.count_text(c) for c in _COUNTS))
             for r in runs
         ]
         headers = ("ID", "NAME", "STATE", "CREATED_AT", *(c.upper() for c in _COUNTS))

@@ -667,26 +667,30 @@ CREATE TRIGGER jobs_workflow_step_changed
 -- migration 15's with that release, and its doorbell rung as aioq's statements ring it.
 ALTER TABLE {{schema}}.workflow_steps ADD COLUMN delay interval;
 
--- The workflows list counts a run's steps by status up to a bound (aioq.sql.workflows.
--- LIST_WORKFLOWS, through workflow_counts below): a run of 100 000 steps costs the page at most
--- bound + 1 index entries per status, never the whole run. Steps still in jobs by (run,
--- status); succeeded steps (their job row gone) by run. The jobs index replaces migration 15's
--- (workflow_id), which served the same lookups by run; plain jobs stay out of both.
+-- The workflows list (aioq.sql.workflows.LIST_WORKFLOWS) reads each run's succeeded steps from
+-- its row, kept by the statement that records their successes (one row update per run and
+-- batch of outcomes, after every other lock of that statement), and counts the steps still in
+-- jobs per status up to a bound (workflow_counts below): a run of 100 000 steps costs the page
+-- at most bound + 1 index entries per status, never the whole run. Runs deferred before this
+-- migration have their count filled in here. The jobs index replaces migration 15's
+-- (workflow_id), which served the same lookups by run; plain jobs stay out of it.
+ALTER TABLE {{schema}}.workflows ADD COLUMN succeeded integer NOT NULL DEFAULT 0;
+UPDATE {{schema}}.workflows AS w
+SET succeeded = (SELECT count(*) FROM {{schema}}.workflow_steps AS s
+                 WHERE s.workflow_id = w.id AND s.succeeded_at IS NOT NULL);
 DROP INDEX {{schema}}.jobs_workflow_idx;
 CREATE INDEX jobs_workflow_idx ON {{schema}}.jobs (workflow_id, status, id)
     WHERE workflow_id IS NOT NULL;
-CREATE INDEX workflow_steps_succeeded_idx ON {{schema}}.workflow_steps (workflow_id, job_id)
-    WHERE succeeded_at IS NOT NULL;
 
--- A run's steps per status, each counted up to bound + 1 along its index range, in order. The
--- function's planner settings make each count an index scan whatever the statistics say: a
--- run inserted since the last ANALYZE looks small, and the plan chosen for a small range (a
--- bitmap scan, which reads the whole range before the LIMIT, or a sequential scan) would read
--- every step of a run of 100 000.
+-- A run's steps still in jobs per status, each counted up to bound + 1 along its index range,
+-- in order. The function's planner settings make each count an index scan whatever the
+-- statistics say: a run inserted since the last ANALYZE looks small, and the plan chosen for a
+-- small range (a bitmap scan, which reads the whole range before the LIMIT, or a sequential
+-- scan) would read every step of a run of 100 000.
 CREATE FUNCTION {{schema}}.workflow_counts(
     run bigint, bound integer,
-    OUT waiting integer, OUT pending integer, OUT running integer, OUT succeeded integer,
-    OUT dead integer, OUT cancelled integer)
+    OUT waiting integer, OUT pending integer, OUT running integer, OUT dead integer,
+    OUT cancelled integer)
 LANGUAGE sql STABLE
 SET enable_bitmapscan = off
 SET enable_seqscan = off
@@ -701,10 +705,6 @@ SELECT
     (SELECT count(*) FROM (
         SELECT FROM {{schema}}.jobs AS j WHERE j.workflow_id = run AND j.status = 'running'
         ORDER BY j.id LIMIT bound + 1) AS c)::integer,
-    (SELECT count(*) FROM (
-        SELECT FROM {{schema}}.workflow_steps AS s
-        WHERE s.workflow_id = run AND s.succeeded_at IS NOT NULL
-        ORDER BY s.job_id LIMIT bound + 1) AS c)::integer,
     (SELECT count(*) FROM (
         SELECT FROM {{schema}}.jobs AS j WHERE j.workflow_id = run AND j.status = 'dead'
         ORDER BY j.id LIMIT bound + 1) AS c)::integer,

@@ -278,26 +278,30 @@ class WorkflowInfo:
     created_at: datetime
     counts: dict[str, int]  # steps by status
     steps: list[WorkflowStep] = field(default_factory=list)
-    # list_workflows counts each status up to this (a count above it means "more"); None: exact.
+    # list_workflows counts the steps still in the jobs table (every status but succeeded, which
+    # is exact) up to this: a count above it means "more". None: every count is exact.
     count_limit: int | None = None
 
     def count_text(self, status: str) -> str:
         """A status's count as shown: ``10000+`` past what was counted."""
         n = self.counts[status]
         limit = self.count_limit
-        return f"{limit}+" if limit is not None and n > limit else str(n)
+        if limit is None or status == "succeeded" or n <= limit:  # succeeded: always exact
+            return str(n)
+        return f"{limit}+"
 
 
 LIST_COUNT_LIMIT = 10_000
-"""The most steps per status that :func:`list_workflows` counts in a run (then "10000+"): a
-list of huge runs stays cheap; :func:`workflow` counts them all."""
+"""The most steps per status that :func:`list_workflows` counts in a run (then "10000+"), but
+succeeded ones (the run keeps their count): a list of huge runs stays cheap; :func:`workflow`
+counts them all."""
 
 
 def _state(row: sql.WorkflowRow, limit: int | None = None) -> str:
     if row.waiting or row.pending or row.running:
         return "running"
-    counts = (row.succeeded, row.dead, row.cancelled)
-    exact = limit is None or max(counts) <= limit
+    in_jobs = (row.waiting, row.pending, row.running, row.dead, row.cancelled)
+    exact = limit is None or max(in_jobs) <= limit
     if row.dead or (exact and row.succeeded + row.cancelled < row.steps):
         # A step ended dead or cancelled and its job was deleted since (`aioq jobs purge`,
         # dead_retention, delete_jobs): counted nowhere, and the run did not succeed. (Past
@@ -352,8 +356,9 @@ async def list_workflows(
 ) -> list[WorkflowInfo]:
     """Return the newest runs first (without their steps), optionally of one name.
 
-    Each run's steps are counted per status up to :data:`LIST_COUNT_LIMIT` (``count_limit``;
-    a count above it means more), so the list stays cheap however large the runs."""
+    Each run's steps still in the jobs table are counted per status up to
+    :data:`LIST_COUNT_LIMIT` (``count_limit``; a count above it means more), and its succeeded
+    steps exactly, so the list stays cheap however large the runs."""
     db = await executor(conn)
     bound = LIST_COUNT_LIMIT
     return [

@@ -172,7 +172,7 @@ recorded AS (
     SET succeeded_at = clock_timestamp(), result = coalesce(r.result, 'null')::jsonb
     FROM (SELECT m.id, m.result FROM done JOIN mine AS m ON m.id = done.id) AS r
     WHERE w.job_id = ANY(ARRAY(SELECT id FROM done)) AND w.job_id = r.id
-    RETURNING w.job_id
+    RETURNING w.job_id, w.workflow_id
 ),
 counted AS (
     SELECT d.job_id, count(*)::integer AS n
@@ -201,6 +201,21 @@ released AS (
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM decremented WHERE remaining <= 0))
       AND j.id = d.job_id AND j.status = 'waiting'
     RETURNING j.queue, j.run_at
+),
+-- Each run's count of succeeded steps (what the workflows list shows), one row per run and
+-- batch. Read by nothing, this runs after the rest of the statement: its run rows are the last
+-- locks it takes, in id order, and nothing else locks a run row but the pruner (SKIP LOCKED).
+runs AS (
+    SELECT w.id, c.n FROM {s}.workflows AS w
+    JOIN (SELECT workflow_id, count(*)::integer AS n FROM recorded GROUP BY workflow_id) AS c
+         ON c.workflow_id = w.id
+    ORDER BY w.id
+    FOR UPDATE OF w
+),
+progressed AS (
+    UPDATE {s}.workflows AS w SET succeeded = w.succeeded + r.n
+    FROM runs AS r
+    WHERE w.id = r.id
 ),""",
         "\n  AND (SELECT count(*) FROM recorded) >= 0",
         "SELECT queue FROM released WHERE run_at <= now()",

@@ -133,10 +133,10 @@ LEFT JOIN {s}.jobs AS j ON j.id = s.job_id
 GET_WORKFLOW = Statement(_COUNTS + "WHERE w.id = $1\nGROUP BY w.id\n", columns(WorkflowRow))
 
 
-# The newest runs first; $1 how many, $2 a name (NULL: any), $3 the bound: each status is
-# counted up to $3 + 1 (more than $3: "$3+") by the schema's workflow_counts(), which reads
-# one bounded index range per status, so a page of runs of 100 000 steps never reads every
-# step.
+# The newest runs first; $1 how many, $2 a name (NULL: any), $3 the bound. Succeeded steps are
+# the run's own count (kept by WRITE_STEP_OUTCOMES); the steps still in jobs are counted per
+# status up to $3 + 1 (more than $3: "$3+") by the schema's workflow_counts(), one bounded
+# index range per status, so a page of runs of 100 000 steps never reads every step.
 LIST_WORKFLOWS = Statement(
     """
 WITH newest AS (
@@ -144,7 +144,7 @@ WITH newest AS (
     WHERE ($2::text IS NULL OR name = $2)
     ORDER BY id DESC LIMIT $1
 )
-SELECT w.id, w.name, w.created_at, w.steps, c.waiting, c.pending, c.running, c.succeeded,
+SELECT w.id, w.name, w.created_at, w.steps, c.waiting, c.pending, c.running, w.succeeded,
        c.dead, c.cancelled
 FROM newest
 JOIN {s}.workflows AS w USING (id)

@@ -226,6 +226,12 @@ def check_runs(sql: Sql, run_ids: list[int]) -> dict[str, int]:
         run_ids,
     )
     assert unrecorded == 0
+    miscounted = sql.fetch(  # each run's own count of its successes (the workflows list's)
+        "SELECT w.id, w.succeeded, w.steps FROM aioq.workflows AS w"
+        " WHERE w.id = ANY($1) AND w.succeeded <> w.steps LIMIT 10",
+        run_ids,
+    )
+    assert not miscounted, f"runs whose succeeded count is off: {[dict(r) for r in miscounted]}"
     never = sql.value(
         "SELECT count(*) FROM aioq.workflow_steps AS s WHERE s.workflow_id = ANY($1)"
         " AND NOT EXISTS (SELECT FROM wf_runs AS r WHERE r.job_id = s.job_id)",

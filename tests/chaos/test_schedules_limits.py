@@ -123,7 +123,9 @@ def test_sigkill_under_max_running_rescues_and_holds_the_limit(
     while archived(sql) < len(jobs):
         assert time.monotonic() < deadline, "the queue did not drain"
         samples.append(sql.value(count))
-        if not faults and archived(sql) >= 10:
+        # Until a kill caught a job in flight: the victim may end its job between the look
+        # and the kill (jobs last 0.3 s at most), and that kill proves nothing.
+        if not any(f.in_flight for f in faults) and archived(sql) >= 10:
             holders = [p for p in fleet.children() if running_ids(sql, p)]
             if holders:
                 victim = holders[0]
@@ -131,11 +133,10 @@ def test_sigkill_under_max_running_rescues_and_holds_the_limit(
                 os.kill(victim, signal.SIGKILL)
                 wait_for(lambda v=victim: backends_of(sql, v) == 0, f"pid {victim} gone", 60)
                 faults.append(Fault(at, at, running_ids(sql, victim), note=f"SIGKILL {victim}"))
-                log(f"killed {victim} holding {sorted(faults[0].in_flight)}")
+                log(f"killed {victim} holding {sorted(faults[-1].in_flight)}")
         time.sleep(0.02)
     wall = time.monotonic() - started
-    assert faults, "no worker held a job when we looked: add jobs"
-    assert faults[0].in_flight
+    assert any(f.in_flight for f in faults), "no kill caught a job in flight: add jobs"
     assert max(samples) <= MAX_RUNNING, max(samples)
     assert max(samples) == MAX_RUNNING  # the limit was reached, not just respected
     assert fleet.stop() == 0

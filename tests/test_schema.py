@@ -16,7 +16,9 @@ import statements
 import aioq
 from aioq.migrate import migrations
 from aioq.sql import Statement, channel_name
+from aioq.sql.control import CANCEL_REQUESTED
 from aioq.sql.jobs import CLAIM_ONE_QUEUE, CLAIM_QUEUES
+from aioq.sql.outcomes import COMPLETE, HEARTBEAT, WRITE_OUTCOMES
 
 pytestmark = pytest.mark.anyio
 
@@ -215,6 +217,67 @@ async def test_claim_plan_uses_the_partial_index(
     claim_scans = [n for n in nodes if n.get("Index Name") == "jobs_claim_idx"]
     assert all(n["Actual Rows"] <= 10 for n in claim_scans), claim_scans
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE status = 'running'") == 0
+
+
+# The fenced writes (and the cancel watch's read) take ids and claim numbers as arrays. Each
+# must look its rows up by primary key, whatever the statistics say: analysed while nothing ran
+# (a quiet queue before a burst), a generic plan once walked every running row and rescanned
+# the arrays for each, a second per batch of 1 000 with 3 000 running.
+@pytest.mark.parametrize(
+    ("statement", "types", "extra"),
+    [
+        (COMPLETE, "", ""),
+        (HEARTBEAT, "", ""),
+        (CANCEL_REQUESTED, "", ""),
+        (
+            WRITE_OUTCOMES,
+            ", text[], float8[], text[], text[], float8[], boolean, text",
+            ", array_fill('released'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]),"
+            " array_fill(NULL::text, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]),"
+            " array_fill(NULL::float8, ARRAY[1000]), false, 'results'",
+        ),
+    ],
+    ids=["complete", "heartbeat", "cancel requested", "write outcomes"],
+)
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+async def test_fenced_statements_look_rows_up_by_id(
+    conn: asyncpg.Connection,
+    statement: Statement[Any],
+    types: str,
+    extra: str,
+    plan_cache_mode: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO aioq.jobs (task, args) SELECT 'work', '{}' FROM generate_series(1, 20000)"
+    )
+    await conn.execute("VACUUM ANALYZE aioq.jobs")  # nothing runs
+    await conn.execute(
+        "UPDATE aioq.jobs SET status = 'running', locked_by = 'w1', claims = 1, attempts = 1,"
+        " lease_expires_at = now() + interval '30 s' WHERE id <= 3000"
+    )
+    held = "'{" + ",".join(str(i) for i in range(3000, 2000, -1)) + "}'::bigint[]"
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await conn.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
+        await conn.execute(
+            f"PREPARE fenced(bigint[], integer[], text{types}) AS {statement.text('aioq')}"
+        )
+        explained = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE fenced("
+            f"{held}, array_fill(1, ARRAY[1000]), 'w1'{extra})"
+        )
+    finally:
+        await tx.rollback()
+    [root] = orjson.loads(explained)
+    nodes = list(plan_nodes(root["Plan"]))
+    scans = [n for n in nodes if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]]
+    assert scans, nodes
+    for scan in scans:  # one probe of the primary key per id, never a walk of the running rows
+        assert scan.get("Index Name") == "jobs_pkey", scan
+        assert scan["Actual Rows"] * scan["Actual Loops"] <= 1000, scan
+    rescanned = [n for n in nodes if n["Node Type"] == "Function Scan" and n["Actual Loops"] > 1]
+    assert not rescanned, rescanned
 
 
 async def test_a_claim_across_queues_takes_priority_then_fifo(conn: asyncpg.Connection) -> None:

@@ -85,8 +85,12 @@ ORDER BY w.id
 # no row lock, so it never waits on (or for) the fenced writes.
 CANCEL_REQUESTED = Statement(
     f"""
-SELECT j.id FROM {{s}}.jobs AS j
-JOIN unnest($1::bigint[], $2::integer[]) AS f(id, claim) ON j.id = f.id
+SELECT j.id FROM unnest($1::bigint[], $2::integer[]) AS f(id, claim)
+CROSS JOIN LATERAL (  -- by primary key, whatever the statistics say (outcomes.fenced)
+    SELECT j.id, j.claims, j.locked_by, j.status, j.cancel_requested_at FROM {{s}}.jobs AS j
+    WHERE j.id = f.id
+    OFFSET 0
+) AS j
 WHERE {FENCE} AND j.cancel_requested_at IS NOT NULL
 """,
     integer,

@@ -8,12 +8,15 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from aioq.job import Claim
+from aioq.job import Claim, OutcomeKind
 from aioq.worker.claims import Claims
+from aioq.worker.completer import Completer, Outcome
 from aioq.worker.notifier import Armed
-from aioq.worker.producer import Doorbell, Handoff, Producer, Slots
+from aioq.worker.producer import ClaimAhead, Doorbell, Handoff, Producer, Slots
 
 pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30.0
 
 
 def claim(job_id: int) -> Claim:
@@ -181,3 +184,77 @@ async def test_a_worker_that_arms_looks_again_before_sleeping(armed_now: bool) -
     else:
         # Armed all along (every insert since rang): it sleeps until a ring or a poll.
         assert claimer.claims == 1
+
+
+class Ahead(ClaimAhead):
+    """The auto claim-ahead (it gives back what lingers) with a pace that claims 2 ahead."""
+
+    def size(self, given: int, now: float) -> int:
+        return 2
+
+
+async def test_claimed_ahead_jobs_stay_while_consumers_wait_for_the_completer() -> None:
+    """Give-backs are for claims stuck behind long jobs, not behind a database that is behind.
+
+    Two consumers ran their jobs and wait for the completer's room: they take the claims
+    waiting as soon as the batch being written is in, so none goes back however long the
+    write takes. Once both consumers run jobs that outlast the linger, the claims behind them
+    do go back (the prefetch trap).
+    """
+    claims = Claims()
+    completer = Completer(
+        schema="aioq",
+        db=None,  # type: ignore[arg-type]  # never writes: the test plays the database
+        worker_id="w",
+        claims=claims,
+        keep_completed=False,
+        batch_size=2,
+        max_pending=1,
+    )
+    claimer = FakeClaimer()
+    claimer.ready = [claim(i) for i in range(1, 7)]
+    slots = Slots(2)
+    p = Producer(
+        claimer=claimer,  # type: ignore[arg-type]
+        claims=claims,
+        slots=slots,
+        doorbell=Doorbell(),
+        stopping=anyio.Event(),
+        poll_interval=60.0,
+        batch_size=10,
+        ahead=Ahead(fixed=None, limit=2),
+        completer=completer,
+    )
+    taken: list[int] = []
+
+    async def consumer() -> None:  # one run: take a claim, finish it, wait for room, take one
+        first = await p.handoff.get()
+        assert first is not None
+        completer.put(Outcome(first, OutcomeKind.COMPLETE))
+        slots.give()
+        await completer.wait_room()
+        second = await p.handoff.get()
+        assert second is not None
+        taken.append(second.id)
+
+    with anyio.fail_after(HANG_GUARD):
+        assert await p.run_once() == (4, 4)  # 2 for the consumers, 2 ahead
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer)
+            tg.start_soon(consumer)
+            await anyio.wait_all_tasks_blocked()  # both finished job 1 or 2, wait for room
+            assert await p.run_once() == (2, 2)  # the freed slots: jobs 5 and 6
+            assert p.handoff.waiting == 4
+            for _ in range(3):  # the write takes three lingers
+                await p._wait_free()
+                assert not [o for o in completer.pending if o.kind is OutcomeKind.RELEASE]
+                assert p.handoff.waiting == 4
+            completer.pending.clear()  # the batch is written: room again
+            completer._room.set()
+        assert sorted(taken) == [3, 4]
+        # Both consumers run jobs 3 and 4 now, and no slot frees within the linger: 5 and 6
+        # wait behind long jobs and go back.
+        await p._wait_free()
+        released = [o.claim.id for o in completer.pending if o.kind is OutcomeKind.RELEASE]
+        assert sorted(released) == [5, 6]
+        assert p.handoff.waiting == 0

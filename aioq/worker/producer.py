@@ -383,17 +383,30 @@ class Producer(Service[tuple[int, int]]):
             return
         with anyio.move_on_after(linger) as waited:
             await self.slots.wait_free()
-        if waited.cancelled_caught and not self.stopping.is_set():
-            await self._give_back(self.completer)
+        if waited.cancelled_caught and not self.stopping.is_set() and self._all_running():
+            self._give_back(self.completer)
 
-    async def _give_back(self, completer: Completer) -> None:
+    def _all_running(self) -> bool:
+        """Whether every consumer runs a job now: only then can claimed-ahead jobs be stuck
+        behind long ones.
+
+        A consumer that ran its job and waits for the completer's room (the database is
+        behind) is free: it takes the next claim as soon as the batch being written is in.
+        Giving claims back then only adds releases to what the database must write, and
+        claims them again: at concurrency 1 000, with the completer slowed down, a drain gave
+        back 1 000 jobs at a time and claimed each job two or three times. The linger starts
+        again instead.
+        """
+        return self.slots.busy - self.handoff.waiting >= self.slots.size
+
+    def _give_back(self, completer: Completer) -> None:
         """Release the claims no consumer has taken (fenced, attempt refunded)."""
         claims = self.handoff.take()
         for claim in claims:
             completer.put(Outcome(claim, OutcomeKind.RELEASE))
             self.slots.give()
-        self.ahead.gave_back(self.slots.given, time.monotonic())
         if claims:
+            self.ahead.gave_back(self.slots.given, time.monotonic())
             logger.debug(
                 "gave back %d jobs claimed ahead: no consumer freed up in %.3fs",
                 len(claims),

@@ -5,7 +5,8 @@ given back when they would wait behind long jobs."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import anyio
 import asyncpg
@@ -13,8 +14,10 @@ import pytest
 from waits import until_sql
 
 import aioq
+from aioq import hooks
 from aioq.cli.worker import add_worker_flags
 from aioq.errors import ConfigError
+from aioq.job import Claim
 from aioq.worker.producer import LINGER_FLOOR, RATE_WINDOW, ClaimAhead
 
 pytestmark = pytest.mark.anyio
@@ -177,3 +180,53 @@ def test_the_cli_takes_auto_or_a_count(given: list[str], prefetch: object) -> No
     for bad in ("-1", "fast"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--prefetch", bad])
+
+
+class Counted(hooks.Observer):
+    """Counts the claim statements and the jobs each kind of outcome settled."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+        self.outcomes: Counter[str] = Counter()
+
+    def claimed(self, worker_id: str, claims: Sequence[Claim], start_ns: int, end_ns: int) -> None:
+        self.claims += 1
+
+    def settled(
+        self,
+        worker_id: str,
+        outcome: str,
+        settled: Sequence[tuple[Claim, str | None]],
+        start_ns: int,
+        end_ns: int,
+    ) -> None:
+        self.outcomes[outcome] += len(settled)
+
+
+async def test_a_steady_drain_at_high_concurrency_gives_nothing_back(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """Tasks that wait on I/O at concurrency 1 000, the table analysed while nothing ran: every
+    job is claimed once, none is given back.
+
+    With statistics that saw no running row, the fenced writes once took a second per batch;
+    the consumers waited for the completer's room, no slot freed within the linger, and the
+    claims ahead went back 1 000 at a time, to be claimed again.
+    """
+
+    @registry.task
+    async def io(i: int) -> None:
+        await anyio.sleep(0.05)
+
+    jobs = 20_000
+    await io.defer_many(conn, [{"i": i} for i in range(jobs)])
+    await conn.execute("VACUUM ANALYZE aioq.jobs")
+    counted = Counted()
+    hooks.install(counted)
+    try:
+        with anyio.fail_after(HANG_GUARD * 4):
+            await make_worker(concurrency=1000).run_until_idle()
+    finally:
+        hooks.uninstall(counted)
+    assert counted.outcomes == {"succeeded": jobs}
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0

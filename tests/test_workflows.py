@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -25,6 +26,29 @@ from aioq.sql import workflows as wsql
 from aioq.worker.maintenance import Pruner
 
 pytestmark = pytest.mark.anyio
+
+
+@contextlib.asynccontextmanager
+async def three_workers(
+    make_worker: Callable[..., aioq.Worker], **options: Any
+) -> AsyncIterator[anyio.CancelScope]:
+    """Three workers running in this process while the block runs. The first runs inside the
+    scope yielded: its cancel() is a hard cancel of that worker mid-flight, claims and all. The
+    other two are stopped when the block ends."""
+    workers = [make_worker(**options) for _ in range(3)]
+    doomed = anyio.CancelScope()
+
+    async def hard_cancelled() -> None:
+        with doomed:
+            await workers[0].run()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hard_cancelled)
+        for worker in workers[1:]:
+            tg.start_soon(worker.run)
+        yield doomed
+        for worker in workers[1:]:
+            worker.stop()
 
 
 async def statuses(conn: asyncpg.Connection, run_id: int) -> dict[str, str]:
@@ -796,18 +820,8 @@ async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_t
     lease = "UPDATE aioq.jobs SET lease_expires_at = now() + $2::text::interval WHERE id = $1"
     await conn.execute(lease, lost.id, "1 hour")  # until the test says it expired
     options = {"concurrency": 2, "heartbeat_interval": 0.2, "reaper_interval": 0.2}
-    workers = [make_worker(**options) for _ in range(3)]
-    doomed = anyio.CancelScope()
-
-    async def hard_cancelled(worker: aioq.Worker) -> None:
-        with doomed:
-            await worker.run()
-
     with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(hard_cancelled, workers[0])
-            for worker in workers[1:]:
-                tg.start_soon(worker.run)
+        async with three_workers(make_worker, **options) as doomed:
             await eventually(lambda: len(running) == 6, "six steps running on three workers")
             states = await aioq.cancel_workflow(conn, run.id)
             doomed.cancel()  # one worker is cut off mid-flight, its claims released
@@ -819,8 +833,6 @@ async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_t
                 "SELECT NOT EXISTS (SELECT FROM aioq.jobs"
                 " WHERE status IN ('waiting', 'pending', 'running'))",
             )
-            for worker in workers[1:]:
-                worker.stop()
     reason = f"cancelled: workflow run {run.id} cancelled"
     info = await aioq.workflow(conn, run.id)
     assert info is not None
@@ -872,22 +884,13 @@ async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_wor
     flow.add(notify.call(), after=parts[1:3], name="unrelated")  # not blocked by part 0
     run = await flow.defer(conn)
     options = {"concurrency": 3, "heartbeat_interval": 0.2, "reaper_interval": 0.2}
-    workers = [make_worker(**options) for _ in range(3)]
-    doomed = anyio.CancelScope()
-
-    async def hard_cancelled(worker: aioq.Worker) -> None:
-        with doomed:
-            await worker.run()
 
     async def succeeded() -> bool:
         info = await aioq.workflow(conn, run.id)
         return info is not None and info.state == "succeeded"
 
     with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(hard_cancelled, workers[0])
-            for worker in workers[1:]:
-                tg.start_soon(worker.run)
+        async with three_workers(make_worker, **options) as doomed:
             await until_sql(
                 conn,
                 "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1",
@@ -899,8 +902,6 @@ async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_wor
             assert replay.retried == [run.jobs["part"]]
             assert replay.revived == {run.jobs["merge"]: "merge", run.jobs["notify"]: "notify"}
             await eventually(succeeded, "the run to resume and succeed")
-            for worker in workers[1:]:
-                worker.stop()
     assert merged == [40]
     assert notified.count("sent") == 2  # notify and unrelated, once each
 
@@ -992,18 +993,8 @@ async def test_a_delayed_fan_in_waits_its_delay_after_the_last_parent_across_wor
         "UPDATE aioq.jobs SET run_at = now() - interval '1 day' WHERE id = $1", run.jobs["join"]
     )
     options = {"concurrency": 4, "heartbeat_interval": 0.2, "reaper_interval": 0.2}
-    workers = [make_worker(**options) for _ in range(3)]
-    doomed = anyio.CancelScope()
-
-    async def hard_cancelled(worker: aioq.Worker) -> None:
-        with doomed:
-            await worker.run()
-
     with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(hard_cancelled, workers[0])
-            for worker in workers[1:]:
-                tg.start_soon(worker.run)
+        async with three_workers(make_worker, **options) as doomed:
             await until_sql(
                 conn,
                 "SELECT count(*) >= 20 FROM aioq.workflow_steps"
@@ -1014,8 +1005,6 @@ async def test_a_delayed_fan_in_waits_its_delay_after_the_last_parent_across_wor
             await until_sql(
                 conn, "SELECT EXISTS (SELECT FROM aioq.results WHERE id = $1)", run.jobs["join"]
             )
-            for worker in workers[1:]:
-                worker.stop()
     assert joined == [60]
     [listed] = await aioq.list_workflows(conn)  # counted once each, hard cancel and all
     assert (listed.state, listed.counts["succeeded"]) == ("succeeded", 61)

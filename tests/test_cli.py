@@ -184,7 +184,7 @@ def test_retry_cancel_purge(dsn: str) -> None:
     assert table.stdout.splitlines()[1].split()[3:] == ["dead", "5/5", *table.stdout.splitlines()[1].split()[5:7], "boom"]  # fmt: skip
 
     retried = aioq_cli(dsn, "jobs", "retry", str(ids[0]))
-    assert (retried.returncode, retried.stdout.strip()) == (0, f"retried 1 jobs: {ids[0]}")
+    assert (retried.returncode, retried.stdout.strip()) == (0, f"retried 1 job: {ids[0]}")
     again = aioq_cli(dsn, "jobs", "retry", str(ids[0]), "--json")
     assert again.returncode == 1
     assert json.loads(again.stdout) == {"retried": [], "missing": [ids[0]]}
@@ -194,7 +194,7 @@ def test_retry_cancel_purge(dsn: str) -> None:
 
     cancelled = aioq_cli(dsn, "jobs", "cancel", str(ids[3]), str(ids[2]))
     assert cancelled.returncode == 1  # ids[2] is dead, not pending
-    assert f"cancelled 1 jobs: {ids[3]}" in cancelled.stdout
+    assert f"cancelled 1 job: {ids[3]}" in cancelled.stdout
     assert f"already dead (not cancelled): {ids[2]}" in cancelled.stdout
     ok = aioq_cli(dsn, "jobs", "cancel", str(ids[0]), "999999", "--json")
     assert (ok.returncode, json.loads(ok.stdout)) == (
@@ -202,7 +202,7 @@ def test_retry_cancel_purge(dsn: str) -> None:
         {"cancelled": [ids[0]], "cancelling": [], "finished": [], "dead": [], "missing": [999999]},
     )
     again = aioq_cli(dsn, "jobs", "cancel", str(ids[0]))  # idempotent
-    assert (again.returncode, again.stdout.strip()) == (0, f"cancelled 1 jobs: {ids[0]}")
+    assert (again.returncode, again.stdout.strip()) == (0, f"cancelled 1 job: {ids[0]}")
     listed = aioq_cli(dsn, "jobs", "list", "--status", "cancelled", "--json")
     assert sorted(j["id"] for j in json.loads(listed.stdout)) == [ids[0], ids[3]]
 

@@ -468,8 +468,8 @@ async def test_cli_shortens_a_fan_in_and_says_which_step_to_replay(
     retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["part"]))
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout == (
-        f"retried 1 jobs: {run.jobs['part']}\n"
-        f"revived 1 dependent steps, waiting again: {run.jobs['merge']} (merge)\n"
+        f"retried 1 job: {run.jobs['part']}\n"
+        f"revived 1 dependent step, waiting again: {run.jobs['merge']} (merge)\n"
     )
     assert (await statuses(conn, run.id))["merge"] == "waiting"
     await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", run.jobs["part"])

@@ -18,6 +18,7 @@ from aioq.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     UsageError,
+    counted,
     format_ints,
     format_size,
     format_time,
@@ -310,8 +311,8 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
 
 
 _CANCEL_LINES = {
-    "cancelled": "cancelled {n} jobs",
-    "cancelling": "cancelling {n} running jobs (their workers stop them)",
+    "cancelled": "cancelled {n}",
+    "cancelling": "cancelling {n} (their workers stop them)",
     "finished": "already finished (kept their outcome)",
     "dead": "already dead (not cancelled)",
     "missing": "not found",
@@ -332,7 +333,8 @@ def cmd_jobs_cancel(args: argparse.Namespace) -> int:
             for state, line in _CANCEL_LINES.items():
                 ids = by_state[state]
                 if ids or state == "cancelled":
-                    head = line.format(n=len(ids))
+                    noun = "running job" if state == "cancelling" else "job"
+                    head = line.format(n=counted(len(ids), noun))
                     print(f"{head}: {format_ints(ids)}" if ids else head)
         ended = by_state["finished"] or by_state["dead"] or by_state["missing"]
         return EXIT_FAILED if ended else EXIT_OK
@@ -363,10 +365,10 @@ def _report(
             out["revived"] = {str(job_id): name for job_id, name in revived.items()}
         print_json(out)
     else:
-        print(f"{verb} {len(done)} jobs" + (f": {format_ints(done)}" if done else ""))
+        print(f"{verb} {counted(len(done), 'job')}" + (f": {format_ints(done)}" if done else ""))
         if revived:
             steps = ", ".join(f"{job_id} ({name})" for job_id, name in revived.items())
-            print(f"revived {len(revived)} dependent steps, waiting again: {steps}")
+            print(f"revived {counted(len(revived), 'dependent step')}, waiting again: {steps}")
         for job_id, why in skipped.items():
             print(f"skipped job {job_id}: {why}")
         if missing:

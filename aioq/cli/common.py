@@ -264,3 +264,8 @@ def format_size(n: int) -> str:
 
 def format_ints(values: Sequence[int]) -> str:
     return " ".join(str(v) for v in values)
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``: a count and its noun (plural by an s)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

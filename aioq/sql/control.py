@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aioq.sql import Statement, columns, integer
-from aioq.sql.outcomes import FENCE
+from aioq.sql.outcomes import FENCE, by_id
 
 __all__ = (
     "CANCEL_JOBS",
@@ -86,11 +86,7 @@ ORDER BY w.id
 CANCEL_REQUESTED = Statement(
     f"""
 SELECT j.id FROM unnest($1::bigint[], $2::integer[]) AS f(id, claim)
-CROSS JOIN LATERAL (  -- by primary key, whatever the statistics say (outcomes.fenced)
-    SELECT j.id, j.claims, j.locked_by, j.status, j.cancel_requested_at FROM {{s}}.jobs AS j
-    WHERE j.id = f.id
-    OFFSET 0
-) AS j
+{by_id(", j.cancel_requested_at")}
 WHERE {FENCE} AND j.cancel_requested_at IS NOT NULL
 """,
     integer,

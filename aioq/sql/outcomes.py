@@ -31,6 +31,7 @@ __all__ = (
     "WRITE_OUTCOMES",
     "WRITE_STEP_OUTCOMES",
     "Rescued",
+    "by_id",
     "claim_key",
     "fenced",
 )
@@ -39,26 +40,33 @@ FENCE = "j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'"
 """The fence: row ``j`` is still held by the claim ``f.claim`` of worker ``$3``."""
 
 
+def by_id(extra_columns: str = "", lock: str = "") -> str:
+    """Row ``j`` of each ``f.id``, looked up by its primary key whatever the statistics say,
+    with the columns the fence tests (and more); ``lock`` a locking clause (``FOR UPDATE``)
+    taken as each row is found. A join left to the planner walked the running rows and
+    rescanned the id arrays for each when the last ANALYZE saw none running (a quiet queue
+    before a burst): time in running rows x batch, a second per batch at concurrency 1 000
+    (docs/architecture.md, "The fence")."""
+    locking = f"\n    {lock}" if lock else ""
+    return f"""CROSS JOIN LATERAL (
+    SELECT j.id, j.claims, j.locked_by, j.status{extra_columns} FROM {{s}}.jobs AS j
+    WHERE j.id = f.id
+    OFFSET 0  -- keeps the fence's status test out: it would pick the running rows' index{locking}
+) AS j"""
+
+
 def fenced(extra_columns: str = "", extra_arrays: str = "", extra_names: str = "") -> str:
     """The ``mine`` CTE: the rows of ``$1``/``$2`` (ids, claim numbers) still held under the
     fence, locked in id order, with per-job values from more arrays beside them.
 
-    Each row is looked up by its primary key from the ids, in id order (a lateral lookup,
-    locked as it is found), whatever the statistics say. A join left to the planner walked
-    the running rows and rescanned the arrays for each when the last ANALYZE saw none
-    running (a quiet queue before a burst): time in running rows x batch, a second per
-    batch at concurrency 1 000 (docs/architecture.md, "The fence").
+    Each row is looked up by its primary key (:func:`by_id`), in id order, locked as it is
+    found.
     """
     return f"""mine AS (
     SELECT j.id{extra_columns}
     FROM (SELECT * FROM unnest($1::bigint[], $2::integer[]{extra_arrays})
           AS u(id, claim{extra_names}) ORDER BY id) AS f
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.claims, j.locked_by, j.status FROM {{s}}.jobs AS j
-        WHERE j.id = f.id
-        OFFSET 0  -- keeps the fence's status test out: it would pick the running rows' index
-        FOR UPDATE
-    ) AS j
+    {by_id(lock="FOR UPDATE")}
     WHERE {FENCE}
 )"""
 

@@ -35,6 +35,18 @@ async def expire(conn: asyncpg.Connection, job_id: int) -> None:
     )
 
 
+async def rescued_and_claimed(conn: asyncpg.Connection, job_id: int, worker_id: str) -> Claim:
+    """The job's lease lapses, a reaper takes it back (pending again), and ``worker_id``
+    claims it anew; return that claim."""
+    await expire(conn, job_id)
+    assert await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once() == [
+        Rescued(job_id, "pending")
+    ]
+    [claim] = await statements.claim(conn, ["default"], 10, worker_id)
+    assert claim.id == job_id
+    return claim
+
+
 def held(*claims: Claim) -> Claims:
     """Claims tracking these claims, as a worker's producer would."""
     tracked = Claims()
@@ -63,11 +75,7 @@ async def test_stale_worker_is_fenced_after_rescue(
 
     job_id = await work.defer(conn)
     [claim_a] = await statements.claim(conn, ["default"], 10, "worker-a")
-    await expire(conn, job_id)
-    assert await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once() == [
-        Rescued(job_id, "pending")
-    ]
-    [claim_b] = await statements.claim(conn, ["default"], 10, "worker-b")
+    claim_b = await rescued_and_claimed(conn, job_id, "worker-b")
     assert claim_b.attempt == claim_a.attempt + 1
     assert claim_b.number == claim_a.number + 1
 
@@ -488,11 +496,7 @@ async def test_a_lost_claim_is_not_kept_alive_by_a_newer_claim_of_the_same_job(
 
     job_id = await work.defer(conn)
     [old] = await statements.claim(conn, ["default"], 10, "me")
-    await expire(conn, job_id)
-    assert await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once() == [
-        Rescued(job_id, "pending")
-    ]
-    [new] = await statements.claim(conn, ["default"], 10, "me")
+    new = await rescued_and_claimed(conn, job_id, "me")
     assert (new.id, new.number) == (job_id, old.number + 1)
     tracked = held(old)
     tracked.add([new])
@@ -561,10 +565,7 @@ async def test_a_job_claimed_again_waits_for_its_lost_run_on_the_same_worker(
             await anyio.to_thread.run_sync(first_started.wait, HANG_GUARD)
             try:
                 # Its lease lapses (no heartbeat here), another worker's reaper takes it back.
-                await expire(conn, job_id)
-                await Reaper(schema="aioq", db=conn, interval=1, batch_size=10).run_once()
-                [new] = await statements.claim(conn, ["default"], 10, "me")
-                assert new.id == job_id
+                new = await rescued_and_claimed(conn, job_id, "me")
                 claims.add([new])
                 tg.start_soon(consumer.handle, new)
                 # While the lost run's thread goes on, the new claim is not started.

@@ -293,6 +293,35 @@ def start(
     return Started(sql, seed, rng, run_ids, fleet, started)
 
 
+def report_and_stop(
+    name: str,
+    fleet: WorkerProcess,
+    *,
+    jobs: int,
+    duplicates: int,
+    kills: list[float],
+    started: float,
+    notes: dict[str, object],
+) -> None:
+    """Print the scenario's result line, stop the fleet, and check that no statement of a
+    worker deadlocked (the fan-in's locks are taken in one order)."""
+    Result(
+        name,
+        jobs=jobs,
+        processes=PROCESSES,
+        concurrency=CONCURRENCY,
+        faults=len(kills),
+        lost=0,
+        duplicates=duplicates,
+        duplicate_bound=-1,
+        recover_s=[],
+        wall_s=time.monotonic() - started,
+        notes=notes,
+    ).report()
+    fleet.stop()
+    assert "deadlock" not in fleet.log()
+
+
 def test_fan_out_fan_in_under_sigkill(
     dsn: str, workdir: Path, open_sql: Callable[[str], Sql], fleets: Callable[..., WorkerProcess]
 ) -> None:
@@ -322,22 +351,16 @@ def test_fan_out_fan_in_under_sigkill(
     assert len(first_up) == FAN_OUT, "the fan-in did not see all its parents"
     result = sql.value("SELECT result FROM aioq.workflow_steps WHERE job_id = $1", merge_id)
     assert result == str(sum(range(1, FAN_OUT + 1)))
-    Result(
-        "workflow fan-in",
-        jobs=counts["steps"],
-        processes=PROCESSES,
-        concurrency=CONCURRENCY,
-        faults=len(kills),
-        lost=0,
-        duplicates=counts["runs"] - counts["steps"],
-        duplicate_bound=-1,
-        recover_s=[],
-        wall_s=time.monotonic() - started,
-        notes={"fan_in_runs": len(merges)},
-    ).report()
     assert kills, "the fan-out drained before any kill: make the parts longer"
-    fleet.stop()
-    assert "deadlock" not in fleet.log()  # the fan-in's locks are taken in one order
+    report_and_stop(
+        "workflow fan-in",
+        fleet,
+        jobs=counts["steps"],
+        duplicates=counts["runs"] - counts["steps"],
+        kills=kills,
+        started=started,
+        notes={"fan_in_runs": len(merges)},
+    )
 
 
 def test_random_dags_under_sigkill(
@@ -362,21 +385,15 @@ def test_random_dags_under_sigkill(
         on_timeout=fleet.log,
     )
     counts = check_runs(sql, run_ids)
-    Result(
+    report_and_stop(
         "workflow random DAGs",
+        fleet,
         jobs=counts["steps"],
-        processes=PROCESSES,
-        concurrency=CONCURRENCY,
-        faults=len(kills),
-        lost=0,
         duplicates=counts["runs"] - counts["steps"],
-        duplicate_bound=-1,
-        recover_s=[],
-        wall_s=time.monotonic() - started,
+        kills=kills,
+        started=started,
         notes={"seed": seed, "runs": len(run_ids)},
-    ).report()
-    fleet.stop()
-    assert "deadlock" not in fleet.log()  # the fan-in's locks are taken in one order
+    )
 
 
 def test_random_dags_with_failures_under_sigkill(
@@ -443,18 +460,12 @@ def test_random_dags_with_failures_under_sigkill(
     outcome = {
         s: sum(1 for r in steps if r["status"] == s) for s in ("succeeded", "dead", "cancelled")
     }
-    Result(
+    report_and_stop(
         "workflow DAGs with failures",
+        fleet,
         jobs=len(steps),
-        processes=PROCESSES,
-        concurrency=CONCURRENCY,
-        faults=len(kills),
-        lost=0,
         duplicates=-1,
-        duplicate_bound=-1,
-        recover_s=[],
-        wall_s=time.monotonic() - started,
+        kills=kills,
+        started=started,
         notes={"seed": seed, **outcome},
-    ).report()
-    fleet.stop()
-    assert "deadlock" not in fleet.log()
+    )

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint typecheck pytest django6 docs chaos bench dev clean pgbouncer chromium
+.PHONY: demo test lint typecheck pytest django6 docs schema chaos bench dev clean pgbouncer chromium
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -71,6 +71,12 @@ django6:
 # this build in tests/test_docs.py). `$(VENV)/bin/mkdocs serve` previews it while you write.
 docs: $(VENV)/.installed-docs
 	$(VENV)/bin/mkdocs build --strict
+
+# The schema as it is (schema.sql) against its history (aioq/sql/migrations/): a fresh database
+# through the migrations and one from schema.sql must have the same catalog; on a difference it
+# prints a diff of the two (docs/architecture.md, "Tables"). Also part of `make test`.
+schema: $(VENV)/.installed-dev
+	$(PY) -m pytest tests/test_migrations.py -n 0 -q
 
 # The reliability suite's long profile: longer runs, more faults (the quick one is in `make test`).
 chaos: $(VENV)/.installed-dev pgbouncer

@@ -1,18 +1,27 @@
-"""Install and upgrade the schema from ``schema.sql``, in place and idempotently.
+"""Install and upgrade the schema from its migrations, in place and idempotently.
+
+The DDL lives in files (docs/architecture.md, "Tables"): ``aioq/sql/migrations/prologue.sql``
+runs every time (the schema and its ``migrations`` table, idempotent), each
+``aioq/sql/migrations/NNN_name.sql`` is migration NNN, and ``aioq/sql/ring_trigger.sql`` is the
+opt-in doorbell trigger. In every file ``{{schema}}`` stands for the quoted schema name. The
+repository's top-level ``schema.sql`` is the schema they build, for reading; a test holds it
+equal to a fresh install.
 
 ``install`` applies the migrations not yet recorded in ``<schema>.migrations``. ``schema_sql``
 renders the same migrations as one SQL script for a migration tool (psql, Alembic, Flyway,
 Django): each migration followed by the row that records it, after a guard that refuses to run
 on a schema at another version than the script starts from. A schema applied by hand without
-those rows (an older ``aioq schema sql``, or ``schema.sql`` itself) is recognised by ``install``,
-which records the migrations already applied instead of failing on their tables.
+those rows (an older ``aioq schema sql``, or the migration files run in order) is recognised by
+``install``, which records the migrations already applied instead of failing on their tables.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 import asyncpg
 
@@ -29,30 +38,39 @@ from aioq.sql.schema import (
 )
 
 __all__ = (
+    "MIGRATIONS",
+    "SCHEMA_TOKEN",
     "Migration",
     "SchemaStatus",
     "check_installed",
     "install",
     "latest_version",
     "migrations",
+    "read_migrations",
     "ring_trigger_sql",
     "schema_sql",
     "status",
 )
 
-_MARKER = re.compile(r"^-- aioq:migration (\d+)\s*$", re.MULTILINE)
-# The opt-in doorbell trigger for raw-SQL inserts: a region of the prologue that runs only when
-# asked for (install(ring_trigger=True)).
-_RING_TRIGGER = re.compile(
-    r"^-- aioq:ring-trigger begin\s*$(.*?)^-- aioq:ring-trigger end\s*$", re.MULTILINE | re.DOTALL
-)
+SCHEMA_TOKEN = "{{schema}}"
+"""The placeholder for the schema name in the DDL files, replaced by the quoted, validated
+name (never Python format syntax: the files are SQL with this one token)."""
+
+MIGRATIONS: Traversable = resources.files("aioq") / "sql" / "migrations"
+"""The directory of the migration files (and of the prologue), inside the installed package."""
+
+_PROLOGUE = "prologue.sql"
+_RING_TRIGGER = "ring_trigger.sql"  # beside the migrations' directory: not one of them
+# Migration NNN: three digits or more, then what it does.
+_FILE = re.compile(r"(\d{3,})_([a-z][a-z0-9_]*)\.sql")
 
 
 @dataclass(frozen=True, slots=True)
 class Migration:
-    """One numbered block of ``schema.sql``."""
+    """One migration: its version, its name (what it does), its SQL for one schema."""
 
     version: int
+    name: str
     sql: str
 
 
@@ -70,28 +88,65 @@ class SchemaStatus:
         return list(range(self.installed + 1, self.latest + 1))
 
 
-def _source() -> str:
-    return resources.files("aioq").joinpath("schema.sql").read_text(encoding="utf-8")
+def read_migrations(directory: Traversable = MIGRATIONS) -> list[Migration]:
+    """Read the migration files of ``directory`` (``NNN_name.sql``, numbered 1, 2, 3, ...),
+    unrendered: their SQL still has :data:`SCHEMA_TOKEN`. Raise :class:`SchemaError` naming
+    the file that is misnamed, numbered twice or missing."""
+    found: dict[int, Migration] = {}
+    for entry in directory.iterdir():
+        if not entry.name.endswith(".sql") or entry.name == _PROLOGUE:
+            continue
+        named = _FILE.fullmatch(entry.name)
+        if named is None:
+            raise SchemaError(
+                f"{entry.name}: a migration file is named NNN_what_it_does.sql (the version in"
+                " three digits or more, then lower-case letters, digits and _)"
+            )
+        version, name = int(named[1]), named[2]
+        if version in found:
+            raise SchemaError(
+                f"{entry.name}: migration {version} is already"
+                f" {version:03d}_{found[version].name}.sql"
+            )
+        found[version] = Migration(version, name, entry.read_text(encoding="utf-8"))
+    missing = sorted(set(range(1, max(found, default=0) + 1)) - set(found))
+    if missing:
+        raise SchemaError(
+            f"migrations are numbered 1, 2, 3, ... without gaps: no file for {missing[0]}"
+            f" ({missing[0]:03d}_*.sql) in {directory}"
+        )
+    return [found[version] for version in sorted(found)]
 
 
-def _split(schema: str) -> tuple[str, list[Migration]]:
-    text = _RING_TRIGGER.sub("", _source().replace("{{schema}}", q.quote_schema(schema)))
-    parts = _MARKER.split(text)
-    prologue, rest = parts[0], parts[1:]
-    found = [Migration(int(v), body) for v, body in zip(rest[::2], rest[1::2], strict=True)]
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise SchemaError("schema.sql migrations must be numbered 1, 2, 3, ... in order")
+@functools.cache
+def _templates() -> tuple[str, tuple[Migration, ...]]:
+    """The prologue and the migrations, read once per process."""
+    prologue = (MIGRATIONS / _PROLOGUE).read_text(encoding="utf-8")
+    found = tuple(read_migrations())
+    if not found:  # pragma: no cover - a package installed without its data files
+        raise SchemaError(f"no migration files in {MIGRATIONS}: reinstall aioq-pg")
     return prologue, found
 
 
+def _render(template: str, schema: str) -> str:
+    return template.replace(SCHEMA_TOKEN, q.quote_schema(schema))
+
+
+def _split(schema: str) -> tuple[str, list[Migration]]:
+    prologue, found = _templates()
+    return _render(prologue, schema), [
+        Migration(m.version, m.name, _render(m.sql, schema)) for m in found
+    ]
+
+
 def migrations(schema: str = q.DEFAULT_SCHEMA) -> list[Migration]:
-    """Return the migrations of ``schema.sql`` rendered for a schema."""
+    """Return the migrations rendered for a schema, in order."""
     return _split(schema)[1]
 
 
 def latest_version() -> int:
-    """Return the version ``schema.sql`` brings a schema to: its last migration's number."""
-    return len(migrations())
+    """Return the version the migrations bring a schema to: the last migration's number."""
+    return len(_templates()[1])
 
 
 def schema_sql(
@@ -113,8 +168,8 @@ def schema_sql(
             f" (nothing installed) to {latest}, the latest this aioq knows, upwards"
         )
     prologue, found = _split(schema)
-    # schema.sql's own header (how install() uses it) gives way to what this script is.
-    statements = prologue[prologue.index("\nCREATE ") :].strip("\n")
+    # The prologue's own header (how install() runs it) gives way to what this script is.
+    statements = _without_header(prologue)
     head = (
         f"-- aioq schema {schema}: from version {from_version} to {to}.\n"
         "-- Run it once, in one transaction; each migration records its version in"
@@ -132,10 +187,15 @@ def ring_trigger_sql(schema: str = q.DEFAULT_SCHEMA) -> str:
     """Return the DDL of the opt-in doorbell trigger, as ``aioq schema sql --ring-trigger``
     prints it: jobs inserted with raw SQL then ring the doorbell like aioq's own inserts.
     Idempotent; it needs the schema installed."""
-    found = _RING_TRIGGER.search(_source().replace("{{schema}}", q.quote_schema(schema)))
-    if found is None:  # pragma: no cover - schema.sql always has it
-        raise SchemaError("schema.sql has no ring-trigger region")
-    return found.group(1).strip() + "\n"
+    template = (resources.files("aioq") / "sql" / _RING_TRIGGER).read_text(encoding="utf-8")
+    return _render(template, schema).strip() + "\n"
+
+
+def _without_header(text: str) -> str:
+    """A file's SQL from its first statement: the comment block that opens it dropped."""
+    lines = text.strip("\n").splitlines()
+    first = next(i for i, line in enumerate(lines) if line and not line.startswith("--"))
+    return "\n".join(lines[first:])
 
 
 async def _installed(conn: Executor, schema: str) -> int:
@@ -147,13 +207,13 @@ async def _installed(conn: Executor, schema: str) -> int:
 
 async def status(conn: Connection, schema: str = q.DEFAULT_SCHEMA) -> SchemaStatus:
     """Report the installed and latest schema versions."""
-    return SchemaStatus(schema, await _installed(conn, schema), len(migrations(schema)))
+    return SchemaStatus(schema, await _installed(conn, schema), latest_version())
 
 
 async def install(
     conn: Connection, schema: str = q.DEFAULT_SCHEMA, *, ring_trigger: bool = False
 ) -> list[int]:
-    """Apply ``schema.sql`` to a schema; return the migration versions applied now.
+    """Apply the migrations to a schema; return the migration versions applied now.
 
     Safe to run concurrently and repeatedly: it takes a transaction-level advisory lock
     and applies only the migrations not yet recorded. Raises :class:`SchemaError` when the
@@ -244,7 +304,7 @@ async def check_installed(conn: Executor, schema: str = q.DEFAULT_SCHEMA) -> Non
         installed = await _installed(conn, schema)
     except asyncpg.InsufficientPrivilegeError:
         return
-    latest = len(migrations(schema))
+    latest = latest_version()
     if installed == 0:
         raise SchemaError(
             f"the aioq schema {schema!r} has its tables but no recorded version (applied by"

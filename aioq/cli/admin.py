@@ -262,7 +262,7 @@ async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> 
 _DEPENDENCY_FAILED = re.compile(
     r"DependencyFailed: step .* \(job (?P<job>\d+)\) ended (?P<status>\w+)$"
 )
-"""The last_error of a step cancelled for a dependency (aioq/schema.sql, workflow_step_changed)."""
+"""The last_error of a step cancelled for a dependency (schema.sql, workflow_step_changed)."""
 
 _EXPLAINED = 20
 """Ids not replayed that `jobs retry` looks up to say why (a step cancelled for a dependency)."""

@@ -1,4 +1,4 @@
-"""The migrations' bookkeeping (aioq.migrate applies schema.sql, the only copy of the DDL)."""
+"""The migrations' bookkeeping (aioq.migrate applies aioq/sql/migrations/, the DDL's history)."""
 
 from __future__ import annotations
 

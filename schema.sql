@@ -287,7 +287,7 @@ CREATE TABLE aioq.workers (
 -- Per-minute outcome counts, one row per worker, minute, queue and task, written by each
 -- worker in one statement a minute and pruned after a retention period. Completed jobs are
 -- deleted, so this is the only history of throughput. The *_hist arrays count attempts per
--- bucket of aioq.stats_history.BUCKETS (seconds); summed across rows they give percentiles.
+-- bucket of the stats history's BUCKETS (seconds); summed across rows they give percentiles.
 CREATE TABLE aioq.stats_history (
     minute timestamptz NOT NULL,
     worker text NOT NULL,

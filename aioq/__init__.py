@@ -14,6 +14,7 @@ from aioq.admin import (
     ring,
     stats,
 )
+from aioq.defer import Backoff, Call, Registry, Task, TaskCall, default_registry, task
 from aioq.errors import (
     AioqError,
     ArgumentError,
@@ -44,9 +45,8 @@ from aioq.periodic import periodic
 from aioq.results import result
 from aioq.schedule import Schedule
 from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync, ring_sync
-from aioq.task import Backoff, Call, Registry, Task, TaskCall, default_registry, task
 from aioq.worker import Worker, WorkerConfig
-from aioq.workflow import (
+from aioq.workflows import (
     Step,
     Workflow,
     WorkflowInfo,

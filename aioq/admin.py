@@ -9,6 +9,7 @@ from datetime import datetime
 import asyncpg
 
 from aioq.db import Connection, Target, executor
+from aioq.defer import check_duration, check_queue
 from aioq.errors import AioqError
 from aioq.job import Job, JobStatus, possible_id
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
@@ -17,7 +18,6 @@ from aioq.sql.control import CANCEL_JOBS
 from aioq.sql.doorbell import RING
 from aioq.sql.history import RECENT_OUTCOMES, RecentOutcomes
 from aioq.sql.maintenance import PRUNE_ENDED
-from aioq.task import check_duration, check_queue
 
 __all__ = (
     "QueueStats",

@@ -19,16 +19,14 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from aioq.db import Executor
 from aioq.errors import ConfigError
 from aioq.job import Claim, OutcomeKind
-from aioq.service import Service
-from aioq.sql.admin import QUEUE_STATS, QueueCounts
+from aioq.sql.admin import QueueCounts
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ("DEFAULT_STATS_INTERVAL", "Metrics", "QueueSampler", "serve", "start")
+__all__ = ("DEFAULT_STATS_INTERVAL", "Metrics", "serve", "start")
 
 logger = logging.getLogger(__name__)
 
@@ -221,28 +219,6 @@ class Metrics:
             server.server_close()
             thread.join()
         self.ports.clear()
-
-
-class QueueSampler(Service[int]):
-    """Samples the per-queue stats into the gauges, every ``metrics.stats_interval`` seconds."""
-
-    name = "queue stats"
-
-    def __init__(self, *, schema: str, db: Executor, metrics: Metrics) -> None:
-        super().__init__()
-        self.schema = schema
-        self.db = db
-        self.metrics = metrics
-
-    async def run_once(self) -> int:
-        """Sample once; return how many queues were seen."""
-        rows = await QUEUE_STATS.rows(self.db, self.schema)
-        self.metrics.set_queue_stats(rows)
-        return len(rows)
-
-    def interval(self) -> float:
-        """Seconds between samples."""
-        return self.metrics.stats_interval
 
 
 def serve(port: int, registry: CollectorRegistry | None = None, addr: str = "0.0.0.0") -> int:

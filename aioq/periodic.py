@@ -12,9 +12,9 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from aioq.codec import encode_args
+from aioq.defer import Task, to_seconds
 from aioq.errors import AioqError, ConfigError
 from aioq.schedule import Schedule
-from aioq.task import Task, to_seconds
 
 __all__ = ("periodic",)
 

@@ -14,6 +14,7 @@ from typing import Any
 from aioq.admin import CANCEL_RACES, cancel_outcome, settle_cancels
 from aioq.codec import decode_result
 from aioq.dbapi import SyncTarget, executor
+from aioq.defer import check_queue
 from aioq.errors import ConfigError, ResultTimeout
 from aioq.job import Job, possible_id
 from aioq.results import DEFAULT_RESULT_TIMEOUT, judge_result, warn_uncommitted
@@ -21,7 +22,6 @@ from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql.admin import GET_ARCHIVED_JOB, GET_JOB
 from aioq.sql.control import CANCEL_JOBS, RESULT_STATE
 from aioq.sql.doorbell import RING
-from aioq.task import check_queue
 
 __all__ = ("cancel_jobs_sync", "get_job_sync", "result_sync", "ring_sync")
 

@@ -22,8 +22,8 @@ from faults import pool_with_fault
 from waits import eventually, until_sql
 
 import aioq
+from aioq.defer import MIN_LEASE
 from aioq.sql.jobs import CLAIM_ONE_QUEUE
-from aioq.task import MIN_LEASE
 from aioq.worker.producer import Producer
 
 pytestmark = pytest.mark.anyio

@@ -24,7 +24,8 @@ from waits import eventually, until_sql
 
 import aioq
 import aioq.metrics
-from aioq.schedule import MAX_CATCH_UP_TICKS, MAX_SKIPPED_COUNT, Scheduler
+from aioq.schedule import MAX_CATCH_UP_TICKS, MAX_SKIPPED_COUNT
+from aioq.worker.scheduler import Scheduler
 
 HANG_GUARD = 60.0
 PARIS = "Europe/Paris"

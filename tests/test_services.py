@@ -9,12 +9,12 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.service import Service
 from aioq.worker.completer import Completer
 from aioq.worker.lease import Heartbeat, Reaper
 from aioq.worker.monitor import LoopLag
 from aioq.worker.notifier import Listener
 from aioq.worker.producer import Producer
+from aioq.worker.service import Service
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ from waits import until_sql
 import aioq
 import aioq.web
 from aioq.job import Claim, OutcomeKind
-from aioq.stats_history import BUCKETS, StatsRecorder, StatsWriter, bucket, percentile
+from aioq.worker.history import BUCKETS, StatsRecorder, StatsWriter, bucket, percentile
 
 pytestmark = pytest.mark.anyio
 

@@ -32,7 +32,7 @@ import aioq
 import aioq.web
 from aioq.dev.pgbin import free_port
 from aioq.errors import ConfigError
-from aioq.stats_history import BUCKETS
+from aioq.worker.history import BUCKETS
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import pytest
 
 from aioq.sql import Statement
 from aioq.sql.admin import GET_JOB
-from aioq.stats_history import BUCKETS
 from aioq.web import sql as w
+from aioq.worker.history import BUCKETS
 
 pytestmark = pytest.mark.anyio
 

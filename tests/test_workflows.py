@@ -1065,7 +1065,7 @@ async def test_the_workflows_list_counts_a_huge_run_within_a_bound(
         ids[12_000:15_000],
     )
     bound = 1000
-    monkeypatch.setattr(importlib.import_module("aioq.workflow"), "LIST_COUNT_LIMIT", bound)
+    monkeypatch.setattr(importlib.import_module("aioq.workflows"), "LIST_COUNT_LIMIT", bound)
     # The deleted rows' index entries go with the next vacuum (the worker's vacuumer, or
     # autovacuum), as for every index of the jobs table; until then a scan steps over them.
     await conn.execute("VACUUM (INDEX_CLEANUP ON) aioq.jobs")

@@ -31,8 +31,8 @@ from aioq.cli.common import (
     with_db,
 )
 from aioq.codec import encode_args
+from aioq.defer import JobOptions, check_text, insert_job
 from aioq.sql.admin import ARCHIVE_IN_USE
-from aioq.task import JobOptions, check_text, insert_job
 
 
 def cmd_schema_apply(args: argparse.Namespace) -> int:

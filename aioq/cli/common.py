@@ -19,10 +19,10 @@ from typing import Any
 import anyio
 import asyncpg
 
+from aioq.defer import Registry, default_registry
 from aioq.errors import AioqError
 from aioq.job import Job
 from aioq.sql import DEFAULT_SCHEMA
-from aioq.task import Registry, default_registry
 
 EXIT_OK = 0
 EXIT_FAILED = 1

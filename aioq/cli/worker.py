@@ -25,13 +25,12 @@ from aioq.cli.common import (
     non_negative_int,
     positive_int,
 )
+from aioq.defer import Registry, default_registry
 from aioq.dev.server import EmbeddedPostgres
 from aioq.errors import ConfigError
 from aioq.migrate import check_installed
 from aioq.sql import quote_schema
-from aioq.stats_history import DEFAULT_STATS_RETENTION
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
-from aioq.task import Registry, default_registry
 from aioq.worker import (
     DEFAULT_ARCHIVE_RETENTION,
     DEFAULT_COMMAND_TIMEOUT,
@@ -44,6 +43,7 @@ from aioq.worker import (
     WorkerConfig,
 )
 from aioq.worker.health import serve_health
+from aioq.worker.history import DEFAULT_STATS_RETENTION
 
 log = logging.getLogger("aioq.cli")
 

@@ -18,8 +18,8 @@ from aioq.cli.common import (
     schema_from,
     with_db,
 )
-from aioq.workflow import cancel_workflow, list_workflows
-from aioq.workflow import workflow as get_workflow
+from aioq.workflows import cancel_workflow, list_workflows
+from aioq.workflows import workflow as get_workflow
 
 _COUNTS = ("waiting", "pending", "running", "succeeded", "dead", "cancelled")
 

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from aioq.defer import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Task
 from aioq.job import JobContext, _current
-from aioq.task import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Task
 
 __all__ = ("job_context",)
 

@@ -29,10 +29,10 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from aioq.defer import Registry, default_registry
 from aioq.migrate import install
 from aioq.sql.admin import WAITING_TASKS
 from aioq.sql.schema import DROP_SCHEMA, create_database, drop_database
-from aioq.task import Registry, default_registry
 from aioq.testing.helpers import REGISTRY_FIX, Drain, Ran, drain
 from aioq.worker import Worker
 

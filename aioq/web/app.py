@@ -49,12 +49,12 @@ from aioq.db import Connection
 from aioq.errors import ConfigError
 from aioq.sql import DEFAULT_SCHEMA, quote_schema
 from aioq.sql.history import ROLLUP_STEP
-from aioq.stats_history import DEFAULT_STATS_INTERVAL
 from aioq.web import data
 from aioq.web.filters import environment
 from aioq.web.sql import SET_STATEMENT_TIMEOUT
-from aioq.workflow import WorkflowInfo, cancel_workflow, list_workflows
-from aioq.workflow import workflow as get_workflow
+from aioq.worker.history import DEFAULT_STATS_INTERVAL
+from aioq.workflows import WorkflowInfo, cancel_workflow, list_workflows
+from aioq.workflows import workflow as get_workflow
 
 __all__ = ("DashboardConfig", "app")
 

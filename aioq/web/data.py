@@ -18,7 +18,6 @@ from aioq.job import JobStatus
 from aioq.sql.admin import TABLE_STATS
 from aioq.sql.history import ROLLUP_STEP
 from aioq.sql.limits import QUEUE_SETTINGS
-from aioq.stats_history import percentile
 from aioq.web.sql import (
     DASH_CANCELLED_PAGE,
     DASH_DEAD_PAGE,
@@ -33,6 +32,7 @@ from aioq.web.sql import (
     PageRow,
     WorkerSeen,
 )
+from aioq.worker.history import percentile
 
 __all__ = (
     "STATE_COLUMNS",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jinja2
 
-from aioq.stats_history import BUCKETS
+from aioq.worker.history import BUCKETS
 
 __all__ = ("environment",)
 

@@ -20,13 +20,7 @@ import anyio
 import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 
-from aioq.errors import ConfigError, StartupError
-from aioq.metrics import Metrics
-from aioq.migrate import check_installed
-from aioq.service import Service
-from aioq.sql import DEFAULT_SCHEMA, quote_schema
-from aioq.stats_history import DEFAULT_STATS_INTERVAL, DEFAULT_STATS_RETENTION
-from aioq.task import (
+from aioq.defer import (
     DEFAULT_QUEUE,
     Lifespan,
     Middleware,
@@ -37,9 +31,15 @@ from aioq.task import (
     check_queue,
     default_registry,
 )
+from aioq.errors import ConfigError, StartupError
+from aioq.metrics import Metrics
+from aioq.migrate import check_installed
+from aioq.sql import DEFAULT_SCHEMA, quote_schema
 from aioq.worker.claimer import DEFAULT_REFRESH
 from aioq.worker.health import Health, judge_health
+from aioq.worker.history import DEFAULT_STATS_INTERVAL, DEFAULT_STATS_RETENTION
 from aioq.worker.run import Run
+from aioq.worker.service import Service
 
 __all__ = ("Worker", "WorkerConfig")
 

@@ -17,14 +17,14 @@ from aioq import hooks
 from aioq.backoff import Failures
 from aioq.db import Executor
 from aioq.job import Claim, ClaimKey, OutcomeKind
-from aioq.service import STEP_BACKOFF, Service
 from aioq.sql import results_channel
 from aioq.sql.outcomes import COMPLETE, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES
 from aioq.worker.claims import Claims
+from aioq.worker.service import STEP_BACKOFF, Service
 
 if TYPE_CHECKING:
     from aioq.metrics import Metrics
-    from aioq.stats_history import StatsRecorder
+    from aioq.worker.history import StatsRecorder
 
 __all__ = ("Completer", "Outcome")
 

@@ -19,9 +19,9 @@ import anyio.lowlevel
 
 from aioq import hooks
 from aioq.codec import decode_args, encode_result
+from aioq.defer import Backoff, Middleware, Registry, Task
 from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
 from aioq.job import Claim, JobContext, OutcomeKind, _current, current_job
-from aioq.task import Backoff, Middleware, Registry, Task
 from aioq.worker.claims import CancelReason, Claims, Running
 from aioq.worker.completer import Completer, Outcome
 from aioq.worker.control import RunHandle

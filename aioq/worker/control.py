@@ -18,10 +18,10 @@ from typing import Any
 from aioq.codec import decode_result
 from aioq.db import Executor
 from aioq.job import StepFailed
-from aioq.service import Service
 from aioq.sql.control import CANCEL_REQUESTED, SET_PROGRESS
 from aioq.sql.workflows import UPSTREAM
 from aioq.worker.claims import CancelReason, Claims, Running
+from aioq.worker.service import Service
 
 __all__ = ("CancelWatch", "RunHandle", "request_cancel")
 

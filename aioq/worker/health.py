@@ -26,8 +26,8 @@ import orjson
 from anyio.abc import TaskStatus
 
 from aioq.db import Executor
-from aioq.service import Service
 from aioq.sql.admin import PING
+from aioq.worker.service import Service
 
 __all__ = (
     "DEFAULT_HEALTH_ADDR",

@@ -9,9 +9,9 @@ import anyio
 from anyio.abc import TaskStatus
 
 from aioq.db import Executor
-from aioq.service import Service
 from aioq.sql.outcomes import HEARTBEAT, REAP, Rescued
 from aioq.worker.claims import CancelReason, Claims
+from aioq.worker.service import Service
 
 __all__ = ("Heartbeat", "Reaper")
 

@@ -6,10 +6,10 @@ import logging
 import time
 
 from aioq.db import Executor
-from aioq.service import Service
 from aioq.sql import Statement
 from aioq.sql import maintenance as sql
 from aioq.sql.workflows import PRUNE_WORKFLOWS
+from aioq.worker.service import Service
 
 __all__ = ("Pruner", "Vacuumer")
 

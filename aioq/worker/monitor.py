@@ -1,14 +1,18 @@
-"""The loop-lag monitor: says when the event loop was blocked, and by which jobs' tasks."""
+"""The worker's monitors: the loop-lag monitor (when the event loop was blocked, and by which
+jobs' tasks) and the queue sampler (the metrics' queue gauges)."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from aioq.service import Service
+from aioq.db import Executor
+from aioq.metrics import Metrics
+from aioq.sql.admin import QUEUE_STATS
 from aioq.worker.claims import Claims
+from aioq.worker.service import Service
 
-__all__ = ("LoopLag",)
+__all__ = ("LoopLag", "QueueSampler")
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +64,25 @@ class LoopLag(Service[float]):
                 extra={"lag_s": round(lag, 3), "running": running},
             )
         return lag
+
+
+class QueueSampler(Service[int]):
+    """Samples the per-queue stats into the gauges, every ``metrics.stats_interval`` seconds."""
+
+    name = "queue stats"
+
+    def __init__(self, *, schema: str, db: Executor, metrics: Metrics) -> None:
+        super().__init__()
+        self.schema = schema
+        self.db = db
+        self.metrics = metrics
+
+    async def run_once(self) -> int:
+        """Sample once; return how many queues were seen."""
+        rows = await QUEUE_STATS.rows(self.db, self.schema)
+        self.metrics.set_queue_stats(rows)
+        return len(rows)
+
+    def interval(self) -> float:
+        """Seconds between samples."""
+        return self.metrics.stats_interval

@@ -11,10 +11,10 @@ import anyio
 import asyncpg
 
 from aioq.backoff import Backoff
-from aioq.service import Service
 from aioq.sql import LIMITS_CHANGED, channel_name
 from aioq.sql import doorbell as sql
 from aioq.sql.admin import PING
+from aioq.worker.service import Service
 
 __all__ = ("Armed", "Listener")
 

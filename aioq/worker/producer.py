@@ -15,11 +15,11 @@ from anyio.abc import TaskStatus
 
 from aioq import hooks
 from aioq.job import Claim, OutcomeKind
-from aioq.service import Service
 from aioq.worker.claimer import Claimer
 from aioq.worker.claims import Claims
 from aioq.worker.completer import Completer, Outcome
 from aioq.worker.notifier import Armed, Listener
+from aioq.worker.service import Service
 
 if TYPE_CHECKING:
     from aioq.metrics import Metrics

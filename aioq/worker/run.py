@@ -17,23 +17,23 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
-from aioq.metrics import Metrics, QueueSampler
-from aioq.schedule import Scheduler
-from aioq.service import Service
+from aioq.defer import Middleware, Registry
+from aioq.metrics import Metrics
 from aioq.sql import DEFAULT_SCHEMA, control_channel
-from aioq.stats_history import StatsRecorder, StatsWriter
-from aioq.task import Middleware, Registry
 from aioq.worker.claimer import Claimer
 from aioq.worker.claims import CancelReason, Claims
 from aioq.worker.completer import Completer
 from aioq.worker.consumer import Consumer
 from aioq.worker.control import CancelWatch
 from aioq.worker.health import Probe
+from aioq.worker.history import StatsRecorder, StatsWriter
 from aioq.worker.lease import Heartbeat, Reaper
 from aioq.worker.maintenance import Pruner, Vacuumer
-from aioq.worker.monitor import LoopLag
+from aioq.worker.monitor import LoopLag, QueueSampler
 from aioq.worker.notifier import Listener
 from aioq.worker.producer import ClaimAhead, Doorbell, Producer, Slots
+from aioq.worker.scheduler import Scheduler
+from aioq.worker.service import Service
 
 if TYPE_CHECKING:
     from aioq.worker import WorkerConfig

@@ -40,9 +40,9 @@ from waits import eventually
 import aioq
 from aioq.job import OutcomeKind
 from aioq.migrate import migrations
-from aioq.schedule import Scheduler
 from aioq.sql.maintenance import PRUNE_ARCHIVE, PRUNE_RESULTS, PRUNE_UNIQUES
 from aioq.sql.workflows import PRUNE_WORKFLOWS
+from aioq.worker.scheduler import Scheduler
 
 pytestmark = pytest.mark.chaos
 

@@ -23,8 +23,8 @@ from anyio.abc import TaskStatus
 
 from aioq.db import Executor
 from aioq.job import Claim, OutcomeKind
-from aioq.service import Service
 from aioq.sql.history import FORGET_WORKER, HIST_WIDTH, PRUNE_STATS, RECORD_STATS
+from aioq.worker.service import Service
 
 __all__ = (
     "BUCKETS",

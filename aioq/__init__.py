@@ -14,7 +14,7 @@ from aioq.admin import (
     ring,
     stats,
 )
-from aioq.defer import Backoff, Call, Registry, Task, TaskCall, default_registry, task
+from aioq.backoff import Backoff
 from aioq.errors import (
     AioqError,
     ArgumentError,
@@ -42,9 +42,11 @@ from aioq.job import Job, JobContext, JobStatus, StepFailed, current_job
 from aioq.limits import QueueInfo, queues, set_queue
 from aioq.migrate import install, schema_sql
 from aioq.periodic import periodic
+from aioq.registry import Registry, default_registry, task
 from aioq.results import result
 from aioq.schedule import Schedule
 from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync, ring_sync
+from aioq.tasks import Call, Task, TaskCall
 from aioq.worker import Worker, WorkerConfig
 from aioq.workflows import (
     Step,

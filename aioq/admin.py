@@ -9,9 +9,9 @@ from datetime import datetime
 import asyncpg
 
 from aioq.db import Connection, Target, executor
-from aioq.defer import check_duration, check_queue
 from aioq.errors import AioqError
 from aioq.job import Job, JobStatus, possible_id
+from aioq.options import check_duration, check_queue
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql import admin as sql
 from aioq.sql.control import CANCEL_JOBS

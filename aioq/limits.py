@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from aioq.db import Target, executor
-from aioq.defer import check_queue
 from aioq.errors import ConfigError
+from aioq.options import check_queue
 from aioq.sql import DEFAULT_SCHEMA, channel_name
 from aioq.sql import limits as sql
 from aioq.sql.admin import QUEUE_STATS

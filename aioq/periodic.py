@@ -12,9 +12,10 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from aioq.codec import encode_args
-from aioq.defer import Task, to_seconds
 from aioq.errors import AioqError, ConfigError
+from aioq.options import to_seconds
 from aioq.schedule import Schedule
+from aioq.tasks import Task
 
 __all__ = ("periodic",)
 

@@ -14,9 +14,9 @@ from typing import Any
 from aioq.admin import CANCEL_RACES, cancel_outcome, settle_cancels
 from aioq.codec import decode_result
 from aioq.dbapi import SyncTarget, executor
-from aioq.defer import check_queue
 from aioq.errors import ConfigError, ResultTimeout
 from aioq.job import Job, possible_id
+from aioq.options import check_queue
 from aioq.results import DEFAULT_RESULT_TIMEOUT, judge_result, warn_uncommitted
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql.admin import GET_ARCHIVED_JOB, GET_JOB

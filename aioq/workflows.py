@@ -23,10 +23,11 @@ from aioq.codec import decode_result
 from aioq.db import Executor, Target, executor
 from aioq.dbapi import SyncTarget
 from aioq.dbapi import executor as sync_executor
-from aioq.defer import Call, check_name
 from aioq.errors import ConfigError
+from aioq.options import check_name
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql import workflows as sql
+from aioq.tasks import Call
 
 __all__ = (
     "ON_FAILURE",

@@ -22,7 +22,7 @@ from faults import pool_with_fault
 from waits import eventually, until_sql
 
 import aioq
-from aioq.defer import MIN_LEASE
+from aioq.options import MIN_LEASE
 from aioq.sql.jobs import CLAIM_ONE_QUEUE
 from aioq.worker.producer import Producer
 

@@ -16,7 +16,7 @@ import pytest
 from procs import aioq_cli, assert_one_line_error
 
 import aioq
-from aioq.defer import MAX_DURATION, MIN_LEASE
+from aioq.options import MAX_DURATION, MIN_LEASE
 
 pytestmark = pytest.mark.anyio
 

@@ -299,7 +299,7 @@ async def test_catch_up_after_downtime(
 
     await scheduler(registry, conn).run_once(utc(2026, 5, 4, 10, 0, 30))  # last tick: 10:00
     # Every worker stops for five ticks (10:01 to 10:05), then one starts at 10:05:20.
-    with caplog.at_level(logging.WARNING, logger="aioq.schedule"):
+    with caplog.at_level(logging.WARNING, logger="aioq.worker.scheduler"):
         await scheduler(registry, conn).run_once(utc(2026, 5, 4, 10, 5, 20))
     # 150 s before 10:05:20 is 10:02:50: 10:03, 10:04 and 10:05 are within catch_up.
     assert [f"{t:%H:%M}" for t in await ticks_of(conn, "minutely")] == expected
@@ -385,7 +385,7 @@ async def test_a_failing_schedule_does_not_stop_the_others(
     object.__setattr__(registry.schedules["broken"], "every", math.inf)
     metrics = aioq.metrics.Metrics()
     worker = make_worker(queues=["elsewhere"], metrics=metrics)
-    with caplog.at_level(logging.DEBUG, logger="aioq.schedule"):
+    with caplog.at_level(logging.DEBUG, logger="aioq.worker.scheduler"):
         async with worker:
             await until_sql(
                 conn, "SELECT count(*) >= 2 FROM aioq.jobs WHERE task = 'valid'", guard=20

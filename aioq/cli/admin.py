@@ -31,7 +31,8 @@ from aioq.cli.common import (
     with_db,
 )
 from aioq.codec import encode_args
-from aioq.defer import JobOptions, check_text, insert_job
+from aioq.defer import insert_job
+from aioq.options import JobOptions, check_text
 from aioq.sql.admin import ARCHIVE_IN_USE
 
 

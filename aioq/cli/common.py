@@ -19,9 +19,9 @@ from typing import Any
 import anyio
 import asyncpg
 
-from aioq.defer import Registry, default_registry
 from aioq.errors import AioqError
 from aioq.job import Job
+from aioq.registry import Registry, default_registry
 from aioq.sql import DEFAULT_SCHEMA
 
 EXIT_OK = 0

@@ -25,10 +25,10 @@ from aioq.cli.common import (
     non_negative_int,
     positive_int,
 )
-from aioq.defer import Registry, default_registry
 from aioq.dev.server import EmbeddedPostgres
 from aioq.errors import ConfigError
 from aioq.migrate import check_installed
+from aioq.registry import Registry, default_registry
 from aioq.sql import quote_schema
 from aioq.supervisor import PROCESS_INDEX_ENV, Supervisor
 from aioq.worker import (

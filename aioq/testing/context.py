@@ -7,8 +7,9 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from aioq.defer import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Task
 from aioq.job import JobContext, _current
+from aioq.options import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from aioq.tasks import Task
 
 __all__ = ("job_context",)
 

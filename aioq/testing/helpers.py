@@ -14,10 +14,11 @@ import asyncpg
 from aioq import hooks
 from aioq.codec import decode_args
 from aioq.db import Target, executor
-from aioq.defer import Registry, Task
 from aioq.errors import AioqError
 from aioq.job import Claim
+from aioq.registry import Registry
 from aioq.sql.admin import READY_QUEUES, WAITING_JOBS
+from aioq.tasks import Task
 from aioq.worker import Worker
 
 logger = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from aioq.defer import Registry, default_registry
 from aioq.migrate import install
+from aioq.registry import Registry, default_registry
 from aioq.sql.admin import WAITING_TASKS
 from aioq.sql.schema import DROP_SCHEMA, create_database, drop_database
 from aioq.testing.helpers import REGISTRY_FIX, Drain, Ran, drain

@@ -20,20 +20,18 @@ import anyio
 import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 
-from aioq.defer import (
-    DEFAULT_QUEUE,
-    Lifespan,
-    Middleware,
-    Registry,
-    check_duration,
-    check_lifespan,
-    check_middleware,
-    check_queue,
-    default_registry,
-)
 from aioq.errors import ConfigError, StartupError
 from aioq.metrics import Metrics
 from aioq.migrate import check_installed
+from aioq.options import DEFAULT_QUEUE, check_duration, check_queue
+from aioq.registry import (
+    Lifespan,
+    Middleware,
+    Registry,
+    check_lifespan,
+    check_middleware,
+    default_registry,
+)
 from aioq.sql import DEFAULT_SCHEMA, quote_schema
 from aioq.worker.claimer import DEFAULT_REFRESH
 from aioq.worker.health import Health, judge_health

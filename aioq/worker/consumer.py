@@ -18,10 +18,12 @@ import anyio
 import anyio.lowlevel
 
 from aioq import hooks
+from aioq.backoff import Backoff
 from aioq.codec import decode_args, encode_result
-from aioq.defer import Backoff, Middleware, Registry, Task
 from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
 from aioq.job import Claim, JobContext, OutcomeKind, _current, current_job
+from aioq.registry import Middleware, Registry
+from aioq.tasks import Task
 from aioq.worker.claims import CancelReason, Claims, Running
 from aioq.worker.completer import Completer, Outcome
 from aioq.worker.control import RunHandle

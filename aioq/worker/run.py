@@ -17,8 +17,8 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
-from aioq.defer import Middleware, Registry
 from aioq.metrics import Metrics
+from aioq.registry import Middleware, Registry
 from aioq.sql import DEFAULT_SCHEMA, control_channel
 from aioq.worker.claimer import Claimer
 from aioq.worker.claims import CancelReason, Claims

@@ -57,8 +57,8 @@ import pytest
 from harness import PROFILE, Proxy, Sql, WorkerProcess, chaos_seed, log, scaled
 
 import aioq
-from aioq.defer import MIN_LEASE
 from aioq.dev.server import EmbeddedPostgres
+from aioq.options import MIN_LEASE
 
 pytestmark = pytest.mark.chaos
 

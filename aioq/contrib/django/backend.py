@@ -43,9 +43,9 @@ from aioq.contrib.django.tasks import (
     task_finished,
     task_started,
 )
-from aioq.defer import DEFAULT_LEASE, JobOptions
 from aioq.errors import ConfigError
 from aioq.job import Job, JobStatus
+from aioq.options import DEFAULT_LEASE, JobOptions
 
 __all__ = (
     "DEFAULT_RESULT_TTL",

@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import aioq
-from aioq.defer import JobOptions
 from aioq.errors import ConfigError
+from aioq.options import JobOptions
 
 __all__ = ("DjangoTasks", "Project", "dsn_of", "setup")
 

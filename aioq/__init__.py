@@ -11,10 +11,10 @@ from aioq.admin import (
     list_jobs,
     purge_dead,
     retry_dead,
-    ring,
     stats,
 )
 from aioq.backoff import Backoff
+from aioq.doorbell import ring, ring_sync
 from aioq.errors import (
     AioqError,
     ArgumentError,
@@ -45,7 +45,7 @@ from aioq.periodic import periodic
 from aioq.registry import Registry, default_registry, task
 from aioq.results import result
 from aioq.schedule import Schedule
-from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync, ring_sync
+from aioq.sync import cancel_jobs_sync, get_job_sync, result_sync
 from aioq.tasks import Call, Task, TaskCall
 from aioq.worker import Worker, WorkerConfig
 from aioq.workflows import (

@@ -11,11 +11,10 @@ import asyncpg
 from aioq.db import Connection, Target, executor
 from aioq.errors import AioqError
 from aioq.job import Job, JobStatus, possible_id
-from aioq.options import check_duration, check_queue
+from aioq.options import check_duration
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql import admin as sql
 from aioq.sql.control import CANCEL_JOBS
-from aioq.sql.doorbell import RING
 from aioq.sql.history import RECENT_OUTCOMES, RecentOutcomes
 from aioq.sql.maintenance import PRUNE_ENDED
 
@@ -30,7 +29,6 @@ __all__ = (
     "list_jobs",
     "purge_dead",
     "retry_dead",
-    "ring",
     "stats",
 )
 
@@ -296,18 +294,6 @@ def _why_skipped(row: sql.Replayed) -> str:
     if row.live_id is not None:
         return f"unique_key {key!r} is held by live job {row.live_id}"
     return f"unique_key {key!r} went to dead job {row.newest}, the newest with that key"
-
-
-async def ring(conn: Target, queue: str, *, schema: str = DEFAULT_SCHEMA) -> None:
-    """Ring a queue's doorbell for jobs inserted with raw SQL (aioq's own inserts ring).
-
-    Call it in the transaction that inserted the rows, or after its commit: a worker on duty
-    for the queue is woken at once (at the commit), instead of at its next poll. Like
-    aioq's inserts, it notifies only when a worker sleeps on the queue (docs/architecture.md,
-    "The doorbell"). ``conn``: anything :meth:`Task.defer` takes.
-    """
-    check_queue("queue", queue)
-    await RING.run(await executor(conn), schema, queue)
 
 
 async def get_job(conn: Target, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:

@@ -11,15 +11,32 @@ docs/architecture.md, "Transactional defer".
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 
-from aioq.db import Executor
+from aioq import hooks
+from aioq.db import Executor, Target, executor
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
 from aioq.errors import DeferError
 from aioq.options import JobOptions
 from aioq.sql import Statement
 from aioq.sql import jobs as sql
 
-__all__ = ("UNIQUE_TRIES", "Insert", "insert_job", "job_inserts", "jobs_insert", "key_kept_moving")
+__all__ = (
+    "UNIQUE_TRIES",
+    "Insert",
+    "defer_job",
+    "defer_job_sync",
+    "defer_jobs",
+    "defer_jobs_sync",
+    "insert_job",
+    "job_inserts",
+    "jobs_insert",
+    "key_kept_moving",
+)
+
+_NO_HOOK = contextlib.nullcontext()
 
 
 Insert = tuple[Statement[int], tuple[object, ...]]
@@ -114,3 +131,74 @@ async def insert_job(
         if job_id is not None:
             return job_id
     raise key_kept_moving(name, opts)
+
+
+async def defer_job(
+    conn: Target, schema: str, name: str, opts: JobOptions, encoded: str, key: str | None
+) -> int:
+    """Write one job of task ``name`` (its arguments checked and encoded) on the caller's
+    connection, inside its transaction, as ``defer`` does; return its id. The observers
+    (:mod:`aioq.hooks`) see it."""
+    db = await executor(conn)
+    if not hooks.observers:
+        return await insert_job(schema, db, name, opts, encoded, None, key)
+    deferral = hooks.Deferral(name, opts.queue, 1)
+    with hooks.deferring(deferral):
+        traceparent = deferral.traceparent
+        job_id = await insert_job(schema, db, name, opts, encoded, traceparent, key)
+        deferral.ids = (job_id,)
+        return job_id
+
+
+async def defer_jobs(
+    conn: Target,
+    schema: str,
+    name: str,
+    opts: JobOptions,
+    encoded: Sequence[str],
+    keys: Sequence[str | None] | None,
+) -> list[int]:
+    """Write many jobs of task ``name`` in one statement, as ``defer_many`` does; return their
+    ids in order."""
+    db = await executor(conn)
+    deferral = hooks.Deferral(name, opts.queue, len(encoded))
+    with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+        traceparent = deferral.traceparent
+        statement, values = jobs_insert(name, opts, encoded, traceparent, keys)
+        deferral.ids = await statement.rows(db, schema, *values)
+        return list(deferral.ids)
+
+
+def defer_job_sync(
+    conn: SyncTarget, schema: str, name: str, opts: JobOptions, encoded: str, key: str | None
+) -> int:
+    """:func:`defer_job` on a synchronous connection (:mod:`aioq.dbapi`), as ``defer_sync``
+    does: the same statements, with the same values."""
+    db = sync_executor(conn)
+    deferral = hooks.Deferral(name, opts.queue, 1)
+    with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+        traceparent = deferral.traceparent
+        for statement, values in job_inserts(name, opts, encoded, traceparent, key):
+            job_id = statement.row_sync(db, schema, *values)
+            if job_id is not None:
+                deferral.ids = (job_id,)
+                return job_id
+        raise key_kept_moving(name, opts)
+
+
+def defer_jobs_sync(
+    conn: SyncTarget,
+    schema: str,
+    name: str,
+    opts: JobOptions,
+    encoded: Sequence[str],
+    keys: Sequence[str | None] | None,
+) -> list[int]:
+    """:func:`defer_jobs` on a synchronous connection, as ``defer_many_sync`` does."""
+    db = sync_executor(conn)
+    deferral = hooks.Deferral(name, opts.queue, len(encoded))
+    with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
+        traceparent = deferral.traceparent
+        statement, values = jobs_insert(name, opts, encoded, traceparent, keys)
+        deferral.ids = statement.rows_sync(db, schema, *values)
+        return list(deferral.ids)

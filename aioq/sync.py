@@ -16,14 +16,12 @@ from aioq.codec import decode_result
 from aioq.dbapi import SyncTarget, executor
 from aioq.errors import ConfigError, ResultTimeout
 from aioq.job import Job, possible_id
-from aioq.options import check_queue
 from aioq.results import DEFAULT_RESULT_TIMEOUT, judge_result, warn_uncommitted
 from aioq.sql import DEFAULT_SCHEMA, control_channel, results_channel
 from aioq.sql.admin import GET_ARCHIVED_JOB, GET_JOB
 from aioq.sql.control import CANCEL_JOBS, RESULT_STATE
-from aioq.sql.doorbell import RING
 
-__all__ = ("cancel_jobs_sync", "get_job_sync", "result_sync", "ring_sync")
+__all__ = ("cancel_jobs_sync", "get_job_sync", "result_sync")
 
 _FIRST_POLL = 0.05  # seconds; then doubling, up to:
 _MAX_POLL = 1.0
@@ -36,13 +34,6 @@ def get_job_sync(conn: SyncTarget, job_id: int, *, schema: str = DEFAULT_SCHEMA)
     db = executor(conn)
     found = GET_JOB.row_sync(db, schema, job_id)
     return found if found is not None else GET_ARCHIVED_JOB.row_sync(db, schema, job_id)
-
-
-def ring_sync(conn: SyncTarget, queue: str, *, schema: str = DEFAULT_SCHEMA) -> None:
-    """Ring a queue's doorbell for jobs inserted with raw SQL, as :func:`aioq.ring` does, from
-    synchronous code (in the inserting transaction, or after its commit)."""
-    check_queue("queue", queue)
-    RING.rows_sync(executor(conn), schema, queue)
 
 
 def cancel_jobs_sync(

@@ -7,7 +7,6 @@ What a defer writes, and how, is :mod:`aioq.defer`; the registry that builds tas
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -16,14 +15,12 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
-from aioq import hooks
 from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
 from aioq.codec import encode_args
-from aioq.db import Target, executor
+from aioq.db import Target
 from aioq.dbapi import SyncTarget
-from aioq.dbapi import executor as sync_executor
-from aioq.defer import insert_job, job_inserts, jobs_insert, key_kept_moving
+from aioq.defer import defer_job, defer_job_sync, defer_jobs, defer_jobs_sync, jobs_insert
 from aioq.errors import ArgumentError, ConfigError, DeferError, OptionError
 from aioq.options import JobOptions, check_concurrency_key, check_exceptions, check_text, to_seconds
 from aioq.results import DEFAULT_RESULT_TIMEOUT
@@ -51,7 +48,6 @@ class Home(Protocol):
 
 _FITTING_NAMES_CACHED = 64
 _MAX_RESULT_TTL = 366 * 24 * 3600.0
-_NO_HOOK = contextlib.nullcontext()
 
 
 class Task(Generic[P, R]):
@@ -340,16 +336,7 @@ class TaskCall(Generic[P]):
         arguments = task.bind(args, kwargs)
         encoded = encode_args(task.name, arguments)
         key = None if task.key_of is None else task.key_for(arguments)
-        conn = await executor(conn)
-        schema = task.registry.schema
-        if not hooks.observers:
-            return await insert_job(schema, conn, task.name, opts, encoded, None, key)
-        deferral = hooks.Deferral(task.name, opts.queue, 1)
-        with hooks.deferring(deferral):
-            traceparent = deferral.traceparent
-            job_id = await insert_job(schema, conn, task.name, opts, encoded, traceparent, key)
-            deferral.ids = (job_id,)
-            return job_id
+        return await defer_job(conn, task.registry.schema, task.name, opts, encoded, key)
 
     async def defer_many(self, conn: Target, calls: Iterable[Mapping[str, object]], /) -> list[int]:
         """Enqueue many calls (keyword arguments each) in one statement; return their ids."""
@@ -360,31 +347,16 @@ class TaskCall(Generic[P]):
         if not encoded:
             return []
         keys = self._keys(bound)
-        conn = await executor(conn)
-        deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
-        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            traceparent = deferral.traceparent
-            statement, values = jobs_insert(task.name, opts, encoded, traceparent, keys)
-            deferral.ids = await statement.rows(conn, task.registry.schema, *values)
-            return list(deferral.ids)
+        return await defer_jobs(conn, task.registry.schema, task.name, opts, encoded, keys)
 
     def defer_sync(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Enqueue a call from synchronous code, inside the transaction of ``conn``; return the
-        job id (see :data:`aioq.sync.SyncTarget` for the connections it takes)."""
+        job id (see :data:`aioq.dbapi.SyncTarget` for the connections it takes)."""
         task, opts = self.task, self.opts
         arguments = task.bind(args, kwargs)
         encoded = encode_args(task.name, arguments)
         key = None if task.key_of is None else task.key_for(arguments)
-        db = sync_executor(conn)
-        deferral = hooks.Deferral(task.name, opts.queue, 1)
-        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            traceparent = deferral.traceparent
-            for statement, values in job_inserts(task.name, opts, encoded, traceparent, key):
-                job_id = statement.row_sync(db, task.registry.schema, *values)
-                if job_id is not None:
-                    deferral.ids = (job_id,)
-                    return job_id
-            raise key_kept_moving(task.name, opts)
+        return defer_job_sync(conn, task.registry.schema, task.name, opts, encoded, key)
 
     def defer_many_sync(
         self, conn: SyncTarget, calls: Iterable[Mapping[str, object]], /
@@ -397,10 +369,4 @@ class TaskCall(Generic[P]):
         if not encoded:
             return []
         keys = self._keys(bound)
-        db = sync_executor(conn)
-        deferral = hooks.Deferral(task.name, opts.queue, len(encoded))
-        with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            traceparent = deferral.traceparent
-            statement, values = jobs_insert(task.name, opts, encoded, traceparent, keys)
-            deferral.ids = statement.rows_sync(db, task.registry.schema, *values)
-            return list(deferral.ids)
+        return defer_jobs_sync(conn, task.registry.schema, task.name, opts, encoded, keys)

@@ -14,8 +14,9 @@ import asyncpg
 import pytest
 
 import aioq
+from aioq.doorbell import Armed
 from aioq.sql import LIMITS_CHANGED, channel_name, control_channel
-from aioq.worker.notifier import Armed, Listener
+from aioq.worker.notifier import Listener
 
 pytestmark = pytest.mark.anyio
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 import anyio
 import pytest
 
+from aioq.doorbell import Armed, Doorbell
 from aioq.job import Claim, OutcomeKind
 from aioq.worker.claims import Claims
 from aioq.worker.completer import Completer, Outcome
-from aioq.worker.notifier import Armed
-from aioq.worker.producer import ClaimAhead, Doorbell, Handoff, Producer, Slots
+from aioq.worker.producer import ClaimAhead, Handoff, Producer, Slots
 
 pytestmark = pytest.mark.anyio
 

@@ -1,8 +1,12 @@
-"""The worker's one LISTEN connection: a doorbell per served queue, reconnected with backoff."""
+"""The worker's one LISTEN connection: a doorbell per served queue, reconnected with backoff.
+
+The doorbell's locks on this session, their arming and disarming, are :class:`aioq.doorbell.Watch`;
+this service owns the session: it connects, LISTENs, rings the worker's doorbell for a
+notification of its queues, checks the connection, and reconnects.
+"""
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
@@ -11,25 +15,14 @@ import anyio
 import asyncpg
 
 from aioq.backoff import Backoff
+from aioq.doorbell import Armed, Watch
 from aioq.sql import LIMITS_CHANGED, channel_name
-from aioq.sql import doorbell as sql
 from aioq.sql.admin import PING
 from aioq.worker.service import Service
 
-__all__ = ("Armed", "Listener")
+__all__ = ("Listener",)
 
 logger = logging.getLogger(__name__)
-
-
-class Armed(enum.Enum):
-    """What the producer does after :meth:`Listener.arm`, before it sleeps (docs/architecture.md, "The doorbell")."""
-
-    SLEEP = "sleep"
-    """Every insert into our queues rings (or none can: polling covers it): sleep."""
-    LOOK = "look"
-    """Armed just now: an insert committed before could have skipped the ring: look once more."""
-    LOOK_AGAIN = "look again"
-    """As LOOK, and an insert that may not ring was in flight: look again after a pause."""
 
 
 class Listener(Service[None]):
@@ -64,17 +57,8 @@ class Listener(Service[None]):
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
         self.on_limits = on_limits  # aioq.set_queue changed a queue's limits
-        self.arms = 0  # how many times the doorbell was armed (a statement each, tests aside)
-        self._conn: asyncpg.Connection | None = None
+        self.watch = Watch(schema=schema, queues=queues, within=keepalive)
         self._pid = 0  # its backend: the disarm's own rings are not for us
-        self._talk = anyio.Lock()  # one statement at a time on the connection
-        self._armed = False  # the producer waits for a ring
-        # The doorbell's locks this session holds (aioq.sql.doorbell): standby of these queues,
-        # duty of these; and the queues whose duty a worker may not take yet: an insert is in
-        # flight (see arm()).
-        self._standby: frozenset[str] = frozenset()
-        self._duty: frozenset[str] = frozenset()
-        self._in_flight: frozenset[str] = frozenset()
         self._wake = anyio.Event()  # the connection was lost, or the doorbell must be disarmed
         self._lost = False
 
@@ -87,77 +71,19 @@ class Listener(Service[None]):
         if payload in self.queues:
             # The producer first: its claim goes out before the disarm (the pickup latency).
             self.ring()
-            if self._armed:
-                # One ring per sleep: inserts stop ringing once the locks are released.
-                self._armed = False
+            if self.watch.rung():
                 self._wake.set()
         elif payload == LIMITS_CHANGED and self.on_limits is not None:
             self.on_limits()
 
+    @property
+    def arms(self) -> int:
+        """How many times the doorbell was armed on this worker's sessions."""
+        return self.watch.arms
+
     async def arm(self, queues: Iterable[str] | None = None) -> Armed:
-        """Make inserts into our queues ring, before the producer sleeps ("The doorbell").
-
-        ``queues``: those of our queues the worker can claim from now (None: all). A queue it
-        cannot claim from (paused, at its limit, its rate spent) is not armed: its inserts
-        ring nobody, and the limits' own notification wakes the worker when it may claim again.
-
-        An insert that ran before the doorbell was armed did not ring: the producer must look
-        for it once more (LOOK) before it sleeps; if such an insert was still in flight (its
-        transaction open, its row invisible to that look), again once it may have committed
-        (LOOK_AGAIN: the next arm() tests it again). SLEEP when every insert since the last
-        look rings, or none can (no connection: polling covers it).
-        """
-        wanted = self.queues if queues is None else self.queues.intersection(queues)
-        conn = self._conn
-        if conn is None or (self._armed and not self._in_flight and wanted == self._standby):
-            return Armed.SLEEP
-        try:
-            # Under the lock: a disarm in flight finishes first, and we then see it.
-            async with self._talk:
-                if self._conn is not conn:
-                    return Armed.SLEEP  # lost meanwhile
-                dropped = self._standby - wanted
-                if dropped:
-                    await sql.DISARM_DOORBELL.run(
-                        conn,
-                        self.schema,
-                        sorted(dropped),
-                        sorted(self._duty & dropped),
-                        within=self.keepalive,
-                    )
-                    self._standby -= dropped
-                    self._duty -= dropped
-                    self._in_flight -= dropped
-                fresh = wanted - self._standby
-                tried = fresh | self._in_flight
-                if not tried:
-                    # Never released since the last arm: every insert since has rung.
-                    self._armed = True
-                    return Armed.SLEEP
-                found = await sql.ARM_DOORBELL.rows(
-                    conn, self.schema, sorted(fresh), sorted(tried), within=self.keepalive
-                )
-                if self._conn is not conn:
-                    return Armed.SLEEP  # lost meanwhile, and the locks with it
-                if fresh:
-                    self.arms += 1
-                self._standby |= fresh
-                self._duty |= {d.queue for d in found if d.duty}
-                self._in_flight = frozenset(d.queue for d in found if not d.covered)
-                self._armed = True
-                in_flight = bool(self._in_flight)
-        except Exception as exc:
-            # The connection is going: run_once notices and reconnects; polling covers it.
-            logger.debug("arming the doorbell failed: %s: %s", type(exc).__name__, exc)
-            return Armed.SLEEP
-        return Armed.LOOK_AGAIN if in_flight else Armed.LOOK
-
-    async def _disarm(self, conn: asyncpg.Connection) -> None:
-        """Leave duty and standby on every queue (ringing those that slept on our watch)."""
-        await sql.DISARM_DOORBELL.run(
-            conn, self.schema, sorted(self._standby), sorted(self._duty), within=self.keepalive
-        )
-        self._standby = self._duty = self._in_flight = frozenset()
+        """Arm the doorbell before the producer sleeps (:meth:`aioq.doorbell.Watch.arm`)."""
+        return await self.watch.arm(queues)
 
     def _on_lost(self, conn: object) -> None:
         self._lost = True
@@ -178,7 +104,7 @@ class Listener(Service[None]):
             self.failures.reset()  # the backoff starts afresh after a good connection
             self.connected.set()
             self._pid = conn.get_server_pid()
-            self._conn = conn
+            self.watch.begin(conn)
             self.ring()  # anything deferred while we were away is found now
             logger.debug("listening on %s", self.channel)
             while not self._lost:
@@ -187,30 +113,28 @@ class Listener(Service[None]):
                 self._wake = anyio.Event()
                 if self._lost:
                     break
-                async with self._talk:
-                    if self._standby and not self._armed:
+                async with self.watch.talk:
+                    if self.watch.resting:
                         # Woken by a ring: further inserts need not ring until we sleep again.
-                        await self._disarm(conn)
+                        await self.watch.disarm(conn)
                     elif idle.cancelled_caught:
                         # A cut network shows no termination: ask the server.
                         await PING.run(conn, self.schema, within=self.keepalive)
             logger.warning("LISTEN connection lost; reconnecting in %.2fs", self.interval())
         finally:
-            self._conn = None
-            on_duty = bool(self._duty) and not self._lost
-            self._armed = False
+            on_duty = self.watch.end() and not self._lost
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 try:
                     if on_duty:
                         # Workers that slept on our watch are rung; the locks go with the
                         # session anyway (a worker that dies leaves them to their polls).
-                        async with self._talk:
-                            await self._disarm(conn)
+                        async with self.watch.talk:
+                            await self.watch.disarm(conn)
                     await conn.close(timeout=1)
                 except Exception:
                     conn.terminate()
-            self._standby = self._duty = self._in_flight = frozenset()
+            self.watch.forget()
 
     def interval(self) -> float:
         """Seconds before reconnecting after a session ended: the backoff's first step."""

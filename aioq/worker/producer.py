@@ -14,17 +14,18 @@ import anyio
 from anyio.abc import TaskStatus
 
 from aioq import hooks
+from aioq.doorbell import Armed, Doorbell
 from aioq.job import Claim, OutcomeKind
 from aioq.worker.claimer import Claimer
 from aioq.worker.claims import Claims
 from aioq.worker.completer import Completer, Outcome
-from aioq.worker.notifier import Armed, Listener
+from aioq.worker.notifier import Listener
 from aioq.worker.service import Service
 
 if TYPE_CHECKING:
     from aioq.metrics import Metrics
 
-__all__ = ("ClaimAhead", "Doorbell", "Handoff", "Producer", "Slots")
+__all__ = ("ClaimAhead", "Handoff", "Producer", "Slots")
 
 logger = logging.getLogger(__name__)
 
@@ -41,26 +42,6 @@ ROUND_TRIP_WEIGHT = 0.2
 # may be idle.
 LINGER_ROUND_TRIPS = 10
 LINGER_FLOOR = 0.05
-
-
-class Doorbell:
-    """A wake-up that is not lost: a ring while nobody waits wakes the next wait at once."""
-
-    def __init__(self) -> None:
-        self._rung = anyio.Event()
-
-    def ring(self) -> None:
-        """Wake the producer (new jobs may be ready)."""
-        self._rung.set()
-
-    async def wait(self, seconds: float) -> bool:
-        """Wait for a ring, at most ``seconds``; return True if it rang."""
-        with anyio.move_on_after(seconds):
-            await self._rung.wait()
-        rang = self._rung.is_set()
-        if rang:
-            self._rung = anyio.Event()
-        return rang
 
 
 class Slots:

@@ -17,6 +17,7 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
+from aioq.doorbell import Doorbell
 from aioq.metrics import Metrics
 from aioq.registry import Middleware, Registry
 from aioq.sql import DEFAULT_SCHEMA, control_channel
@@ -31,7 +32,7 @@ from aioq.worker.lease import Heartbeat, Reaper
 from aioq.worker.maintenance import Pruner, Vacuumer
 from aioq.worker.monitor import LoopLag, QueueSampler
 from aioq.worker.notifier import Listener
-from aioq.worker.producer import ClaimAhead, Doorbell, Producer, Slots
+from aioq.worker.producer import ClaimAhead, Producer, Slots
 from aioq.worker.scheduler import Scheduler
 from aioq.worker.service import Service
 

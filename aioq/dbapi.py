@@ -35,6 +35,7 @@ __all__ = (
     "executor",
     "named_rows",
     "run_cursor",
+    "sqlstate",
 )
 
 T = TypeVar("T")
@@ -97,6 +98,24 @@ def run_cursor(cursor: _Cursor, sql: str, params: Mapping[str, object]) -> list[
     if cursor.description is None:
         return []
     return named_rows([column[0] for column in cursor.description], cursor.fetchall())
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a statement's error, however the caller's library wrapped the driver's
+    (psycopg 3's ``sqlstate``, psycopg 2's ``pgcode``; Django's and SQLAlchemy's wrappers hold
+    the driver's error as their cause or ``orig``); None for any other error."""
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(code, str):
+            return code
+        todo += [getattr(error, "orig", None), error.__cause__, error.__context__]
+    return None
 
 
 Adapter: TypeAlias = Callable[[Any], SyncExecutor]

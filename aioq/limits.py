@@ -21,13 +21,15 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from aioq.db import Target, executor
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
 from aioq.errors import ConfigError
 from aioq.options import check_queue
 from aioq.sql import DEFAULT_SCHEMA, channel_name
 from aioq.sql import limits as sql
-from aioq.sql.admin import QUEUE_STATS
+from aioq.sql.admin import QUEUE_STATS, QueueCounts
 
-__all__ = ("UNSET", "QueueInfo", "queues", "set_queue")
+__all__ = ("UNSET", "QueueInfo", "queues", "queues_sync", "set_queue", "set_queue_sync")
 
 MAX_INT = 2**31 - 1  # the limits are integer columns
 # The rate's period is an interval (microseconds; CHECK > 0) whose tenth is a counting slot
@@ -115,6 +117,43 @@ async def set_queue(
     it was never paused). Setting a limit creates the queue's settings. Bad values raise
     ConfigError and change nothing.
     """
+    name, values = _set_queue_values(queue, max_running, rate, paused, max_running_per_key, schema)
+    db = await executor(conn)
+    changed = await sql.SET_QUEUE.row(db, schema, *values)
+    if changed is None:
+        raise _unknown_queue(name)
+    info = {q.name: q for q in await queues(db, schema=schema)}
+    return info[name]
+
+
+def set_queue_sync(
+    conn: SyncTarget,
+    queue: str,
+    *,
+    max_running: int | _Unset | None = UNSET,
+    rate: tuple[int, float | timedelta] | _Unset | None = UNSET,
+    paused: bool | _Unset = UNSET,
+    max_running_per_key: int | _Unset | None = UNSET,
+    schema: str = DEFAULT_SCHEMA,
+) -> QueueInfo:
+    """Set a queue's fleet-wide limits, as :func:`set_queue` does, from synchronous code."""
+    name, values = _set_queue_values(queue, max_running, rate, paused, max_running_per_key, schema)
+    db = sync_executor(conn)
+    if sql.SET_QUEUE.row_sync(db, schema, *values) is None:
+        raise _unknown_queue(name)
+    info = {q.name: q for q in queues_sync(conn, schema=schema)}
+    return info[name]
+
+
+def _set_queue_values(
+    queue: str,
+    max_running: int | _Unset | None,
+    rate: tuple[int, float | timedelta] | _Unset | None,
+    paused: bool | _Unset,
+    max_running_per_key: int | _Unset | None,
+    schema: str,
+) -> tuple[str, tuple[object, ...]]:
+    """Check set_queue's arguments; return the queue's name and SET_QUEUE's values."""
     name = check_queue("queue", queue)
     nothing = max_running is UNSET and rate is UNSET and max_running_per_key is UNSET
     if nothing and paused is UNSET:
@@ -131,10 +170,7 @@ async def set_queue(
     per = None if rate is UNSET else _check_rate(name, rate)
     if paused is not UNSET and not isinstance(paused, bool):
         raise ConfigError("paused", f"queue {name!r}: must be True or False, got {paused!r}")
-    db = await executor(conn)
-    changed = await sql.SET_QUEUE.row(
-        db,
-        schema,
+    values = (
         name,
         *(max_running is not UNSET, limit),
         *(rate is not UNSET, per[0] if per else None, per[1] if per else None),
@@ -144,21 +180,37 @@ async def set_queue(
         max_running_per_key is not UNSET,
         per_key,
     )
-    if changed is None:
-        raise ConfigError(
-            "queue",
-            f"unknown queue {name!r}: it has no settings and no pending or running jobs,"
-            " so it is not paused (a typo?)",
-        )
-    info = {q.name: q for q in await queues(db, schema=schema)}
-    return info[name]
+    return name, values
+
+
+def _unknown_queue(name: str) -> ConfigError:
+    return ConfigError(
+        "queue",
+        f"unknown queue {name!r}: it has no settings and no pending or running jobs,"
+        " so it is not paused (a typo?)",
+    )
 
 
 async def queues(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> list[QueueInfo]:
     """Return every queue that has settings or jobs: its limits and its counts now."""
     conn = await executor(conn)
-    settings = {row.name: row for row in await sql.QUEUE_SETTINGS.rows(conn, schema)}
-    counts = {row.queue: row for row in await QUEUE_STATS.rows(conn, schema)}
+    settings = await sql.QUEUE_SETTINGS.rows(conn, schema)
+    return _queues(settings, await QUEUE_STATS.rows(conn, schema))
+
+
+def queues_sync(conn: SyncTarget, *, schema: str = DEFAULT_SCHEMA) -> list[QueueInfo]:
+    """Return every queue that has settings or jobs, as :func:`queues` does, from synchronous
+    code."""
+    db = sync_executor(conn)
+    settings = sql.QUEUE_SETTINGS.rows_sync(db, schema)
+    return _queues(settings, QUEUE_STATS.rows_sync(db, schema))
+
+
+def _queues(
+    settings_rows: list[sql.QueueSettings], count_rows: list[QueueCounts]
+) -> list[QueueInfo]:
+    settings = {row.name: row for row in settings_rows}
+    counts = {row.queue: row for row in count_rows}
     found = []
     for name in sorted(settings.keys() | counts.keys()):
         s, c = settings.get(name), counts.get(name)

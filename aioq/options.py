@@ -145,7 +145,7 @@ class JobOptions:
     # With unique_key: "keep" the live job as it is, or "replace" a pending one's arguments
     # and run time.
     on_conflict: str = "keep"
-    # Jobs of one key run at most the queue's max_running_per_key at once (aioq.set_queue).
+    # Jobs of one key run at most the queue's max_running_per_key at once (aioq.admin.set_queue).
     concurrency_key: str | None = None
     # Every column but queue, task and args at the table's default: INSERT_DEFAULT_JOB.
     at_defaults: bool = field(init=False, repr=False, compare=False)

@@ -141,7 +141,7 @@ class Registry:
         ``retry_on`` (an exception class or a tuple): only those failures are retried, any
         other makes the job dead at once; ``no_retry_on``: those are never retried.
         ``aioq.Retry`` and ``aioq.Fail`` work as always. ``concurrency_key``: a function of the
-        job's arguments (by keyword) that returns its key (see ``aioq.set_queue``'s
+        job's arguments (by keyword) that returns its key (see ``aioq.admin.set_queue``'s
         ``max_running_per_key``), or None for none.
         """
         if timeout is not None and not timeout > 0:

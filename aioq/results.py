@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Hashable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -34,6 +35,8 @@ import asyncpg
 
 from aioq.codec import decode_result
 from aioq.db import Executor, Opener, Target, executor, wait_opener
+from aioq.dbapi import SyncTarget
+from aioq.dbapi import executor as sync_executor
 from aioq.errors import (
     UNCOMMITTED,
     ConfigError,
@@ -46,7 +49,7 @@ from aioq.job import possible_id
 from aioq.sql import DEFAULT_SCHEMA, results_channel
 from aioq.sql.control import RESULT_STATE, ResultState
 
-__all__ = ("DEFAULT_RESULT_TIMEOUT", "result")
+__all__ = ("DEFAULT_RESULT_TIMEOUT", "result", "result_sync")
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ _RELISTEN_AFTER = 1.0  # seconds between attempts to set the LISTEN up again
 _READ_FLOOR = 1.0  # a read's statement may take this long even when less time remains
 _CONNECT_FLOOR = 0.001  # a waiter out of time still takes a connection that is free at once
 _DROP_WITHIN = 2.0  # seconds to UNLISTEN and give the connection back; then it is closed
+_FIRST_POLL_SYNC = 0.05  # result_sync: then doubling, up to:
+_MAX_POLL_SYNC = 1.0
 
 
 class _Hub:
@@ -309,6 +314,40 @@ async def result(
             del _hubs[key, channel]  # a waiter that comes now builds a new hub
             with anyio.CancelScope(shield=True):
                 await hub.close()
+
+
+def result_sync(
+    db: SyncTarget,
+    job_id: int,
+    *,
+    timeout: float | None = DEFAULT_RESULT_TIMEOUT,
+    schema: str = DEFAULT_SCHEMA,
+) -> Any:
+    """Wait for a job to end and return its value, as :func:`aioq.result` does (it raises the
+    same errors), from synchronous code.
+
+    It polls the job's state, every 50 ms at first and at most every second: each poll is one
+    short read. On a connection in a transaction, every poll runs in that transaction (at
+    READ COMMITTED each sees the latest commits); outside one, each commits on its own.
+    """
+    if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+        raise ConfigError("timeout", f"must be None or a number of seconds >= 0, got {timeout!r}")
+    run = sync_executor(db)
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    delay = _FIRST_POLL_SYNC
+    warned = False
+    while True:
+        state = RESULT_STATE.row_sync(run, schema, job_id) if possible_id(job_id) else None
+        status = judge_result(job_id, state)
+        assert state is not None  # judge_result raised otherwise
+        if status is None:
+            return decode_result(state.result or "null")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ResultTimeout(job_id, timeout or 0.0, status, uncommitted=state.uncommitted)
+        warned = warned or warn_uncommitted(job_id, state)
+        time.sleep(min(delay, remaining))
+        delay = min(2 * delay, _MAX_POLL_SYNC)
 
 
 async def _wait_on(db: Target) -> tuple[Hashable, Executor | None, Opener | None]:

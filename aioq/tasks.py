@@ -302,7 +302,7 @@ class Call:
     concurrency_key: str | None
 
     def __repr__(self) -> str:
-        return f"<aioq.Call {self.task.name} {self.args}>"
+        return f"<aioq.tasks.Call {self.task.name} {self.args}>"
 
 
 @dataclass(frozen=True, slots=True)

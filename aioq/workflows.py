@@ -18,7 +18,6 @@ from typing import Any
 import asyncpg
 
 from aioq import hooks
-from aioq.admin import cancel_jobs
 from aioq.codec import decode_result
 from aioq.db import Executor, Target, executor
 from aioq.dbapi import SyncTarget
@@ -36,11 +35,12 @@ __all__ = (
     "WorkflowInfo",
     "WorkflowRun",
     "WorkflowStep",
-    "cancel_workflow",
     "chain",
     "group",
     "list_workflows",
+    "list_workflows_sync",
     "workflow",
+    "workflow_sync",
 )
 
 ON_FAILURE = ("cancel", "run")
@@ -322,11 +322,26 @@ def _counts(row: sql.WorkflowRow) -> dict[str, int]:
 async def workflow(
     conn: Target, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
 ) -> WorkflowInfo | None:
-    """Return a run with every step's name, job id and status; None if there is none."""
+    """Return a run with every step's name, job id, status and result; None if there is none."""
     db = await executor(conn)
     row = await sql.GET_WORKFLOW.row(db, schema, workflow_id)
     if row is None:
         return None
+    return _run(row, await sql.WORKFLOW_STEPS.rows(db, schema, workflow_id))
+
+
+def workflow_sync(
+    conn: SyncTarget, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
+) -> WorkflowInfo | None:
+    """Return a run, as :func:`workflow` does, from synchronous code."""
+    db = sync_executor(conn)
+    row = sql.GET_WORKFLOW.row_sync(db, schema, workflow_id)
+    if row is None:
+        return None
+    return _run(row, sql.WORKFLOW_STEPS.rows_sync(db, schema, workflow_id))
+
+
+def _run(row: sql.WorkflowRow, step_rows: list[sql.StepRow]) -> WorkflowInfo:
     steps = [
         WorkflowStep(
             name=s.name,
@@ -340,7 +355,7 @@ async def workflow(
             last_error=s.last_error,
             result=None if s.result is None else decode_result(s.result),
         )
-        for s in await sql.WORKFLOW_STEPS.rows(db, schema, workflow_id)
+        for s in step_rows
     ]
     return WorkflowInfo(
         id=row.id,
@@ -362,6 +377,19 @@ async def list_workflows(
     steps exactly, so the list stays cheap however large the runs."""
     db = await executor(conn)
     bound = LIST_COUNT_LIMIT
+    return _runs(await sql.LIST_WORKFLOWS.rows(db, schema, limit, name, bound), bound)
+
+
+def list_workflows_sync(
+    conn: SyncTarget, *, name: str | None = None, limit: int = 50, schema: str = DEFAULT_SCHEMA
+) -> list[WorkflowInfo]:
+    """Return the newest runs first, as :func:`list_workflows` does, from synchronous code."""
+    db = sync_executor(conn)
+    bound = LIST_COUNT_LIMIT
+    return _runs(sql.LIST_WORKFLOWS.rows_sync(db, schema, limit, name, bound), bound)
+
+
+def _runs(rows: list[sql.WorkflowRow], bound: int) -> list[WorkflowInfo]:
     return [
         WorkflowInfo(
             id=r.id,
@@ -371,24 +399,5 @@ async def list_workflows(
             counts=_counts(r),
             count_limit=bound,
         )
-        for r in await sql.LIST_WORKFLOWS.rows(db, schema, limit, name, bound)
+        for r in rows
     ]
-
-
-async def cancel_workflow(
-    conn: Target, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
-) -> dict[int, str]:
-    """Cancel a run: its waiting and pending steps at once, a cancel request to its running
-    ones (see :func:`aioq.cancel_jobs`); return each live step's state by job id.
-
-    Each step it cancels says why in its ``last_error``: ``cancelled: workflow run N
-    cancelled``."""
-    db = await executor(conn)
-    ids = await sql.WORKFLOW_JOBS.rows(db, schema, workflow_id)
-    reason = cancelled_reason(workflow_id)
-    return await cancel_jobs(db, ids, reason=reason, schema=schema) if ids else {}
-
-
-def cancelled_reason(workflow_id: int) -> str:
-    """The last_error of the steps of a cancelled run."""
-    return f"cancelled: workflow run {workflow_id} cancelled"

@@ -81,11 +81,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             for statement in args.sql:
                 await conn.execute(statement)
             if args.mode == "loose":
-                await aioq.set_queue(conn, "default", max_running=1_000_000)
+                await aioq.admin.set_queue(conn, "default", max_running=1_000_000)
             elif args.mode == "max_running":
-                await aioq.set_queue(conn, "default", max_running=max(1, args.concurrency // 2))
+                await aioq.admin.set_queue(conn, "default", max_running=max(1, args.concurrency // 2))
             elif args.mode == "rate":
-                await aioq.set_queue(conn, "default", rate=(1_000_000, 1.0))
+                await aioq.admin.set_queue(conn, "default", rate=(1_000_000, 1.0))
             await conn.execute(
                 "INSERT INTO aioq.jobs (task) SELECT 'noop' FROM generate_series(1, $1)", args.n
             )

@@ -69,14 +69,14 @@ async def main() -> None:
             "INSERT INTO aioq.jobs (task, args, concurrency_key)"
             " SELECT 'noop', '{}', 'small-' || (i % 20) FROM generate_series(1, 1000) AS i"
         )
-        await aioq.set_queue(conn, "default", max_running_per_key=5)
+        await aioq.admin.set_queue(conn, "default", max_running_per_key=5)
     else:
         await conn.execute(
             "INSERT INTO aioq.jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, $1)",
             args.n,
         )
     if args.limited:
-        await aioq.set_queue(conn, "default", max_running=10 * args.concurrency)
+        await aioq.admin.set_queue(conn, "default", max_running=10 * args.concurrency)
     await conn.execute("VACUUM ANALYZE aioq.jobs")
     worker = aioq.Worker(
         dsn=args.dsn,

@@ -105,7 +105,7 @@ def create_app(dsn: str, *, concurrency: int = 10) -> FastAPI:
     @app.get("/jobs/{job_id}")
     async def job_state(job_id: int, request: Request) -> JobState:
         pool: asyncpg.Pool = request.app.state.pool
-        job = await aioq.get_job(pool, job_id, schema=registry.schema)
+        job = await aioq.admin.get_job(pool, job_id, schema=registry.schema)
         if job is not None:
             return JobState(job_id=job_id, state=job.status.value, last_error=job.last_error)
         welcomed = await pool.fetchval("SELECT 1 FROM welcomes WHERE job_id = $1", job_id)

@@ -159,7 +159,7 @@ def create_app(dsn: str, *, concurrency: int = 10) -> FastAPI:
         users = await session.scalar(select(func.count()).select_from(User))
         welcomes = await session.scalar(select(func.count()).select_from(Welcome))
         # aioq's admin functions take the session too, or an asyncpg pool.
-        jobs = await aioq.list_jobs(session, task=send_welcome.name, schema=registry.schema)
+        jobs = await aioq.admin.list_jobs(session, task=send_welcome.name, schema=registry.schema)
         return Counts(users=users or 0, welcomes=welcomes or 0, jobs=len(jobs))
 
     return app

@@ -2,7 +2,7 @@
 
 POST /signup writes a user and defers its welcome job on the same psycopg connection, in
 ONE transaction: both commit or neither does (``?fail=1`` shows the rollback). GET /jobs/<id>
-reads the job back with ``aioq.get_job_sync``. The worker is a separate process::
+reads the job back with ``aioq.admin.get_job_sync``. The worker is a separate process::
 
     pip install 'aioq-pg[psycopg]' flask
     export AIOQ_DSN=postgresql://localhost/app
@@ -77,7 +77,7 @@ def create_app(dsn: str) -> Flask:
 
     @app.get("/jobs/<int:job_id>")
     def job(job_id: int) -> dict[str, object]:
-        found = aioq.get_job_sync(db(), job_id)
+        found = aioq.admin.get_job_sync(db(), job_id)
         if found is None:
             abort(404)
         return {"status": found.status.value, "result": found.result}

@@ -70,19 +70,19 @@ async def main() -> None:
             with anyio.fail_after(60):
                 # 1. Results: wait on LISTEN (polling as the fallback), typed by the task.
                 value: int = await total.result(pool, order, timeout=30)
-                info = await aioq.get_job(pool, order)
+                info = await aioq.admin.get_job(pool, order)
                 assert info is not None
                 print(f"1. total: {value}; status {info.status}, progress {info.progress}")
 
                 # 2. Progress, read from another connection while the job runs.
-                job = await aioq.get_job(pool, long)
+                job = await aioq.admin.get_job(pool, long)
                 while job is None or not job.progress:
                     await anyio.sleep(0.05)
-                    job = await aioq.get_job(pool, long)
+                    job = await aioq.admin.get_job(pool, long)
                 print(f"2. export running: {job.progress:.0%} ({job.progress_note})")
 
                 # 3. Cancel: the worker holding each job stops it within about a second.
-                states = await aioq.cancel_jobs(pool, [long, spin, order])
+                states = await aioq.admin.cancel_jobs(pool, [long, spin, order])
                 print(f"3. cancel_jobs: {states}")
                 for job_id in (long, spin):
                     try:

@@ -52,14 +52,17 @@ async def test_cancel_pending_and_scheduled_jobs_never_run(
     ready = await work.defer(conn, i=1)
     later = await work.options(delay=3600).defer(conn, i=2)
     kept = await work.defer(conn, i=3)
-    assert await aioq.cancel_jobs(conn, [later, ready, ready, 99999]) == {
+    assert await aioq.admin.cancel_jobs(conn, [later, ready, ready, 99999]) == {
         ready: "cancelled",
         later: "cancelled",
         99999: "missing",
     }
     first = await conn.fetch("SELECT id, cancel_requested_at, run_at FROM aioq.jobs ORDER BY id")
     # A second cancel is a no-op: same answer, nothing written.
-    assert await aioq.cancel_jobs(conn, [ready, later]) == {ready: "cancelled", later: "cancelled"}
+    assert await aioq.admin.cancel_jobs(conn, [ready, later]) == {
+        ready: "cancelled",
+        later: "cancelled",
+    }
     assert (
         await conn.fetch("SELECT id, cancel_requested_at, run_at FROM aioq.jobs ORDER BY id")
         == first
@@ -67,13 +70,13 @@ async def test_cancel_pending_and_scheduled_jobs_never_run(
 
     await make_worker().run_until_idle()
     assert ran == [3]
-    job = await aioq.get_job(conn, ready)
+    job = await aioq.admin.get_job(conn, ready)
     assert job is not None
-    assert (job.status, job.attempts, job.locked_by) == (aioq.JobStatus.CANCELLED, 0, None)
+    assert (job.status, job.attempts, job.locked_by) == (aioq.admin.JobStatus.CANCELLED, 0, None)
     assert job.cancel_requested_at is not None
-    assert [j.id for j in await aioq.list_jobs(conn, status="cancelled")] == [ready, later]
-    assert await aioq.get_job(conn, kept) is None  # succeeded, not kept
-    assert await aioq.cancel_jobs(conn, [kept]) == {kept: "missing"}  # no trace left
+    assert [j.id for j in await aioq.admin.list_jobs(conn, status="cancelled")] == [ready, later]
+    assert await aioq.admin.get_job(conn, kept) is None  # succeeded, not kept
+    assert await aioq.admin.cancel_jobs(conn, [kept]) == {kept: "missing"}  # no trace left
 
 
 async def test_ids_no_job_can_have_are_missing(
@@ -84,16 +87,16 @@ async def test_ids_no_job_can_have_are_missing(
 
     job_id = await some.defer(conn)
     for absent in (2**63, 2**64, -(2**63) - 1):
-        assert await aioq.cancel_jobs(conn, [absent, job_id]) == {
+        assert await aioq.admin.cancel_jobs(conn, [absent, job_id]) == {
             absent: "missing",
             job_id: "cancelled",
         }
-        assert await aioq.get_job(conn, absent) is None
-        assert (await aioq.retry_dead(conn, job_id=absent)).retried == []
-        assert await aioq.delete_jobs(conn, [absent]) == []
+        assert await aioq.admin.get_job(conn, absent) is None
+        assert (await aioq.admin.replay(conn, job_id=absent)).retried == []
+        assert await aioq.admin.delete_jobs(conn, [absent]) == []
         with pytest.raises(aioq.ResultMissing):
             await aioq.result(conn, absent, timeout=0)
-    assert await aioq.cancel_jobs(conn, [-1]) == {-1: "missing"}
+    assert await aioq.admin.cancel_jobs(conn, [-1]) == {-1: "missing"}
 
 
 async def test_cancel_reports_dead_and_finished_jobs(
@@ -116,7 +119,7 @@ async def test_cancel_reports_dead_and_finished_jobs(
     async def fine() -> None: ...
 
     await make_worker(keep_completed=True).run_until_idle()
-    assert await aioq.cancel_jobs(conn, [dead, done, archived]) == {
+    assert await aioq.admin.cancel_jobs(conn, [dead, done, archived]) == {
         dead: "dead",
         done: "finished",
         archived: "finished",
@@ -134,7 +137,7 @@ async def test_cancelled_jobs_are_pruned_with_dead_retention(
     async def work() -> None: ...
 
     ids = [await work.defer(conn) for _ in range(5)]
-    await aioq.cancel_jobs(conn, ids)
+    await aioq.admin.cancel_jobs(conn, ids)
     await conn.execute("UPDATE aioq.jobs SET run_at = now() - interval '2 hours'")
     keep = Pruner(
         schema="aioq",
@@ -158,8 +161,8 @@ async def test_cancelled_jobs_are_pruned_with_dead_retention(
     assert [await prune.run_once() for _ in range(4)] == [2, 2, 1, 0]  # bounded batches
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
     # purge --dead is about dead jobs only
-    await aioq.cancel_jobs(conn, [await work.defer(conn)])
-    assert await aioq.purge_dead(conn) == 0
+    await aioq.admin.cancel_jobs(conn, [await work.defer(conn)])
+    assert await aioq.admin.purge_dead(conn) == 0
 
 
 # --- running jobs, in this process ------------------------------------------------------------
@@ -189,7 +192,7 @@ async def test_notification_cancels_a_running_async_job(
     async with make_worker(heartbeat_interval=3600) as worker:
         with anyio.fail_after(20):
             await started.wait()
-            assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
+            assert await aioq.admin.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             await stopped.wait()
             await until_sql(
                 conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job_id
@@ -200,12 +203,12 @@ async def test_notification_cancels_a_running_async_job(
             other = await after.defer(conn)
             await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", other)
         assert len(worker.current.claims) == 0
-    job = await aioq.get_job(conn, job_id)
+    job = await aioq.admin.get_job(conn, job_id)
     assert job is not None
-    assert (job.status, job.attempts, job.locked_by) == (aioq.JobStatus.CANCELLED, 1, None)
+    assert (job.status, job.attempts, job.locked_by) == (aioq.admin.JobStatus.CANCELLED, 1, None)
     assert runs == [1]
     # Idempotent: asking again says what it is and changes nothing.
-    assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelled"}
+    assert await aioq.admin.cancel_jobs(conn, [job_id]) == {job_id: "cancelled"}
 
 
 async def test_cancel_watch_delivers_when_the_listen_connection_is_down(
@@ -226,7 +229,7 @@ async def test_cancel_watch_delivers_when_the_listen_connection_is_down(
             await started.wait()
             assert worker.current.listener is not None
             assert not worker.current.listener.connected.is_set()
-            assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
+            assert await aioq.admin.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             await until_sql(
                 conn, "SELECT status = 'cancelled' FROM aioq.jobs WHERE id = $1", job_id
             )
@@ -246,7 +249,10 @@ async def test_cancel_watch_run_once_finds_only_our_requested_claims(
     in_flight = {c.id: held.get(c) for c in claims}
     watch = CancelWatch(schema="aioq", db=conn, worker_id="me", claims=held, interval=1)
     assert await watch.run_once() == []
-    assert await aioq.cancel_jobs(conn, ids[:2]) == {ids[0]: "cancelling", ids[1]: "cancelling"}
+    assert await aioq.admin.cancel_jobs(conn, ids[:2]) == {
+        ids[0]: "cancelling",
+        ids[1]: "cancelling",
+    }
     in_flight[ids[1]].finished = True  # its outcome is on its way: it keeps it
     assert await watch.run_once() == [ids[0]]
     assert in_flight[ids[0]].cancel_requested
@@ -279,7 +285,7 @@ async def test_sync_task_polls_cancel_requested_and_ends_cancelled(
     async with make_worker(heartbeat_interval=3600):
         with anyio.fail_after(20):
             await eventually(started.is_set, "the thread to start")
-            assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
+            assert await aioq.admin.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             with pytest.raises(aioq.JobCancelled):
                 await aioq.result(conn, job_id, timeout=15)
             # Recorded only after the thread returned: no run overlaps another.
@@ -307,7 +313,7 @@ async def test_a_cancel_for_a_claimed_job_not_started_yet_skips_it(
     async with make_worker(concurrency=1, claim_batch=1, heartbeat_interval=3600, prefetch=0):
         with anyio.fail_after(20):
             await until_sql(conn, "SELECT status = 'running' FROM aioq.jobs WHERE id = $1", a)
-            assert await aioq.cancel_jobs(conn, [b]) == {b: "cancelled"}  # still pending
+            assert await aioq.admin.cancel_jobs(conn, [b]) == {b: "cancelled"}  # still pending
             gate.set()
             await until_sql(conn, "SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", a)
     assert ran == []
@@ -328,7 +334,7 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     # Requested, then the owner stalls and its lease is rescued: cancelled, never pending.
     first = await work.defer(conn)
     [stale] = await statements.claim(conn, ["default"], 1, "stalled")
-    assert await aioq.cancel_jobs(conn, [first]) == {first: "cancelling"}
+    assert await aioq.admin.cancel_jobs(conn, [first]) == {first: "cancelling"}
     await conn.execute(expire, first)
     assert await reaper.run_once() == [Rescued(first, "cancelled")]
     # The stalled owner wakes up: every write of its claim is fenced off.
@@ -343,7 +349,7 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     [stale] = await statements.claim(conn, ["default"], 1, "stalled")
     await conn.execute(expire, second)
     assert await reaper.run_once() == [Rescued(second, "pending")]
-    assert await aioq.cancel_jobs(conn, [second]) == {second: "cancelled"}
+    assert await aioq.admin.cancel_jobs(conn, [second]) == {second: "cancelled"}
     assert await statements.write(conn, "stalled", [stale], OutcomeKind.CANCEL) == set()
 
     # Claimed again by a new owner and cancelled: the old owner's write still changes nothing.
@@ -352,7 +358,7 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     await conn.execute(expire, third)
     await reaper.run_once()
     [new] = await statements.claim(conn, ["default"], 1, "new")
-    assert await aioq.cancel_jobs(conn, [third]) == {third: "cancelling"}
+    assert await aioq.admin.cancel_jobs(conn, [third]) == {third: "cancelling"}
     assert await statements.write(conn, "old", [old], OutcomeKind.CANCEL) == set()
     assert await status_of(conn, third) == "running"
     assert await statements.write(conn, "new", [new], OutcomeKind.CANCEL) == {third}
@@ -361,16 +367,16 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     # A failed attempt written after the request never goes back to pending.
     fourth = await work.defer(conn)
     [mine] = await statements.claim(conn, ["default"], 1, "w")
-    await aioq.cancel_jobs(conn, [fourth])
+    await aioq.admin.cancel_jobs(conn, [fourth])
     assert await statements.write(conn, "w", [mine], OutcomeKind.FAIL, error="x") == {fourth}
     assert await status_of(conn, fourth) == "cancelled"
 
     # A replayed dead job does not inherit a request that came too late for it.
     fifth = await work.defer(conn)
     [mine] = await statements.claim(conn, ["default"], 1, "w")
-    await aioq.cancel_jobs(conn, [fifth])
+    await aioq.admin.cancel_jobs(conn, [fifth])
     assert await statements.write(conn, "w", [mine], OutcomeKind.BURY, error="boom") == {fifth}
-    assert (await aioq.retry_dead(conn, job_id=fifth)).retried == [fifth]
+    assert (await aioq.admin.replay(conn, job_id=fifth)).retried == [fifth]
     assert await conn.fetchval(
         "SELECT cancel_requested_at IS NULL FROM aioq.jobs WHERE id = $1", fifth
     )
@@ -416,7 +422,7 @@ async def test_cancels_racing_completions_across_workers_end_in_legal_states(
             random.shuffle(todo)
             while todo:
                 batch, todo = todo[:7], todo[7:]
-                answers.update(await aioq.cancel_jobs(canceller, batch))
+                answers.update(await aioq.admin.cancel_jobs(canceller, batch))
                 answered.update((job_id, time.monotonic()) for job_id in batch)
                 await anyio.sleep(random.uniform(0, 0.02))
                 if len(todo) < n // 2:
@@ -556,7 +562,7 @@ async def test_cancel_a_running_job_in_a_worker_process_from_another_process(
         latencies = []
         for job_id in jobs[:2]:
             asked = await conn.fetchval("SELECT clock_timestamp()")
-            assert await aioq.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
+            assert await aioq.admin.cancel_jobs(conn, [job_id]) == {job_id: "cancelling"}
             await until_sql(
                 conn, "SELECT EXISTS (SELECT FROM runs WHERE job_id = $1 AND phase = 'cancelled')",
                 job_id,

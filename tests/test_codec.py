@@ -177,8 +177,8 @@ def test_nesting_limit_is_the_walks(depth: int, container: type) -> None:
 def test_values_orjson_encodes_but_jsonb_would_change_are_refused(value: object) -> None:
     """orjson encodes each of these (the enums even compare equal to what comes back)."""
     orjson.dumps(value)
-    with pytest.raises(aioq.SerializationError) as info:
+    with pytest.raises(aioq.errors.SerializationError) as info:
         codec.encode_args("t", {"x": [None, {"y": value}]})
     assert info.value.argument == "x[1]['y']"
-    with pytest.raises(aioq.ResultError):
+    with pytest.raises(aioq.errors.ResultError):
         codec.encode_result("t", 1, {"y": [value]})

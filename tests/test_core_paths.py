@@ -62,7 +62,7 @@ async def test_short_leases_hold_whatever_the_heartbeat_interval(
 
 
 def test_leases_below_the_floor_are_refused(registry: aioq.Registry) -> None:
-    with pytest.raises(aioq.ConfigError, match="lease"):
+    with pytest.raises(aioq.errors.ConfigError, match="lease"):
 
         @registry.task(lease=MIN_LEASE / 2)
         async def short() -> None: ...
@@ -70,7 +70,7 @@ def test_leases_below_the_floor_are_refused(registry: aioq.Registry) -> None:
     @registry.task(name="t.ok")
     async def ok() -> None: ...
 
-    with pytest.raises(aioq.ConfigError, match="lease"):
+    with pytest.raises(aioq.errors.ConfigError, match="lease"):
         ok.options(lease=0.1)
 
 

@@ -294,13 +294,13 @@ async def test_run_at_is_stored_exactly(
 
 
 async def test_bad_time_options_raise_config_error(send: aioq.Task[[int, str], None]) -> None:
-    with pytest.raises(aioq.ConfigError, match="run_at"):
+    with pytest.raises(aioq.errors.ConfigError, match="run_at"):
         send.options(run_at=datetime(2031, 1, 1))  # naive
-    with pytest.raises(aioq.ConfigError, match="run_at"):
+    with pytest.raises(aioq.errors.ConfigError, match="run_at"):
         send.options(delay=5, run_at=datetime(2031, 1, 1, tzinfo=UTC))
-    with pytest.raises(aioq.ConfigError, match="delay"):
+    with pytest.raises(aioq.errors.ConfigError, match="delay"):
         send.options(delay=-1)
-    with pytest.raises(aioq.ConfigError, match="delay"):
+    with pytest.raises(aioq.errors.ConfigError, match="delay"):
         send.options(delay="5")  # type: ignore[arg-type]
 
 
@@ -312,7 +312,7 @@ async def test_bad_time_options_raise_config_error(send: aioq.Task[[int, str], N
 def test_out_of_range_options_raise_config_error(
     send: aioq.Task[[int, str], None], options: dict[str, Any]
 ) -> None:
-    with pytest.raises(aioq.ConfigError, match=next(iter(options))):
+    with pytest.raises(aioq.errors.ConfigError, match=next(iter(options))):
         send.options(**options)
 
 
@@ -391,7 +391,7 @@ async def test_unique_key_rolled_back_leaves_the_key_free(
 async def test_defer_many_refuses_a_unique_key(
     conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
 ) -> None:
-    with pytest.raises(aioq.DeferError, match="unique_key") as info:
+    with pytest.raises(aioq.errors.DeferError, match="unique_key") as info:
         await send.options(unique_key="k").defer_many(conn, [{"order_id": 1}])
     assert info.value.task_name == send.name
     assert await count_jobs(conn) == 0
@@ -430,9 +430,9 @@ async def test_unserialisable_argument_raises_before_anything_is_written(
 
     async with conn.transaction():
         await store_it.defer(conn, payload="fine")
-        with pytest.raises(aioq.SerializationError) as info:
+        with pytest.raises(aioq.errors.SerializationError) as info:
             await store_it.defer(conn, n=1, payload=value)
-        with pytest.raises(aioq.SerializationError):
+        with pytest.raises(aioq.errors.SerializationError):
             await store_it.defer_many(conn, [{"payload": 1}, {"payload": value}, {"payload": 2}])
         # The caller's transaction is untouched and still usable.
         assert await count_jobs(conn) == 1
@@ -440,7 +440,7 @@ async def test_unserialisable_argument_raises_before_anything_is_written(
     assert await count_jobs(conn) == 2
 
     error = info.value
-    assert isinstance(error, aioq.DeferError)
+    assert isinstance(error, aioq.errors.DeferError)
     assert isinstance(error, aioq.AioqError)
     assert (error.task_name, error.argument) == (store_it.name, path)
     assert repr(store_it.name) in str(error)
@@ -473,7 +473,7 @@ async def test_wrong_arguments_raise_argument_error_before_anything_is_written(
                 await send.defer_many(conn, [{"order_id": 1}, kwargs])
         assert await conn.fetchval("SELECT 1") == 1
     assert await count_jobs(conn) == 0
-    assert isinstance(info.value, aioq.DeferError)
+    assert isinstance(info.value, aioq.errors.DeferError)
     assert info.value.task_name == send.name
     assert send.name in str(info.value)
 
@@ -529,7 +529,7 @@ async def test_every_accepted_float_round_trips_with_its_type(
     for value in (1e16, -1e16, 1.5e17, 9.2e18, 1e20):
         try:
             job_id = await measure.defer(conn, x=value)
-        except aioq.SerializationError:
+        except aioq.errors.SerializationError:
             continue  # refusing it is fine too: nothing changes silently
         text = await conn.fetchval("SELECT args::text FROM aioq.jobs WHERE id = $1", job_id)
         back = orjson.loads(text)["x"]
@@ -547,7 +547,7 @@ def test_star_args_and_positional_only_are_refused_at_registration(
     def positional(a: int, /, b: int) -> None: ...
 
     for fn in (star, positional):
-        with pytest.raises(aioq.ConfigError, match="keyword"):
+        with pytest.raises(aioq.errors.ConfigError, match="keyword"):
             registry.task(fn)
     assert len(registry) == 0
 
@@ -570,7 +570,7 @@ def test_a_taken_name_refuses_a_different_function(registry: aioq.Registry) -> N
 
     registered = registry.task(name="jobs.cleanup")(first)
     assert registry.task(name="jobs.cleanup")(first).fn is first  # same function: fine
-    with pytest.raises(aioq.ConfigError, match=r"jobs\.cleanup"):
+    with pytest.raises(aioq.errors.ConfigError, match=r"jobs\.cleanup"):
         registry.task(name="jobs.cleanup")(second)
     assert registry.get("jobs.cleanup") is not None
     assert registry.get("jobs.cleanup").fn is registered.fn  # type: ignore[union-attr]

@@ -341,7 +341,7 @@ def test_unique_key_inside_a_rolled_back_savepoint(
 
 
 def test_defer_many_refuses_a_unique_key(sync: Sync, send: aioq.Task[[int, str], None]) -> None:
-    with pytest.raises(aioq.DeferError, match="unique_key") as info:
+    with pytest.raises(aioq.errors.DeferError, match="unique_key") as info:
         send.options(unique_key="k").defer_many_sync(sync.target, [{"order_id": 1}])
     assert info.value.task_name == send.name
     assert sync.value("SELECT count(*) FROM aioq.jobs") == 0
@@ -369,9 +369,9 @@ def test_unserialisable_argument_raises_before_anything_is_written(
     def store_it(payload: object, n: int = 0) -> None: ...
 
     store_it.defer_sync(sync.target, payload="fine")
-    with pytest.raises(aioq.SerializationError) as info:
+    with pytest.raises(aioq.errors.SerializationError) as info:
         store_it.defer_sync(sync.target, n=1, payload=value)
-    with pytest.raises(aioq.SerializationError):
+    with pytest.raises(aioq.errors.SerializationError):
         store_it.defer_many_sync(sync.target, [{"payload": 1}, {"payload": value}])
     # The caller's transaction is untouched and still usable.
     store_it.defer_sync(sync.target, payload="also fine")
@@ -406,7 +406,7 @@ def test_wrong_arguments_raise_argument_error_before_anything_is_written(
 
 
 def test_bad_options_raise_before_anything_is_written(send: aioq.Task[[int, str], None]) -> None:
-    with pytest.raises(aioq.OptionError, match="run_at"):
+    with pytest.raises(aioq.errors.OptionError, match="run_at"):
         send.options(run_at=datetime(2031, 1, 1))  # naive: the same check as defer's
 
 
@@ -436,7 +436,7 @@ def test_valid_arguments_round_trip_exactly(
 def test_a_connection_aioq_cannot_use_is_a_config_error(
     target: object, fragment: str, send: aioq.Task[[int, str], None]
 ) -> None:
-    with pytest.raises(aioq.ConfigError, match=fragment):
+    with pytest.raises(aioq.errors.ConfigError, match=fragment):
         send.defer_sync(target, order_id=1)  # type: ignore[arg-type]
 
 
@@ -444,11 +444,11 @@ def test_sqlalchemy_on_another_dialect_or_an_engine_is_refused(
     dsn: str, send: aioq.Task[[int, str], None], tmp_path: Any
 ) -> None:
     lite = sqlalchemy.create_engine(f"sqlite:///{tmp_path}/x.db")
-    with Session(lite) as session, pytest.raises(aioq.ConfigError, match="sqlite"):
+    with Session(lite) as session, pytest.raises(aioq.errors.ConfigError, match="sqlite"):
         send.defer_sync(session, order_id=1)
     engine = _engine(dsn)
     try:
-        with pytest.raises(aioq.ConfigError, match="Engine"):
+        with pytest.raises(aioq.errors.ConfigError, match="Engine"):
             send.defer_sync(engine, order_id=1)  # type: ignore[arg-type]
     finally:
         engine.dispose()
@@ -463,7 +463,7 @@ def test_an_async_psycopg_connection_is_refused(
     async def attempt() -> None:
         conn = await psycopg.AsyncConnection.connect(dsn)
         try:
-            with pytest.raises(aioq.ConfigError, match="AsyncConnection"):
+            with pytest.raises(aioq.errors.ConfigError, match="AsyncConnection"):
                 send.defer_sync(conn, order_id=1)  # type: ignore[arg-type]
         finally:
             await conn.close()
@@ -480,16 +480,19 @@ def test_get_cancel_and_result_from_sync_code(
     a = send.defer_sync(sync.target, order_id=1)
     b = send.options(unique_key="b").defer_sync(sync.target, order_id=2)
     sync.commit()
-    job = aioq.get_job_sync(sync.target, b)
+    job = aioq.admin.get_job_sync(sync.target, b)
     assert job is not None
     assert (job.status, job.unique_key, orjson.loads(job.args)) == (
         "pending",
         "b",
         {"order_id": 2},
     )
-    assert aioq.get_job_sync(sync.target, 10**9) is None
-    assert aioq.cancel_jobs_sync(sync.target, [a, a, 10**9]) == {a: "cancelled", 10**9: "missing"}
-    assert aioq.cancel_jobs_sync(sync.target, [a]) == {a: "cancelled"}  # idempotent
+    assert aioq.admin.get_job_sync(sync.target, 10**9) is None
+    assert aioq.admin.cancel_jobs_sync(sync.target, [a, a, 10**9]) == {
+        a: "cancelled",
+        10**9: "missing",
+    }
+    assert aioq.admin.cancel_jobs_sync(sync.target, [a]) == {a: "cancelled"}  # idempotent
     sync.commit()
     with pytest.raises(aioq.JobCancelled):
         aioq.result_sync(sync.target, a, timeout=1)
@@ -498,11 +501,11 @@ def test_get_cancel_and_result_from_sync_code(
     assert info.value.status == "pending"
     with pytest.raises(aioq.ResultMissing):
         aioq.result_sync(sync.target, 10**9, timeout=1)
-    with pytest.raises(aioq.ConfigError, match="timeout"):
+    with pytest.raises(aioq.errors.ConfigError, match="timeout"):
         aioq.result_sync(sync.target, b, timeout=-1)
     # An id past bigint names no job, as any absent id (the driver would refuse it).
-    assert aioq.get_job_sync(sync.target, 2**63) is None
-    assert aioq.cancel_jobs_sync(sync.target, [2**63, -(2**63) - 1]) == {
+    assert aioq.admin.get_job_sync(sync.target, 2**63) is None
+    assert aioq.admin.cancel_jobs_sync(sync.target, [2**63, -(2**63) - 1]) == {
         -(2**63) - 1: "missing",
         2**63: "missing",
     }

@@ -234,7 +234,7 @@ def test_bad_arguments_are_refused_before_anything_is_written(project: dict[str,
     with transaction.atomic():
         with pytest.raises(TypeError):
             tasks().add.enqueue(object(), 1)
-        with pytest.raises(aioq.SerializationError, match="nan"):
+        with pytest.raises(aioq.errors.SerializationError, match="nan"):
             tasks().add.enqueue(float("nan"), 1)
         tasks().add.enqueue((1, 2), 3)  # Django's JSON: a tuple is a list
     [(args,)] = sql(dsn, "SELECT args::text FROM aioq.jobs")
@@ -285,8 +285,8 @@ def test_defer_sync_on_djangos_connection_follows_its_transactions(
             notify.defer_sync(connection, order=7)  # type: ignore[call-arg]
         assert sql(dsn, "SELECT count(*) FROM aioq.jobs") == [(0,)]
     assert sql(dsn, "SELECT id FROM aioq.jobs ORDER BY id") == [(kept,), (keyed,)]
-    assert aioq.get_job_sync(connection, kept).queue == "emails"  # type: ignore[union-attr]
-    assert aioq.cancel_jobs_sync(connection, [kept]) == {kept: "cancelled"}
+    assert aioq.admin.get_job_sync(connection, kept).queue == "emails"  # type: ignore[union-attr]
+    assert aioq.admin.cancel_jobs_sync(connection, [kept]) == {kept: "cancelled"}
 
 
 def test_a_database_that_is_not_postgresql_is_refused(project: dict[str, str]) -> None:
@@ -298,7 +298,7 @@ def test_a_database_that_is_not_postgresql_is_refused(project: dict[str, str]) -
 
         __module__ = connection.__class__.__module__
 
-    with pytest.raises(aioq.ConfigError, match="legacy"):
+    with pytest.raises(aioq.errors.ConfigError, match="legacy"):
         tasks().notify.defer_sync(Elsewhere(), order_id=1)  # type: ignore[arg-type]
 
 

@@ -217,7 +217,7 @@ def test_python_blocks_use_aioq_as_it_is(block: Block) -> None:
 
 
 def test_the_python_check_catches_a_renamed_function_and_a_wrong_keyword() -> None:
-    assert python_problems("await aioq.set_queue(conn, 'q', max_running=5)") == []
+    assert python_problems("await aioq.admin.set_queue(conn, 'q', max_running=5)") == []
     assert python_problems("@aioq.task(queue='q')\nasync def f() -> None: ...") == []
     assert python_problems("from aioq.testing import job_context\njob_context(id=1)") == []
     assert python_problems("await aioq.set_queues(conn, 'q')") == [

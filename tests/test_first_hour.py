@@ -266,27 +266,27 @@ async def test_get_job_finds_a_succeeded_job_in_the_archive(
     first, second = await kept.defer_many(conn, [{"i": 1}, {"i": 2}])
     worker = make_worker(keep_completed=True)
     await run_until_idle(worker)
-    job = await aioq.get_job(conn, first)
+    job = await aioq.admin.get_job(conn, first)
     assert job is not None
-    assert job.status is aioq.JobStatus.SUCCEEDED
+    assert job.status is aioq.admin.JobStatus.SUCCEEDED
     assert (job.id, job.task, job.queue, json.loads(job.args)) == (first, "t.kept", "q", {"i": 1})
     assert job.locked_by == worker.id
     assert job.attempts == 1
     assert job.finished_at is not None
     assert job.locked_at is not None
     assert job.created_at <= job.locked_at <= job.finished_at
-    listed = await aioq.list_jobs(conn, status="succeeded", task="t.kept")
+    listed = await aioq.admin.list_jobs(conn, status="succeeded", task="t.kept")
     assert [j.id for j in listed] == [first, second]
-    assert await aioq.list_jobs(conn, status="succeeded", queue="other") == []
+    assert await aioq.admin.list_jobs(conn, status="succeeded", queue="other") == []
 
     # Without keep_completed the job is deleted: nothing to find.
     gone = await kept.defer(conn, i=3)
     await run_until_idle(make_worker())
-    assert await aioq.get_job(conn, gone) is None
+    assert await aioq.admin.get_job(conn, gone) is None
     pending = await kept.options(delay=3600).defer(conn, i=4)
-    found = await aioq.get_job(conn, pending)
+    found = await aioq.admin.get_job(conn, pending)
     assert found is not None
-    assert found.status is aioq.JobStatus.PENDING
+    assert found.status is aioq.admin.JobStatus.PENDING
     assert found.finished_at is None
 
 
@@ -315,8 +315,8 @@ async def test_released_jobs_are_found_succeeded_with_the_worker_that_finished_t
         for worker in finishers:
             tg.start_soon(run_until_idle, worker)
     assert await count_jobs(conn) == 0
-    found = [await aioq.get_job(conn, job_id) for job_id in ids]
-    assert all(j is not None and j.status is aioq.JobStatus.SUCCEEDED for j in found)
+    found = [await aioq.admin.get_job(conn, job_id) for job_id in ids]
+    assert all(j is not None and j.status is aioq.admin.JobStatus.SUCCEEDED for j in found)
     owners = {j.locked_by for j in found if j is not None}
     assert owners <= {victim.id, *(w.id for w in finishers)}
     assert owners & {w.id for w in finishers}  # the released jobs were finished by others
@@ -374,9 +374,9 @@ async def test_workers_share_the_applications_pool_and_leave_it_open(
 
 def test_a_worker_on_a_pool_still_needs_a_dsn_for_listen(registry: aioq.Registry) -> None:
     pool: Any = object()  # never used: the check comes first
-    with pytest.raises(aioq.ConfigError, match="dsn: a worker needs dsn="):
+    with pytest.raises(aioq.errors.ConfigError, match="dsn: a worker needs dsn="):
         aioq.Worker(pool=pool, registry=registry)
-    with pytest.raises(aioq.ConfigError, match="dsn"):
+    with pytest.raises(aioq.errors.ConfigError, match="dsn"):
         aioq.Worker(registry=registry)
     assert aioq.Worker(pool=pool, registry=registry, listen=False).pool is pool
     listening = aioq.Worker(pool=pool, registry=registry, listen_dsn="postgresql://x/y")

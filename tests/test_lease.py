@@ -297,7 +297,7 @@ async def test_worker_polls_while_it_cannot_listen(
 
 def test_retry_delay_must_be_finite_and_bounded() -> None:
     for delay in (float("inf"), float("nan"), -1.0, 1e12):
-        with pytest.raises(aioq.ConfigError):
+        with pytest.raises(aioq.errors.ConfigError):
             aioq.Retry(delay=delay)
 
 

@@ -45,7 +45,7 @@ async def defer_noops(conn: asyncpg.Connection, queue: str, n: int, sleep: float
 @pytest.mark.anyio
 async def test_set_queue_and_queues(conn: asyncpg.Connection) -> None:
     await defer_noops(conn, "emails", 3)
-    info = await aioq.set_queue(conn, "billing", max_running=5, rate=(100, 60.0))
+    info = await aioq.admin.set_queue(conn, "billing", max_running=5, rate=(100, 60.0))
     assert (info.name, info.max_running, info.rate, info.paused) == (
         "billing",
         5,
@@ -54,16 +54,16 @@ async def test_set_queue_and_queues(conn: asyncpg.Connection) -> None:
     )
     assert info.window_claims == 0
     # What is not given stays; None removes a limit; a timedelta is a period.
-    info = await aioq.set_queue(conn, "billing", paused=True)
+    info = await aioq.admin.set_queue(conn, "billing", paused=True)
     assert (info.max_running, info.rate, info.paused) == (5, (100, 60.0), True)
-    info = await aioq.set_queue(conn, "billing", rate=None, max_running=2)
+    info = await aioq.admin.set_queue(conn, "billing", rate=None, max_running=2)
     assert (info.max_running, info.rate, info.paused) == (2, None, True)
-    info = await aioq.set_queue(conn, "billing", rate=(3, timedelta(minutes=1)), paused=False)
+    info = await aioq.admin.set_queue(conn, "billing", rate=(3, timedelta(minutes=1)), paused=False)
     assert (info.rate, info.paused) == ((3, 60.0), False)
     # A queue that only has jobs may be paused; it then has settings.
-    info = await aioq.set_queue(conn, "emails", paused=True)
+    info = await aioq.admin.set_queue(conn, "emails", paused=True)
     assert (info.paused, info.ready, info.max_running) == (True, 3, None)
-    listed = await aioq.queues(conn)
+    listed = await aioq.admin.queues(conn)
     assert [(q.name, q.paused, q.ready) for q in listed] == [
         ("billing", False, 0),
         ("emails", True, 3),
@@ -102,10 +102,10 @@ async def test_set_queue_and_queues(conn: asyncpg.Connection) -> None:
 async def test_bad_values_change_nothing(
     conn: asyncpg.Connection, options: dict[str, Any], field: str, fragment: str
 ) -> None:
-    await aioq.set_queue(conn, "billing", max_running=5)
+    await aioq.admin.set_queue(conn, "billing", max_running=5)
     before = await settings(conn)
-    with pytest.raises(aioq.ConfigError) as caught:
-        await aioq.set_queue(conn, "billing", **options)
+    with pytest.raises(aioq.errors.ConfigError) as caught:
+        await aioq.admin.set_queue(conn, "billing", **options)
     assert caught.value.field == field
     assert "'billing'" in str(caught.value) or field == "queue"
     assert fragment in str(caught.value)
@@ -120,7 +120,7 @@ async def test_a_queue_with_nothing_yet_can_be_paused_not_resumed(
     async def charge() -> None: ...
 
     # Pausing ahead of a deploy: the queue has no limit and no jobs yet.
-    info = await aioq.set_queue(conn, "billing", paused=True)
+    info = await aioq.admin.set_queue(conn, "billing", paused=True)
     assert (info.name, info.paused, info.max_running, info.ready) == ("billing", True, None, 0)
     # The deploy defers; two workers leave the job alone until the resume.
     job_id = await charge.defer(conn)
@@ -128,23 +128,23 @@ async def test_a_queue_with_nothing_yet_can_be_paused_not_resumed(
         for _ in range(2):
             tg.start_soon(make_worker(queues=["billing"]).run_until_idle)
     assert await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", job_id) == "pending"
-    await aioq.set_queue(conn, "billing", paused=False)
+    await aioq.admin.set_queue(conn, "billing", paused=False)
     await make_worker(queues=["billing"]).run_until_idle()
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
     # A resume of a queue that was never paused is a typo.
-    with pytest.raises(aioq.ConfigError, match=r"unknown queue 'bilint'.*a typo") as caught:
-        await aioq.set_queue(conn, "bilint", paused=False)
+    with pytest.raises(aioq.errors.ConfigError, match=r"unknown queue 'bilint'.*a typo") as caught:
+        await aioq.admin.set_queue(conn, "bilint", paused=False)
     assert caught.value.field == "queue"
-    with pytest.raises(aioq.ConfigError, match="non-empty name"):
-        await aioq.set_queue(conn, "", max_running=1)
+    with pytest.raises(aioq.errors.ConfigError, match="non-empty name"):
+        await aioq.admin.set_queue(conn, "", max_running=1)
     assert [row["name"] for row in await settings(conn)] == ["billing"]
 
 
 @pytest.mark.anyio
 async def test_the_rate_bounds_are_what_the_database_stores(conn: asyncpg.Connection) -> None:
-    shortest = await aioq.set_queue(conn, "fast", rate=(1, MIN_RATE_PERIOD))
+    shortest = await aioq.admin.set_queue(conn, "fast", rate=(1, MIN_RATE_PERIOD))
     assert shortest.rate == (1, MIN_RATE_PERIOD)
-    longest = await aioq.set_queue(conn, "slow", rate=(MAX_INT, MAX_RATE_PERIOD))
+    longest = await aioq.admin.set_queue(conn, "slow", rate=(MAX_INT, MAX_RATE_PERIOD))
     assert longest.rate == (MAX_INT, MAX_RATE_PERIOD)
 
 
@@ -162,7 +162,7 @@ async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
 ) -> None:
     """32 claimers at once, each asking for 50, on a queue with max_running=5: 5 in all."""
     await defer_noops(conn, "billing", 500)
-    await aioq.set_queue(conn, "billing", max_running=5)
+    await aioq.admin.set_queue(conn, "billing", max_running=5)
     claimed: list[int] = []
     async with asyncpg.create_pool(dsn, min_size=32, max_size=32) as pool:
 
@@ -178,12 +178,12 @@ async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
     assert await conn.fetchval(running) == 5
     # A limit raised takes effect at the next claim; a lowered one lets none in until below it.
     gate = claimer(conn, ["billing"])
-    await aioq.set_queue(conn, "billing", max_running=7)
+    await aioq.admin.set_queue(conn, "billing", max_running=7)
     assert len(await gate.claim(50)) == 2
-    await aioq.set_queue(conn, "billing", max_running=3)
+    await aioq.admin.set_queue(conn, "billing", max_running=3)
     assert await gate.claim(50) == []
     # Removing the limit: the plain claim again (after the view is read anew).
-    await aioq.set_queue(conn, "billing", max_running=None)
+    await aioq.admin.set_queue(conn, "billing", max_running=None)
     gate.changed()
     assert len(await gate.claim(50)) == 50
     assert gate.limited == frozenset()
@@ -192,25 +192,25 @@ async def test_claims_of_a_limited_queue_take_no_more_than_its_room(
 @pytest.mark.anyio
 async def test_a_rate_window_counts_claims(conn: asyncpg.Connection) -> None:
     await defer_noops(conn, "api", 100)
-    await aioq.set_queue(conn, "api", rate=(7, 3600.0))
+    await aioq.admin.set_queue(conn, "api", rate=(7, 3600.0))
     gate = claimer(conn, ["api"])
     assert len(await gate.claim(5)) == 5
     assert len(await gate.claim(5)) == 2
     assert await gate.claim(5) == []
     assert gate.wake_after == pytest.approx(360.0)  # a tenth of the period
     # Once the rate is gone, so is the early wake-up.
-    await aioq.set_queue(conn, "api", rate=None)
+    await aioq.admin.set_queue(conn, "api", rate=None)
     gate.changed()
     assert len(await gate.claim(1)) == 1
     assert gate.wake_after == float("inf")
-    await aioq.set_queue(conn, "api", rate=(7, 3600.0))
+    await aioq.admin.set_queue(conn, "api", rate=(7, 3600.0))
     gate.changed()
     # An idle rate-limited queue is not polled faster: no jobs held back, nothing to wake for.
     idle = claimer(conn, ["quiet"])
-    await aioq.set_queue(conn, "quiet", rate=(7, 1.0))
+    await aioq.admin.set_queue(conn, "quiet", rate=(7, 1.0))
     assert await idle.claim(5) == []
     assert idle.wake_after == float("inf")
-    [info, _] = await aioq.queues(conn)
+    [info, _] = await aioq.admin.queues(conn)
     assert info.window_claims == 7
     # Completing the jobs does not give the window back: it counts claims, not running jobs.
     await conn.execute("DELETE FROM aioq.jobs WHERE status = 'running'")
@@ -253,7 +253,7 @@ async def test_max_running_holds_across_worker_processes(
     """3 processes x concurrency 20 on a queue with max_running=3, jobs of 0.2 s: never more
     than 3 running (sampled every 20 ms in the database), and 3 at once is reached."""
     jobs = 60
-    await aioq.set_queue(conn, "limited", max_running=3)
+    await aioq.admin.set_queue(conn, "limited", max_running=3)
     fleet("--processes", "3", "--concurrency", "20", "--queue", "limited", "--keep-completed")
     await listening(conn, 3)
     await defer_noops(conn, "limited", jobs, sleep=0.2)
@@ -282,7 +282,7 @@ async def test_rate_limit_holds_in_every_window(
 ) -> None:
     """rate (20, 1.0) for 4+ s: at most 20 claims in any 1 s window, and claims go on past the
     first window's 20."""
-    await aioq.set_queue(conn, "api", rate=(20, 1.0))
+    await aioq.admin.set_queue(conn, "api", rate=(20, 1.0))
     await defer_noops(conn, "api", 400)
     fleet("--processes", "2", "--concurrency", "10", "--queue", "api", "--keep-completed")
     await eventually(
@@ -322,7 +322,7 @@ async def test_pause_keeps_jobs_pending_and_resume_wakes_workers_at_once(
             held = [await hold.options(queue="work").defer(conn) for _ in range(3)]
         running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"
         await eventually(lambda: _is(conn, running, 3))
-        await aioq.set_queue(conn, "work", paused=True)
+        await aioq.admin.set_queue(conn, "work", paused=True)
         assert worker.current.claimer is not None
         await eventually(
             lambda: "work" in worker.current.claimer.limited, "the gate to see the pause"
@@ -334,9 +334,9 @@ async def test_pause_keeps_jobs_pending_and_resume_wakes_workers_at_once(
         assert await conn.fetchval(running) == 0
         pending = "SELECT count(*) FROM aioq.jobs WHERE status = 'pending'"
         assert await conn.fetchval(pending) == 200
-        [info] = await aioq.queues(conn)
+        [info] = await aioq.admin.queues(conn)
         assert (info.paused, info.ready, info.running) == (True, 200, 0)
-        await aioq.set_queue(conn, "work", paused=False)
+        await aioq.admin.set_queue(conn, "work", paused=False)
         await eventually(lambda: _is(conn, "SELECT count(*) FROM aioq.jobs", 0))
     assert len(finished) == 203
 
@@ -360,12 +360,12 @@ async def test_a_limit_set_on_a_running_worker_holds(
     ):
         await defer_noops(conn, "work", 4)
         await eventually(lambda: _is(conn, running, 4))
-        await aioq.set_queue(conn, "work", max_running=6)
+        await aioq.admin.set_queue(conn, "work", max_running=6)
         await defer_noops(conn, "work", 30)
         await eventually(lambda: _is(conn, running, 6))
         await anyio.sleep(1.5)  # past the workers' refresh: nothing more may start
         assert await conn.fetchval(running) == 6
-        await aioq.set_queue(conn, "work", max_running=None)
+        await aioq.admin.set_queue(conn, "work", max_running=None)
         await eventually(lambda: _is(conn, running, 20))
         stop.set()
 
@@ -435,7 +435,7 @@ async def test_ten_workers_of_fifty_never_run_more_than_max_running(
     async def nap(sleep: float = 0.0) -> None:
         await anyio.sleep(sleep)
 
-    await aioq.set_queue(conn, "billing", max_running=5)
+    await aioq.admin.set_queue(conn, "billing", max_running=5)
     await defer_noops(conn, "billing", 150, sleep=0.03)
     samples: list[int] = []
     running = "SELECT count(*) FROM aioq.jobs WHERE status = 'running'"

@@ -54,7 +54,7 @@ def work(registry: aioq.Registry) -> aioq.Task[[int], None]:
 def test_an_int_past_floats_range_is_refused(work: aioq.Task[[int], None]) -> None:
     for field in ("delay", "lease"):  # OverflowError from float() before
         with pytest.raises(
-            aioq.OptionError, match=f"option {field}: .*an integer past float's range"
+            aioq.errors.OptionError, match=f"option {field}: .*an integer past float's range"
         ):
             work.options(**{field: 10**400})  # type: ignore[arg-type]
 
@@ -66,17 +66,17 @@ async def test_bad_duration_or_time_is_refused_and_the_transaction_stays_usable(
     [(field, _)] = options.items()
     async with conn.transaction():
         await conn.execute("CREATE TEMP TABLE mine (n int)")
-        with pytest.raises(aioq.DeferError) as info:
+        with pytest.raises(aioq.errors.DeferError) as info:
             await work.options(**options).defer(conn, n=1)
-        with pytest.raises(aioq.DeferError):
+        with pytest.raises(aioq.errors.DeferError):
             await work.options(**options).defer_many(conn, [{"n": 1}, {"n": 2}])
         # The caller's transaction goes on: its own statements still run and commit.
         await conn.execute("INSERT INTO mine VALUES (1)")
     assert await conn.fetchval("SELECT count(*) FROM mine") == 1
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
     error = info.value
-    assert isinstance(error, aioq.OptionError)
-    assert isinstance(error, aioq.ConfigError)  # what options(...) raised before
+    assert isinstance(error, aioq.errors.OptionError)
+    assert isinstance(error, aioq.errors.ConfigError)  # what options(...) raised before
     assert (error.task_name, error.field) == ("t.work", field)
     assert str(error).startswith(f"cannot defer 't.work': option {field}: ")
 
@@ -89,7 +89,7 @@ async def test_bad_duration_or_time_is_refused_and_the_transaction_stays_usable(
 def test_task_decorator_refuses_a_bad_lease(
     registry: aioq.Registry, options: dict[str, Any]
 ) -> None:
-    with pytest.raises(aioq.ConfigError, match=r"^lease: "):
+    with pytest.raises(aioq.errors.ConfigError, match=r"^lease: "):
 
         @registry.task(**options)
         async def work() -> None: ...
@@ -103,7 +103,7 @@ def test_task_decorator_refuses_a_bad_lease(
     ids=repr,
 )
 def test_backoff_refuses_delays_the_completer_could_not_write(backoff: dict[str, Any]) -> None:
-    with pytest.raises(aioq.ConfigError, match=next(iter(backoff))):
+    with pytest.raises(aioq.errors.ConfigError, match=next(iter(backoff))):
         aioq.Backoff(**backoff)
 
 
@@ -141,15 +141,15 @@ async def test_purge_dead_refuses_an_age_out_of_range_before_any_sql(
     conn: asyncpg.Connection, older_than: float
 ) -> None:
     async with conn.transaction():
-        with pytest.raises(aioq.ConfigError, match=r"^older_than: "):
-            await aioq.purge_dead(conn, older_than=older_than)
+        with pytest.raises(aioq.errors.ConfigError, match=r"^older_than: "):
+            await aioq.admin.purge_dead(conn, older_than=older_than)
         assert await conn.fetchval("SELECT 1") == 1  # the transaction is still usable
 
 
 @pytest.mark.parametrize("field", ["archive_retention", "dead_retention", "workflow_retention"])
 @pytest.mark.parametrize("value", [math.inf, 1e12], ids=repr)
 def test_retention_out_of_range_is_refused(field: str, value: float) -> None:
-    with pytest.raises(aioq.ConfigError, match=f"^{field}: "):
+    with pytest.raises(aioq.errors.ConfigError, match=f"^{field}: "):
         aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
 
 
@@ -170,14 +170,14 @@ INTERVALS = (
 @pytest.mark.parametrize("field", [*INTERVALS, "shutdown_grace"])
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, -1.0, 1e12, "5", True], ids=repr)
 def test_worker_durations_out_of_range_are_refused(field: str, value: object) -> None:
-    with pytest.raises(aioq.ConfigError, match=f"^{field}: ") as refused:
+    with pytest.raises(aioq.errors.ConfigError, match=f"^{field}: ") as refused:
         aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
     assert refused.value.field == field
 
 
 @pytest.mark.parametrize("field", INTERVALS)
 def test_worker_intervals_must_not_be_zero(field: str) -> None:
-    with pytest.raises(aioq.ConfigError, match=f"^{field}: "):
+    with pytest.raises(aioq.errors.ConfigError, match=f"^{field}: "):
         aioq.WorkerConfig(**{field: 0})  # type: ignore[arg-type]
     aioq.WorkerConfig(**{field: 0.001})  # type: ignore[arg-type]
 
@@ -203,7 +203,7 @@ def test_worker_edge_durations_are_accepted() -> None:
 def test_worker_counts_are_integers(field: str, value: object) -> None:
     # True is an int to isinstance: it used to be taken as a count of 1.
     with pytest.raises(
-        aioq.ConfigError, match=f"^{field}: (must be|must be None or) an integer >= 1"
+        aioq.errors.ConfigError, match=f"^{field}: (must be|must be None or) an integer >= 1"
     ):
         aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
     aioq.WorkerConfig(**{field: 2})  # type: ignore[arg-type]
@@ -223,5 +223,5 @@ def test_integer_options_are_integers(
     work: aioq.Task[[int], None], options: dict[str, Any]
 ) -> None:
     # The driver used to store priority=1.5 as 1 and max_attempts=2.5 as 2, silently.
-    with pytest.raises(aioq.OptionError, match=next(iter(options))):
+    with pytest.raises(aioq.errors.OptionError, match=next(iter(options))):
         work.options(**options)

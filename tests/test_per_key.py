@@ -88,14 +88,14 @@ async def test_bad_keys_and_limits_are_refused_before_anything_is_written(
         registry.task(name="u", concurrency_key="tenant")(lambda: None)  # type: ignore[call-overload]
     for value in (0, -1, 1.5, True, "3"):
         with pytest.raises(ConfigError, match="max_running_per_key: queue 'q': must be an integer"):
-            await aioq.set_queue(conn, "q", max_running_per_key=value)  # type: ignore[arg-type]
+            await aioq.admin.set_queue(conn, "q", max_running_per_key=value)  # type: ignore[arg-type]
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
     assert await conn.fetchval("SELECT count(*) FROM aioq.queues") == 0
-    info = await aioq.set_queue(conn, "q", max_running_per_key=3)
+    info = await aioq.admin.set_queue(conn, "q", max_running_per_key=3)
     assert (info.max_running_per_key, info.max_running) == (3, None)
-    info = await aioq.set_queue(conn, "q", max_running=10)  # what is not given stays
+    info = await aioq.admin.set_queue(conn, "q", max_running=10)  # what is not given stays
     assert (info.max_running_per_key, info.max_running) == (3, 10)
-    info = await aioq.set_queue(conn, "q", max_running_per_key=None)
+    info = await aioq.admin.set_queue(conn, "q", max_running_per_key=None)
     assert (info.max_running_per_key, info.max_running) == (None, 10)
 
 
@@ -108,7 +108,7 @@ async def test_the_claim_takes_no_more_than_each_keys_room_and_keys_in_turn(
     await defer_keyed(conn, "t", "big", 500)
     for key in ("a", "b", "c"):
         await defer_keyed(conn, "t", key, 5)
-    await aioq.set_queue(conn, "t", max_running_per_key=2)
+    await aioq.admin.set_queue(conn, "t", max_running_per_key=2)
     gate = claimer(conn, ["t"])
     # A claim of 5: one job of each of the five groups (keys in turn), not five of "big",
     # which holds the oldest jobs.
@@ -149,13 +149,13 @@ async def test_the_claim_takes_no_more_than_each_keys_room_and_keys_in_turn(
 async def test_max_running_and_per_key_limits_hold_together(conn: asyncpg.Connection) -> None:
     for key in ("a", "b", "c", "d"):
         await defer_keyed(conn, "t", key, 10)
-    await aioq.set_queue(conn, "t", max_running_per_key=3, max_running=5)
+    await aioq.admin.set_queue(conn, "t", max_running_per_key=3, max_running=5)
     gate = claimer(conn, ["t"])
     assert len(await gate.claim(100)) == 5
     counts = await running_per_key(conn, "t")
     assert sum(counts.values()) == 5
     assert max(counts.values()) <= 2
-    await aioq.set_queue(conn, "t", max_running=None)
+    await aioq.admin.set_queue(conn, "t", max_running=None)
     gate.changed()
     assert len(await gate.claim(100)) == 7
     assert await running_per_key(conn, "t") == {"a": 3, "b": 3, "c": 3, "d": 3}
@@ -168,7 +168,7 @@ async def test_concurrent_claimers_never_exceed_a_keys_limit(
     """16 claimers at once on 4 keys with max_running_per_key=2: 8 claimed, 2 per key."""
     for key in ("a", "b", "c", "d"):
         await defer_keyed(conn, "t", key, 50)
-    await aioq.set_queue(conn, "t", max_running_per_key=2)
+    await aioq.admin.set_queue(conn, "t", max_running_per_key=2)
     pool = await asyncpg.create_pool(dsn, min_size=16, max_size=16)
     try:
         claimed: list[int] = []
@@ -191,7 +191,7 @@ async def test_a_queue_without_keys_runs_the_plain_claim(conn: asyncpg.Connectio
     await defer_keyed(conn, "t", "a", 5)
     gate = claimer(conn, ["t"])
     assert len(await gate.claim(100)) == 5  # keys mean nothing without the setting
-    await aioq.set_queue(conn, "t", max_running=100)
+    await aioq.admin.set_queue(conn, "t", max_running=100)
     await defer_keyed(conn, "t", "a", 5)
     gate.changed()
     assert len(await gate.claim(100)) == 5
@@ -228,7 +228,7 @@ async def test_small_keys_finish_before_a_large_backlog_across_processes(
     """One key with 3 000 jobs (deferred first), 20 keys with 20 each, max_running_per_key=2,
     2 processes x 10 consumers, 20 ms jobs: every small key's job is done while the big key
     still has most of its backlog, and no key ever runs more than 2 at once."""
-    await aioq.set_queue(conn, "t", max_running_per_key=2)
+    await aioq.admin.set_queue(conn, "t", max_running_per_key=2)
     await defer_keyed(conn, "t", "big", 3000, sleep=0.02)
     for i in range(20):
         await defer_keyed(conn, "t", f"small-{i}", 20, sleep=0.02)
@@ -253,7 +253,7 @@ async def test_per_key_limit_survives_a_killed_worker(
     """Two workers on 1 s leases, one SIGKILLed mid-run: its claims are reaped and run again,
     every job runs, and no key runs more than 2 at once (the dead worker's expired claims
     count until reaped)."""
-    await aioq.set_queue(conn, "t", max_running_per_key=2)
+    await aioq.admin.set_queue(conn, "t", max_running_per_key=2)
     for i in range(5):
         await defer_keyed(conn, "t", f"k{i}", 20, sleep=0.1)
     victim = fleet("--concurrency", "10", "--queue", "t", "--keep-completed")

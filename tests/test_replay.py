@@ -50,7 +50,7 @@ async def test_retry_dead_replays_one_job_per_unique_key_and_reports_the_rest(
     live = await keyed.options(unique_key="k3", delay=3600).defer(conn, n=10)
 
     async with conn.transaction():
-        replay = await aioq.retry_dead(conn, all=True)
+        replay = await aioq.admin.replay(conn, all=True)
         # The caller's transaction is still usable after the replay.
         assert await conn.fetchval("SELECT 1") == 1
 
@@ -70,7 +70,7 @@ async def test_retry_dead_replays_one_job_per_unique_key_and_reports_the_rest(
     assert sorted(ran) == replay.retried
 
     # The key is free again once its replayed job finished: the older job can come back now.
-    again = await aioq.retry_dead(conn, job_id=[older_k1, dead["k3"][0]])
+    again = await aioq.admin.replay(conn, job_id=[older_k1, dead["k3"][0]])
     assert again.retried == [older_k1]
     assert again.skipped == {dead["k3"][0]: f"unique_key 'k3' is held by live job {live}"}
 
@@ -89,10 +89,10 @@ async def test_retry_dead_skips_a_key_taken_by_a_defer_that_commits_during_the_r
         tx = other.transaction()
         await tx.start()
         rival = await keyed.options(unique_key="k").defer(other)  # live, not committed yet
-        result: list[aioq.Replay] = []
+        result: list[aioq.admin.Replay] = []
 
         async def replay() -> None:
-            result.append(await aioq.retry_dead(conn, job_id=dead_id))
+            result.append(await aioq.admin.replay(conn, job_id=dead_id))
 
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -106,7 +106,7 @@ async def test_retry_dead_skips_a_key_taken_by_a_defer_that_commits_during_the_r
                 await tx.commit()
     finally:
         await other.close()
-    assert result == [aioq.Replay(retried=[], skipped={dead_id: f"unique_key 'k' is held by live job {rival}"})]  # fmt: skip
+    assert result == [aioq.admin.Replay(retried=[], skipped={dead_id: f"unique_key 'k' is held by live job {rival}"})]  # fmt: skip
     assert (await _statuses(conn))[dead_id] == "dead"
 
 

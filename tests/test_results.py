@@ -61,15 +61,15 @@ async def test_results_round_trip(
             assert await total.result(conn, summed, timeout=10) == 5
     assert got == values
     assert await echo.result(pool, ids[0]) == 7  # kept: asked again, same answer
-    job = await aioq.get_job(conn, ids[2])
+    job = await aioq.admin.get_job(conn, ids[2])
     assert job is not None
-    assert job.status is aioq.JobStatus.SUCCEEDED
+    assert job.status is aioq.admin.JobStatus.SUCCEEDED
     assert job.result is not None
     assert json.loads(job.result) == {"a": [1, 2.5, None, True]}
-    listed = await aioq.list_jobs(conn, status="succeeded", limit=3)
+    listed = await aioq.admin.list_jobs(conn, status="succeeded", limit=3)
     assert [j.id for j in listed] == ids[:3]
     assert [j.result for j in listed] == ["7", '"text"', '{"a": [1, 2.5, null, true]}']
-    none = await aioq.get_job(conn, ids[3])
+    none = await aioq.admin.get_job(conn, ids[3])
     assert none is not None
     assert none.result == "null"  # None is stored, as null
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0  # the hot table is empty
@@ -99,7 +99,7 @@ async def test_without_result_ttl_nothing_is_kept_and_nobody_is_rung(
     await make_worker().run_until_idle()
     with pytest.raises(aioq.ResultMissing, match=f"job {job_id}: no result is stored"):
         await aioq.result(conn, job_id, timeout=1)
-    with pytest.raises(aioq.ConfigError, match="keeps no results"):
+    with pytest.raises(aioq.errors.ConfigError, match="keeps no results"):
         await plain.result(conn, job_id)
     assert await conn.fetchval("SELECT count(*) FROM aioq.results") == 0
     await listener.execute("SELECT 1")  # a round trip: any notification has arrived by now
@@ -133,9 +133,9 @@ async def test_dead_job_raises_job_failed_and_bad_return_values_fail_the_attempt
     assert raised.value.last_error.startswith("ValueError: no stock for order 7")
     assert "no stock for order 7" in str(raised.value)
     # Not JSON: the attempt failed with a clear error and followed the retry policy.
-    job = await aioq.get_job(conn, odd)
+    job = await aioq.admin.get_job(conn, odd)
     assert job is not None
-    assert (job.status, job.attempts) == (aioq.JobStatus.DEAD, 2)
+    assert (job.status, job.attempts) == (aioq.admin.JobStatus.DEAD, 2)
     assert job.last_error == (
         "ResultError: task 'weird': return value has type set, which is not JSON (use None,"
         " bool, int, float, str, list or dict with str keys)"
@@ -161,7 +161,7 @@ async def test_timeout_raises_and_leaves_the_job_alone(
     assert raised.value.status == "pending"
     assert await conn.fetchrow("SELECT * FROM aioq.jobs WHERE id = $1", job_id) == before
     assert results.listening_connections() == 0  # the last waiter gave its LISTEN back
-    with pytest.raises(aioq.ConfigError, match="timeout"):
+    with pytest.raises(aioq.errors.ConfigError, match="timeout"):
         await aioq.result(conn, job_id, timeout=-1)
 
 
@@ -283,12 +283,12 @@ async def test_cancelled_job_raises_job_cancelled(
             async def wait() -> None:
                 try:
                     await never.result(pool, job_id, timeout=None)
-                except aioq.NoResult as exc:
+                except aioq.errors.NoResult as exc:
                     outcome.append(exc)
 
             tg.start_soon(wait)
             await until_sql(pool, f"SELECT ({RESULT_LISTENERS}) > 0")
-            await aioq.cancel_jobs(conn, [job_id])  # pending: rings the waiter at once
+            await aioq.admin.cancel_jobs(conn, [job_id])  # pending: rings the waiter at once
     assert [type(e) for e in outcome] == [aioq.JobCancelled]
 
 
@@ -386,7 +386,7 @@ async def test_expired_results_raise_result_missing_and_are_pruned(
     assert [await prune.run_once() for _ in range(3)] == [2, 1, 0]  # bounded batches
     with pytest.raises(aioq.ResultMissing, match="no result is stored"):
         await brief.result(conn, short[0])
-    assert await aioq.get_job(conn, short[0]) is None
+    assert await aioq.admin.get_job(conn, short[0]) is None
     assert await lasting.result(conn, kept) == 2
 
 
@@ -406,7 +406,7 @@ async def test_set_progress_is_visible_while_the_job_runs(
         for bad in (1.5, -0.1, float("nan"), True):
             try:
                 await job.set_progress(bad)
-            except aioq.ConfigError as exc:
+            except aioq.errors.ConfigError as exc:
                 refused.append(exc.field)
         reported.set()
         await finish.wait()
@@ -425,10 +425,10 @@ async def test_set_progress_is_visible_while_the_job_runs(
     async with make_worker():
         with anyio.fail_after(20):
             await reported.wait()
-            job = await aioq.get_job(other, job_id)
+            job = await aioq.admin.get_job(other, job_id)
             assert job is not None
             assert (job.status, job.progress, job.progress_note) == (
-                aioq.JobStatus.RUNNING,
+                aioq.admin.JobStatus.RUNNING,
                 0.4,
                 "40 of 100 rows",
             )
@@ -437,13 +437,13 @@ async def test_set_progress_is_visible_while_the_job_runs(
             finish.set()
             assert await rows.result(other, job_id) == 100
     await other.close()
-    done = await aioq.get_job(conn, job_id)
+    done = await aioq.admin.get_job(conn, job_id)
     assert done is not None
     assert (done.progress, done.progress_note) == (1.0, None)
     assert refused == ["progress"] * 4
     # A sync task reports through anyio.from_thread; the kept result row keeps it too.
     assert await sync_rows.result(conn, sync_id) == "ok"
-    synced = await aioq.get_job(conn, sync_id)
+    synced = await aioq.admin.get_job(conn, sync_id)
     assert synced is not None
     assert (synced.status, synced.progress, synced.progress_note) == ("succeeded", 0.5, "half")
     with pytest.raises(aioq.AioqError, match="outside a running aioq task"):

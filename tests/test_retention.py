@@ -169,7 +169,7 @@ async def test_worker_runs_the_pruner(
     ],
 )
 def test_retention_options_are_validated(field: str, value: float) -> None:
-    with pytest.raises(aioq.ConfigError, match=field):
+    with pytest.raises(aioq.errors.ConfigError, match=field):
         aioq.WorkerConfig(**{field: value})  # type: ignore[arg-type]
 
 

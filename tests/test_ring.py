@@ -1,5 +1,5 @@
 """Who rings the doorbell (docs/architecture.md, "The doorbell"): every statement of aioq that
-makes a job claimable rings it itself, raw-SQL inserts ring through aioq.ring() or the opt-in
+makes a job claimable rings it itself, raw-SQL inserts ring through aioq.admin.ring() or the opt-in
 trigger, and nothing rings for a queue nobody can claim from or between inserters.
 
 A connection here goes on duty for the test queues, as a sleeping worker does, and stays on
@@ -177,7 +177,7 @@ async def test_every_statement_that_makes_a_job_claimable_rings(
     [claim] = await statements.claim(conn, ["q"], 1, "w")
     await statements.write(conn, "w", [claim], OutcomeKind.BURY, error="boom")
     assert await on_duty.until_sentinel(conn) == []
-    await rings("a replay", lambda: aioq.retry_dead(conn, job_id=claim.id))
+    await rings("a replay", lambda: aioq.admin.replay(conn, job_id=claim.id))
 
 
 async def test_raw_inserts_ring_through_aioq_ring_or_the_opt_in_trigger(
@@ -187,10 +187,10 @@ async def test_raw_inserts_ring_through_aioq_ring_or_the_opt_in_trigger(
     await conn.execute(RAW_INSERT, "q")
     assert await on_duty.until_sentinel(conn) == []
 
-    # aioq.ring in the inserting transaction: one ring, at its commit.
+    # aioq.admin.ring in the inserting transaction: one ring, at its commit.
     async with conn.transaction():
         await conn.execute(RAW_INSERT, "q")
-        await aioq.ring(conn, "q")
+        await aioq.admin.ring(conn, "q")
         other = await asyncpg.connect(dsn)
         try:
             assert await on_duty.until_sentinel(other) == []  # not before the commit
@@ -201,14 +201,14 @@ async def test_raw_inserts_ring_through_aioq_ring_or_the_opt_in_trigger(
     # After the commit, on a pool; and from synchronous code.
     async with asyncpg.create_pool(dsn, min_size=1, max_size=1) as pool:
         await pool.execute(RAW_INSERT, "q")
-        await aioq.ring(pool, "q")
+        await aioq.admin.ring(pool, "q")
     assert await on_duty.until_sentinel(conn) == ["q"]
     with psycopg.connect(dsn, autocommit=True) as sync, sync.transaction():
         sync.execute("INSERT INTO aioq.jobs (queue, task) VALUES ('q', 'raw')")
-        aioq.ring_sync(sync, "q")
+        aioq.admin.ring_sync(sync, "q")
     assert await on_duty.until_sentinel(conn) == ["q"]
-    with pytest.raises(aioq.ConfigError):
-        await aioq.ring(conn, "")
+    with pytest.raises(aioq.errors.ConfigError):
+        await aioq.admin.ring(conn, "")
 
     # The opt-in trigger: raw inserts ring like aioq's own (due jobs only).
     assert "CREATE TRIGGER jobs_doorbell" in ring_trigger_sql()
@@ -322,9 +322,9 @@ async def test_a_queue_nobody_can_claim_from_rings_nobody(
     ) as worker:
         assert worker.current.listener is not None
         if limit == "paused":
-            await aioq.set_queue(conn, "held", paused=True, max_running=None)
+            await aioq.admin.set_queue(conn, "held", paused=True, max_running=None)
         else:
-            await aioq.set_queue(conn, "held", max_running=1)
+            await aioq.admin.set_queue(conn, "held", max_running=1)
             await job.defer(conn, n=0)
             await eventually(lambda: ran == [0], "the first job to start", HANG_GUARD)
         # The worker claimed (nothing) since, and left the queue's doorbell.
@@ -346,7 +346,7 @@ async def test_a_queue_nobody_can_claim_from_rings_nobody(
         assert await unarmed.until_sentinel(conn) == []  # 80 inserts, no NOTIFY
         assert ran == ([] if limit == "paused" else [0])
         if limit == "paused":
-            await aioq.set_queue(conn, "held", paused=False)
+            await aioq.admin.set_queue(conn, "held", paused=False)
         else:
             release.set()
         # The poll is a minute away: only the limits' notification (or the end of the job

@@ -97,7 +97,7 @@ def test_periodic_registers_a_schedule(registry: aioq.Registry) -> None:
 def test_bad_schedules_fail_at_import_naming_the_task(
     registry: aioq.Registry, options: dict[str, object], field: str, fragment: str
 ) -> None:
-    with pytest.raises(aioq.ConfigError) as caught:
+    with pytest.raises(aioq.errors.ConfigError) as caught:
 
         @aioq.periodic(**options)  # type: ignore[arg-type]
         @registry.task(name="billing.nightly")
@@ -116,7 +116,7 @@ def test_cron_without_the_extra_says_what_to_install(
     async def nightly() -> None: ...
 
     monkeypatch.setitem(sys.modules, "cronsim", None)  # as if not installed
-    with pytest.raises(aioq.ConfigError, match=r"pip install 'aioq-pg\[cron\]'") as caught:
+    with pytest.raises(aioq.errors.ConfigError, match=r"pip install 'aioq-pg\[cron\]'") as caught:
         aioq.periodic(cron="* * * * *")(nightly)
     assert "'nightly'" in str(caught.value)
     assert not registry.schedules
@@ -124,7 +124,7 @@ def test_cron_without_the_extra_says_what_to_install(
 
 
 def test_periodic_needs_a_task_under_it(registry: aioq.Registry) -> None:
-    with pytest.raises(aioq.ConfigError, match=r"put @aioq.periodic above @aioq.task"):
+    with pytest.raises(aioq.errors.ConfigError, match=r"put @aioq.periodic above @aioq.task"):
 
         @registry.task
         @aioq.periodic(every=60)  # type: ignore[type-var]
@@ -137,7 +137,7 @@ def test_a_second_schedule_of_a_task_needs_its_own_name(registry: aioq.Registry)
 
     aioq.periodic(every=60)(sync)
     aioq.periodic(every=60)(sync)  # the same again (a module imported twice) is fine
-    with pytest.raises(aioq.ConfigError, match="give each schedule of a task its own name"):
+    with pytest.raises(aioq.errors.ConfigError, match="give each schedule of a task its own name"):
         aioq.periodic(every=3600, kwargs={"full": True})(sync)
     aioq.periodic(every=3600, kwargs={"full": True}, name="sync.full")(sync)
     assert sorted(registry.schedules) == ["sync", "sync.full"]
@@ -146,7 +146,7 @@ def test_a_second_schedule_of_a_task_needs_its_own_name(registry: aioq.Registry)
 # --- tick arithmetic ---
 
 
-def schedule_of(_: aioq.Registry, **options: object) -> aioq.Schedule:
+def schedule_of(_: aioq.Registry, **options: object) -> aioq.schedule.Schedule:
     registry = aioq.Registry()
 
     @aioq.periodic(**options)  # type: ignore[arg-type]

@@ -130,13 +130,13 @@ async def test_concurrent_installs_both_succeed(conn: asyncpg.Connection, dsn: s
 
 @pytest.mark.parametrize("schema", ["x; drop table", "1abc", "a" * 70, "", 'a"b', "a-b", "é"])
 async def test_invalid_schema_names_are_refused(conn: asyncpg.Connection, schema: str) -> None:
-    with pytest.raises(aioq.ConfigError, match="schema"):
+    with pytest.raises(aioq.errors.ConfigError, match="schema"):
         await aioq.install(conn, schema=schema)
-    with pytest.raises(aioq.ConfigError):
+    with pytest.raises(aioq.errors.ConfigError):
         aioq.Registry(schema=schema)
-    with pytest.raises(aioq.ConfigError):
-        aioq.schema_sql(schema)
-    with pytest.raises(aioq.ConfigError):
+    with pytest.raises(aioq.errors.ConfigError):
+        aioq.admin.schema_sql(schema)
+    with pytest.raises(aioq.errors.ConfigError):
         CLAIM_ONE_QUEUE.text(schema)
     assert not conn.is_in_transaction()
     schemas = await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%'")
@@ -144,7 +144,7 @@ async def test_invalid_schema_names_are_refused(conn: asyncpg.Connection, schema
 
 
 def test_schema_sql_is_rendered_for_the_schema() -> None:
-    sql = aioq.schema_sql("q2")
+    sql = aioq.admin.schema_sql("q2")
     assert '"q2".jobs' in sql
     assert "{{schema}}" not in sql
     assert '"aioq"' not in sql

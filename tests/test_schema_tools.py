@@ -175,7 +175,7 @@ def test_a_schema_applied_by_hand_is_recognised(dsn: str, up_to: int) -> None:
 async def _check(conn: asyncpg.Connection) -> str:
     try:
         await migrate.check_installed(conn, SCHEMA)
-    except aioq.SchemaError as exc:
+    except aioq.errors.SchemaError as exc:
         return str(exc)
     return ""
 

@@ -67,7 +67,7 @@ async def test_run_until_idle_runs_again_and_again_on_one_worker(
 async def test_a_worker_never_runs_twice_at_once(make_worker: MakeWorker) -> None:
     worker = make_worker()
     async with worker:
-        with pytest.raises(aioq.ConfigError, match="already running"):
+        with pytest.raises(aioq.errors.ConfigError, match="already running"):
             await worker.run()
 
 

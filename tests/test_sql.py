@@ -58,7 +58,7 @@ def test_a_statement_is_rendered_once_per_schema_and_validates_it() -> None:
     statement = all_statements()["sql.jobs.INSERT_JOB"]
     assert statement.text("aioq") is statement.text("aioq")
     assert '"other".jobs' in statement.text("other")
-    with pytest.raises(aioq.ConfigError):
+    with pytest.raises(aioq.errors.ConfigError):
         statement.text('x"; DROP TABLE jobs; --')
 
 

@@ -50,7 +50,7 @@ async def test_session_rollback_leaves_no_job_even_when_defer_is_its_first_state
             async with session.begin():
                 await send.defer(session, order_id=2)
                 raise RuntimeError("boom")
-    assert await aioq.list_jobs(conn) == []
+    assert await aioq.admin.list_jobs(conn) == []
 
 
 class AppSession(AsyncSession):
@@ -65,8 +65,8 @@ async def test_session_commit_writes_the_job_with_the_row(
         await session.execute(text("INSERT INTO orders VALUES (7)"))
         job_id = await send.defer(session, order_id=7, note="hi")
         # Not visible outside the transaction until it commits.
-        assert await aioq.get_job(conn, job_id) is None
-    job = await aioq.get_job(conn, job_id)
+        assert await aioq.admin.get_job(conn, job_id) is None
+    job = await aioq.admin.get_job(conn, job_id)
     assert job is not None
     assert (job.task, job.queue) == (send.name, "mail")
     assert orjson.loads(job.args) == {"order_id": 7, "note": "hi"}
@@ -83,15 +83,15 @@ async def test_connection_savepoints_options_defer_many_and_admin_functions(
         await nested.rollback()  # the savepoint's job goes, the outer one stays
         many = await send.defer_many(sa_conn, [{"order_id": 3}, {"order_id": 4}])
         # The admin functions see the uncommitted jobs on the same transaction.
-        listed = await aioq.list_jobs(sa_conn)
+        listed = await aioq.admin.list_jobs(sa_conn)
         assert [job.id for job in listed] == [first, *many]
-        assert await aioq.cancel_jobs(sa_conn, [many[0]]) == {many[0]: "cancelled"}
-        job = await aioq.get_job(sa_conn, first)
+        assert await aioq.admin.cancel_jobs(sa_conn, [many[0]]) == {many[0]: "cancelled"}
+        job = await aioq.admin.get_job(sa_conn, first)
         assert job is not None
         assert (job.priority, job.queue) == (5, "urgent")
-        assert (await aioq.stats(sa_conn)).queues
+        assert (await aioq.admin.stats(sa_conn)).queues
         await sa_conn.commit()
-    assert [(job.id, job.status) for job in await aioq.list_jobs(conn)] == [
+    assert [(job.id, job.status) for job in await aioq.admin.list_jobs(conn)] == [
         (first, "pending"),
         (many[0], "cancelled"),  # kept, like a dead job
         (many[1], "pending"),
@@ -109,7 +109,7 @@ async def test_jsonb_read_through_sqlalchemys_codecs(
             text("SELECT args FROM aioq.jobs WHERE id = :id"), {"id": job_id}
         )
         assert stored == {"order_id": 1, "note": 'quote " and é'}  # decoded by SQLAlchemy
-        job = await aioq.get_job(session, job_id)
+        job = await aioq.admin.get_job(session, job_id)
         assert job is not None
         assert isinstance(job.args, str)  # aioq reads the text, not SQLAlchemy's decoded value
         assert orjson.loads(job.args) == stored
@@ -123,8 +123,8 @@ async def test_pool_defers_in_its_own_transaction(
         ids = await send.defer_many(pool, [{"order_id": 2}])
         again = await send.options(unique_key="k").defer(pool, order_id=3)
         assert await send.options(unique_key="k").defer(pool, order_id=4) == again
-        assert [job.id for job in await aioq.list_jobs(pool)] == [job_id, *ids, again]
-    assert len(await aioq.list_jobs(conn)) == 3  # committed
+        assert [job.id for job in await aioq.admin.list_jobs(pool)] == [job_id, *ids, again]
+    assert len(await aioq.admin.list_jobs(conn)) == 3  # committed
 
 
 async def test_other_drivers_and_objects_get_a_clear_error_and_write_nothing(
@@ -133,16 +133,20 @@ async def test_other_drivers_and_objects_get_a_clear_error_and_write_nothing(
     psycopg_engine = create_async_engine(asyncpg_url(dsn).replace("+asyncpg", "+psycopg"))
     try:
         async with AsyncSession(psycopg_engine) as session:
-            with pytest.raises(aioq.ConfigError, match=r"'psycopg' driver.*postgresql\+asyncpg"):
+            with pytest.raises(
+                aioq.errors.ConfigError, match=r"'psycopg' driver.*postgresql\+asyncpg"
+            ):
                 await send.defer(session, order_id=1)
         async with psycopg_engine.connect() as sa_conn:
-            with pytest.raises(aioq.ConfigError, match="asyncpg"):
-                await aioq.list_jobs(sa_conn)
+            with pytest.raises(aioq.errors.ConfigError, match="asyncpg"):
+                await aioq.admin.list_jobs(sa_conn)
     finally:
         await psycopg_engine.dispose()
-    with pytest.raises(aioq.ConfigError, match=r"conn: got builtins\.str; expected an asyncpg"):
+    with pytest.raises(
+        aioq.errors.ConfigError, match=r"conn: got builtins\.str; expected an asyncpg"
+    ):
         await send.defer("postgresql://nope", order_id=1)  # type: ignore[arg-type]
-    assert await aioq.list_jobs(conn) == []
+    assert await aioq.admin.list_jobs(conn) == []
 
 
 def test_importing_aioq_and_deferring_on_asyncpg_loads_no_sqlalchemy() -> None:

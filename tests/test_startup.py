@@ -90,9 +90,9 @@ async def test_worker_refuses_to_start_without_the_right_schema(
             await conn.execute(statement)
     finally:
         await conn.close()
-    with pytest.raises(aioq.SchemaError) as info:
+    with pytest.raises(aioq.errors.SchemaError) as info:
         await _start(aioq.Worker(dsn=target, registry=aioq.Registry(), poll_interval=0.1), how)
-    assert type(info.value) is aioq.SchemaError  # plain, never inside an ExceptionGroup
+    assert type(info.value) is aioq.errors.SchemaError  # plain, never inside an ExceptionGroup
     assert expected in str(info.value)
 
 

@@ -175,7 +175,7 @@ async def test_workers_record_every_outcome_and_aioq_stats_shows_failures(
         ("default", "bad"): (0, 3, 3, 6),
     }
 
-    snapshot = await aioq.stats(conn)
+    snapshot = await aioq.admin.stats(conn)
     (default,) = snapshot.queues
     assert default.failed_last_minute == 6
     assert default.dead == 3
@@ -217,8 +217,8 @@ async def test_history_can_be_turned_off(
         await make_worker(stats_history=False).run_until_idle()
     assert await conn.fetchval("SELECT count(*) FROM aioq.stats_history") == 0
     assert await conn.fetchval("SELECT count(*) FROM aioq.workers") == 0
-    assert (await aioq.stats(conn)).queues == ()
-    with pytest.raises(aioq.ConfigError, match="stats_interval"):
+    assert (await aioq.admin.stats(conn)).queues == ()
+    with pytest.raises(aioq.errors.ConfigError, match="stats_interval"):
         make_worker(stats_interval=0)
 
 

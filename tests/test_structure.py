@@ -9,6 +9,7 @@ cycle through an annotation-only import must be one of the known ones below.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -160,6 +161,59 @@ def test_no_import_cycles_through_annotations_either() -> None:
     assert not cycles, [" -> ".join(cycle) for cycle in cycles]
 
 
+def _classes(path: Path) -> list[ast.ClassDef]:
+    return [
+        n for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.ClassDef)
+    ]
+
+
+def test_every_service_of_a_worker_lives_under_aioq_worker() -> None:
+    # What runs inside a worker is one `ls aioq/worker/`: every background loop is a Service
+    # (aioq/worker/service.py), and each is defined there. The definitions users import (a
+    # schedule, @aioq.periodic, the metrics) stay where they import them.
+    services = {
+        f"{_module_name(path)}.{node.name}"
+        for path in PACKAGE.rglob("*.py")
+        for node in _classes(path)
+        if any(ast.unparse(base).startswith("Service") for base in node.bases)
+    }
+    assert len(services) >= 13, sorted(services)
+    outside = sorted(s for s in services if not s.startswith("aioq.worker."))
+    assert outside == []
+
+
+def test_the_service_check_sees_a_service() -> None:
+    source = "class Sampler(Service[int]):\n    pass\n\nclass Plain:\n    pass\n"
+    tree = ast.parse(source)
+    found = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.bases]
+    assert found == ["Sampler"]
+
+
+def test_no_top_level_name_hides_a_module_with_more_in_it() -> None:
+    # `aioq.task` (the decorator) hid the module aioq/task.py, and `aioq.workflow` (the read of
+    # a run) aioq/workflow.py: `aioq.task.MIN_LEASE` failed though the module had it. A module
+    # may share its name with a top-level name only if that name is all it offers
+    # (aioq/periodic.py).
+    hidden = sorted(
+        name
+        for name in aioq.__all__
+        if (PACKAGE / f"{name}.py").exists() or (PACKAGE / name / "__init__.py").exists()
+        if importlib.import_module(f"aioq.{name}").__all__ != (name,)
+    )
+    assert hidden == []
+
+
+def test_the_doorbell_s_python_side_is_one_module() -> None:
+    # Its statements are aioq/sql/doorbell.py; whatever runs them, or reads the advisory locks
+    # they take, is aioq/doorbell.py (the listener service calls it).
+    users = sorted(
+        module
+        for module, targets in _graph().items()
+        if "aioq.sql.doorbell" in targets and not module.startswith("aioq.sql")
+    )
+    assert users == ["aioq.doorbell"]
+
+
 def test_import_aioq_needs_no_optional_extra() -> None:
     # The extras are installed in the dev environment: hide them, as on a bare install.
     code = textwrap.dedent(
@@ -173,7 +227,7 @@ def test_import_aioq_needs_no_optional_extra() -> None:
                 return None
 
         sys.meta_path.insert(0, NoExtras())
-        import aioq, aioq.worker, aioq.admin, aioq.migrate, aioq.sync, aioq.dbapi
+        import aioq, aioq.worker, aioq.admin, aioq.migrate, aioq.dbapi, aioq.doorbell
         print(sorted(m for m in sys.modules if m.split(".")[0] in {OPTIONAL!r}))
         print(aioq.__version__)
         """

@@ -106,7 +106,7 @@ async def test_a_defers(aioq_conn):
 
 async def test_b_starts_from_a_fresh_schema(aioq_conn):
     assert await aioq.testing.deferred(aioq_conn, first) == []
-    assert await aioq.list_jobs(aioq_conn) == []
+    assert await aioq.admin.list_jobs(aioq_conn) == []
 
 
 async def test_drain_follows_jobs_into_other_queues(aioq_conn, aioq_drain, conn_for_tasks):
@@ -123,7 +123,7 @@ async def test_drain_follows_jobs_into_other_queues(aioq_conn, aioq_drain, conn_
 async def test_drain_reports_dead_and_snoozed(aioq_conn, aioq_drain):
     await broken.defer(aioq_conn)
     await sleepy.defer(aioq_conn)
-    ran = await aioq_drain(aioq.default_registry)
+    ran = await aioq_drain(aioq.registry.default_registry)
     outcomes = sorted((r.task.rsplit(".", 1)[1], r.outcome) for r in ran)
     assert outcomes == [("broken", "dead"), ("sleepy", "snoozed"), ("sleepy", "succeeded")]
     dead = next(r for r in ran if r.outcome == "dead")
@@ -142,7 +142,7 @@ async def test_the_worker_fixture_runs_jobs(aioq_conn, aioq_worker, conn_for_tas
     with anyio.fail_after(30):
         while ("second", 11) not in runs:
             await anyio.sleep(0.02)
-    assert aioq_worker.registry is aioq.default_registry
+    assert aioq_worker.registry is aioq.registry.default_registry
 """
 
 

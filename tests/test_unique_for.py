@@ -122,7 +122,7 @@ async def test_concurrent_defers_from_many_connections_make_one_job(
             got: list[int] = []
 
             async def defer(
-                i: int, once: aioq.TaskCall[[int, str]] = once, got: list[int] = got
+                i: int, once: aioq.tasks.TaskCall[[int, str]] = once, got: list[int] = got
             ) -> None:
                 async with pool.acquire() as c, c.transaction():
                     got.append(await once.defer(c, order_id=i))

@@ -595,7 +595,7 @@ async def test_a_dead_job_shows_the_worker_it_last_ran_on(
         async with worker:
             await until_sql(conn, "SELECT count(*) = 2 FROM aioq.jobs WHERE status = 'dead'")
         for job, ran_on in ((failed, worker.id), (lost, "host-b:99:gone")):
-            found = await aioq.get_job(conn, job)
+            found = await aioq.admin.get_job(conn, job)
             assert found is not None
             assert (found.locked_by, found.last_worker) == (None, ran_on)
 

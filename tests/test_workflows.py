@@ -92,9 +92,9 @@ async def test_fan_out_fan_in_runs_once_with_upstream_results(
     assert before["extract"] == "pending"
     assert before["load"] == "waiting"
     assert before["transform-5"] == "waiting"
-    job = await aioq.get_job(conn, run.jobs["load"])
+    job = await aioq.admin.get_job(conn, run.jobs["load"])
     assert job is not None
-    assert job.status == aioq.JobStatus.WAITING
+    assert job.status == aioq.admin.JobStatus.WAITING
 
     await make_worker(concurrency=8).run_until_idle()
     assert len(seen) == 1
@@ -167,7 +167,7 @@ async def test_dead_step_cancels_dependents_and_replay_resumes(
     }
     assert ran == ["report:['fragile']:StepFailed"]
     for name in ("after", "end"):
-        job = await aioq.get_job(conn, run.jobs[name])
+        job = await aioq.admin.get_job(conn, run.jobs[name])
         assert job is not None
         assert job.last_error is not None
         assert "'fragile'" in job.last_error, job.last_error
@@ -176,7 +176,7 @@ async def test_dead_step_cancels_dependents_and_replay_resumes(
     assert info.state == "failed"
 
     broken["yes"] = False
-    replay = await aioq.retry_dead(conn, job_id=run.jobs["fragile"])
+    replay = await aioq.admin.replay(conn, job_id=run.jobs["fragile"])
     assert replay.retried == [run.jobs["fragile"]]
     assert replay.revived == {run.jobs["after"]: "after", run.jobs["end"]: "end"}
     now = await statuses(conn, run.id)
@@ -201,7 +201,9 @@ async def test_a_failed_run_stays_failed_once_its_dead_step_is_purged(
     info = await aioq.workflow(conn, run.id)
     assert info is not None
     assert info.state == "failed"
-    assert await aioq.purge_dead(conn) == 1  # what `aioq jobs purge --dead` and dead_retention do
+    assert (
+        await aioq.admin.purge_dead(conn) == 1
+    )  # what `aioq jobs purge --dead` and dead_retention do
     info = await aioq.workflow(conn, run.id)
     assert info is not None
     assert {s.name: s.status for s in info.steps} == {
@@ -209,7 +211,7 @@ async def test_a_failed_run_stays_failed_once_its_dead_step_is_purged(
         "fragile-2": "succeeded",
     }
     assert info.state == "failed"  # not "succeeded": one step never did
-    [listed] = await aioq.list_workflows(conn)
+    [listed] = await aioq.admin.list_workflows(conn)
     assert listed.state == "failed"
 
 
@@ -221,8 +223,8 @@ async def test_cancel_workflow(
         pass
 
     run = await aioq.group(*(step.call(n=i) for i in range(3)), then=step.call(n=9)).defer(conn)
-    assert await aioq.delete_jobs(conn, list(run.jobs.values())) == []  # cancel them instead
-    states = await aioq.cancel_workflow(conn, run.id)
+    assert await aioq.admin.delete_jobs(conn, list(run.jobs.values())) == []  # cancel them instead
+    states = await aioq.admin.cancel_workflow(conn, run.id)
     assert set(states.values()) == {"cancelled"}
     await make_worker().run_until_idle()
     assert set((await statuses(conn, run.id)).values()) == {"cancelled"}
@@ -238,19 +240,19 @@ def test_build_errors(registry: aioq.Registry) -> None:
 
     flow, other = aioq.Workflow("a"), aioq.Workflow("b")
     s = other.add(step.call(n=1))
-    with pytest.raises(aioq.ConfigError, match=r"belongs to another workflow \('b'\)"):
+    with pytest.raises(aioq.errors.ConfigError, match=r"belongs to another workflow \('b'\)"):
         flow.add(step.call(n=1), after=[s])
     twin = aioq.chain(step.call(n=1))  # two chains share a name: the message still tells them apart
-    with pytest.raises(aioq.ConfigError, match=r"another workflow .* this workflow's add"):
+    with pytest.raises(aioq.errors.ConfigError, match=r"another workflow .* this workflow's add"):
         twin.add(step.call(n=2), after=[aioq.chain(step.call(n=3)).add(step.call(n=4))])
     flow.add(step.call(n=1), name="x")
-    with pytest.raises(aioq.ConfigError, match="already used"):
+    with pytest.raises(aioq.errors.ConfigError, match="already used"):
         flow.add(step.call(n=2), name="x")
     with pytest.raises(aioq.ArgumentError):
         step.call(m=1)  # type: ignore[call-arg]
-    with pytest.raises(aioq.OptionError):
+    with pytest.raises(aioq.errors.OptionError):
         step.options(unique_key="k").call(n=1)
-    with pytest.raises(aioq.ConfigError, match="on_failure"):
+    with pytest.raises(aioq.errors.ConfigError, match="on_failure"):
         flow.add(step.call(n=1), on_failure="ignore")
 
 
@@ -460,7 +462,7 @@ async def test_cli_shortens_a_fan_in_and_says_which_step_to_replay(
     ) in retried.stdout, retried.stdout
     assert (await statuses(conn, run.id))["merge"] == "cancelled"
     stopped = await aioq.chain(part.call(n=1), merge.call()).defer(conn)
-    await aioq.cancel_jobs(conn, [stopped.jobs["part"]])
+    await aioq.admin.cancel_jobs(conn, [stopped.jobs["part"]])
     retried = aioq_cli(dsn, "jobs", "retry", str(stopped.jobs["merge"]))
     assert retried.returncode == 1
     assert "ended cancelled): a cancelled step is not replayed" in retried.stdout, retried.stdout
@@ -489,7 +491,7 @@ async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(
         step.call(n=1), step.call(n=2), then=step.call(n=3), name="nightly"
     ).defer(conn)
     other = await aioq.chain(step.call(n=1), step.call(n=2), name="other").defer(conn)
-    await aioq.cancel_jobs(conn, [other.jobs["step"]])  # its dependent is cancelled with it
+    await aioq.admin.cancel_jobs(conn, [other.jobs["step"]])  # its dependent is cancelled with it
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         listing = client.get("/workflows")
         assert listing.status_code == 200
@@ -515,7 +517,7 @@ async def test_dashboard_shows_runs_and_links_steps_to_their_jobs(
         assert cell is not None
         assert cell.group(1) == "1"
         assert client.get("/workflows/999").status_code == 404
-    stats = await aioq.stats(conn)
+    stats = await aioq.admin.stats(conn)
     assert [q.waiting for q in stats.queues] == [1]
 
 
@@ -536,7 +538,7 @@ async def test_cancel_workflow_stops_a_running_step_and_its_dependents(
     run = await aioq.chain(slow.call(), after.call(), after.call()).defer(conn)
     async with make_worker(concurrency=2):
         await eventually(lambda: ran == ["slow"], "the first step running")
-        states = await aioq.cancel_workflow(conn, run.id)
+        states = await aioq.admin.cancel_workflow(conn, run.id)
         assert states == {
             run.jobs["slow"]: "cancelling",
             run.jobs["after"]: "cancelled",
@@ -589,7 +591,7 @@ async def test_200_parents_finishing_on_three_workers_release_the_fan_in_once(
         await eventually(done, "the run to succeed")
     assert joined == [200]
     assert len(workers) > 1  # the parents' successes were recorded by several workers
-    [listed] = await aioq.list_workflows(conn)  # every success counted once on the run's row
+    [listed] = await aioq.admin.list_workflows(conn)  # every success counted once on the run's row
     assert listed.counts["succeeded"] == 201
 
 
@@ -655,10 +657,10 @@ async def test_a_long_chain_cascades_and_revives_in_one_statement(
     await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", head)  # as the reaper
     counts = "SELECT status, count(*) FROM aioq.jobs WHERE workflow_id = $1 GROUP BY status"
     assert dict(await conn.fetch(counts, run.id)) == {"dead": 1, "cancelled": 1499}
-    tail = await aioq.get_job(conn, run.jobs["link-1500"])
+    tail = await aioq.admin.get_job(conn, run.jobs["link-1500"])
     assert tail is not None
     assert tail.last_error == f"DependencyFailed: step 'link' (job {head}) ended dead"
-    assert (await aioq.retry_dead(conn, job_id=head)).retried == [head]
+    assert (await aioq.admin.replay(conn, job_id=head)).retried == [head]
     assert dict(await conn.fetch(counts, run.id)) == {"pending": 1, "waiting": 1499}
 
 
@@ -717,12 +719,12 @@ async def test_a_diamond_cascades_through_steps_that_run_anyway_and_resumes(
         "p": "dead", "a": "cancelled", "b": "cancelled", "c": "cancelled", "r": "succeeded"
     }  # fmt: skip
     assert ran == ["r['a']"]  # ran anyway, seeing its dependency failed
-    c = await aioq.get_job(conn, run.jobs["c"])
+    c = await aioq.admin.get_job(conn, run.jobs["c"])
     assert c is not None
     assert c.last_error == f"DependencyFailed: step 'p' (job {run.jobs['p']}) ended dead"
 
     broken["yes"] = False
-    await aioq.retry_dead(conn, job_id=run.jobs["p"])
+    await aioq.admin.replay(conn, job_id=run.jobs["p"])
     assert await statuses(conn, run.id) == {
         "p": "pending", "a": "waiting", "b": "waiting", "c": "waiting", "r": "succeeded"
     }  # fmt: skip
@@ -823,7 +825,7 @@ async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_t
     with anyio.fail_after(60):
         async with three_workers(make_worker, **options) as doomed:
             await eventually(lambda: len(running) == 6, "six steps running on three workers")
-            states = await aioq.cancel_workflow(conn, run.id)
+            states = await aioq.admin.cancel_workflow(conn, run.id)
             doomed.cancel()  # one worker is cut off mid-flight, its claims released
             assert states[lost.id] == "cancelling"
             assert list(states.values()).count("cancelling") == 7
@@ -840,7 +842,7 @@ async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_t
     assert {s.name: (s.status, s.last_error) for s in info.steps} == {
         s.name: ("cancelled", reason) for s in info.steps
     }
-    job = await aioq.get_job(conn, run.jobs["end"])
+    job = await aioq.admin.get_job(conn, run.jobs["end"])
     assert job is not None
     assert job.last_error == reason
     shown = aioq_cli(dsn, "jobs", "show", str(lost.id))
@@ -897,7 +899,7 @@ async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_wor
                 run.jobs["notify"],
             )
             broken = False
-            replay = await aioq.retry_dead(conn, job_id=run.jobs["part"])
+            replay = await aioq.admin.replay(conn, job_id=run.jobs["part"])
             doomed.cancel()  # one worker is cut off mid-flight, claims and all
             assert replay.retried == [run.jobs["part"]]
             assert replay.revived == {run.jobs["merge"]: "merge", run.jobs["notify"]: "notify"}
@@ -1006,7 +1008,7 @@ async def test_a_delayed_fan_in_waits_its_delay_after_the_last_parent_across_wor
                 conn, "SELECT EXISTS (SELECT FROM aioq.results WHERE id = $1)", run.jobs["join"]
             )
     assert joined == [60]
-    [listed] = await aioq.list_workflows(conn)  # counted once each, hard cancel and all
+    [listed] = await aioq.admin.list_workflows(conn)  # counted once each, hard cancel and all
     assert (listed.state, listed.counts["succeeded"]) == ("succeeded", 61)
     waited = await conn.fetchval(
         """
@@ -1075,7 +1077,7 @@ async def test_the_workflows_list_counts_a_huge_run_within_a_bound(
         if analyzed:
             await conn.execute("ANALYZE aioq.jobs; ANALYZE aioq.workflow_steps")
         before = await _tuples_read(conn)
-        little, huge = await aioq.list_workflows(conn)  # newest first
+        little, huge = await aioq.admin.list_workflows(conn)  # newest first
         read = await _tuples_read(conn) - before
         # Five bounded index ranges per run (each its entries and rows), not 20 000 steps.
         assert read <= 2 * 5 * (bound + 1) + 100, (analyzed, read)

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 import asyncpg
 
+from aioq.admin import UNSET
 from aioq.cli.admin import (
     cmd_defer,
     cmd_jobs_cancel,
@@ -61,7 +62,6 @@ from aioq.cli.worker import DEFAULT_METRICS_ADDR, add_worker_flags, cmd_dev, cmd
 from aioq.cli.workflows import cmd_workflows_cancel, cmd_workflows_list, cmd_workflows_show
 from aioq.errors import AioqError
 from aioq.job import JobStatus
-from aioq.limits import UNSET
 from aioq.logs import formatter
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.worker.health import DEFAULT_HEALTH_ADDR
@@ -197,7 +197,7 @@ def _worker_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
         help="run workers for the tasks of a module",
         description="Import MODULE (the current directory comes first on sys.path) and run "
         "its tasks. The registry is MODULE's attribute REGISTRY when given; otherwise MODULE's "
-        "attribute `registry` if it is an aioq.Registry, else aioq.default_registry (where "
+        "attribute `registry` if it is an aioq.Registry, else aioq.registry.default_registry (where "
         "@aioq.task registers). With --django SETTINGS, MODULE is optional: the project's "
         "Django tasks run too, found by the module path their jobs carry. SIGTERM/SIGINT stop "
         "gracefully; a second one stops at once.",

@@ -277,7 +277,7 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
         raise UsageError("jobs retry: --task and --queue go with --dead")
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        replay = await admin.retry_dead(
+        replay = await admin.replay(
             conn,
             job_id=args.ids or None,
             task=args.task,

@@ -8,7 +8,7 @@ import re
 
 import asyncpg
 
-from aioq import limits
+from aioq import admin
 from aioq.cli.common import EXIT_OK, duration, print_json, print_table, schema_from, with_db
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(.+)$")
@@ -38,7 +38,7 @@ def _rate_text(value: tuple[int, float] | None) -> str:
     return f"{value[0]}/{value[1]:g}s" if value is not None else "-"
 
 
-def _print(queues: list[limits.QueueInfo], as_json: bool) -> None:
+def _print(queues: list[admin.QueueInfo], as_json: bool) -> None:
     if as_json:
         print_json([dataclasses.asdict(q) for q in queues])
         return
@@ -75,7 +75,7 @@ def cmd_queues_list(args: argparse.Namespace) -> int:
     """List queues with settings or jobs: limits, state and counts."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        _print(await limits.queues(conn, schema=schema_from(args)), args.json)
+        _print(await admin.queues(conn, schema=schema_from(args)), args.json)
         return EXIT_OK
 
     return with_db(args, run)
@@ -83,7 +83,7 @@ def cmd_queues_list(args: argparse.Namespace) -> int:
 
 def _change(args: argparse.Namespace, **settings: object) -> int:
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        info = await limits.set_queue(
+        info = await admin.set_queue(
             conn,
             args.name,
             schema=schema_from(args),
@@ -98,11 +98,11 @@ def _change(args: argparse.Namespace, **settings: object) -> int:
 def cmd_queues_set(args: argparse.Namespace) -> int:
     """Set a queue's limits (``none`` removes one)."""
     settings: dict[str, object] = {}
-    if args.max_running is not limits.UNSET:
+    if args.max_running is not admin.UNSET:
         settings["max_running"] = args.max_running
-    if args.rate is not limits.UNSET:
+    if args.rate is not admin.UNSET:
         settings["rate"] = args.rate
-    if args.max_running_per_key is not limits.UNSET:
+    if args.max_running_per_key is not admin.UNSET:
         settings["max_running_per_key"] = args.max_running_per_key
     return _change(args, **settings)
 

@@ -8,6 +8,7 @@ import sys
 
 import asyncpg
 
+from aioq import admin
 from aioq.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -18,7 +19,6 @@ from aioq.cli.common import (
     schema_from,
     with_db,
 )
-from aioq.workflows import cancel_workflow, list_workflows
 from aioq.workflows import workflow as get_workflow
 
 _COUNTS = ("waiting", "pending", "running", "succeeded", "dead", "cancelled")
@@ -28,7 +28,7 @@ def cmd_workflows_list(args: argparse.Namespace) -> int:
     """List workflow runs, newest first, with their steps counted by status."""
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-        runs = await list_workflows(
+        runs = await admin.list_workflows(
             conn, name=args.name, limit=args.limit, schema=schema_from(args)
         )
         if args.json:
@@ -96,7 +96,7 @@ def cmd_workflows_cancel(args: argparse.Namespace) -> int:
         if info is None:
             print(f"aioq: workflow {args.id} not found (pruned, or never existed)", file=sys.stderr)
             return EXIT_FAILED
-        states = await cancel_workflow(conn, args.id, schema=schema)
+        states = await admin.cancel_workflow(conn, args.id, schema=schema)
         if not states and not args.json:  # every step had ended: say how the run ended
             print(
                 f"workflow {args.id}: nothing left to cancel, every step ended (run {info.state})"

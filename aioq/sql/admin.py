@@ -26,7 +26,10 @@ __all__ = (
     "PING",
     "QUEUE_STATS",
     "READY_QUEUES",
+    "RELEASE_SAVEPOINT",
     "REPLAY_DEAD",
+    "ROLLBACK_TO_SAVEPOINT",
+    "SAVEPOINT",
     "TABLE_STATS",
     "WAITING_JOBS",
     "WAITING_TASKS",
@@ -222,7 +225,7 @@ class QueueCounts:
     waiting: int
 
 
-# Per queue: what `aioq stats`, aioq.queues() and the metrics gauges show. One scan of the hot
+# Per queue: what `aioq stats`, aioq.admin.queues() and the metrics gauges show. One scan of the hot
 # table (the backlog plus dead jobs), so the metrics sample it on an interval, never per scrape.
 QUEUE_STATS = Statement(
     """
@@ -338,3 +341,10 @@ ORDER BY run_at, id
 """,
     columns(PendingJob),
 )
+
+# A savepoint in a synchronous caller's transaction (aioq.admin.replay_sync), so that a replay
+# that loses a race on a unique key leaves that transaction usable; outside a transaction block
+# (autocommit) SAVEPOINT fails, and no statement needs one.
+SAVEPOINT = Statement("SAVEPOINT aioq_savepoint", nothing)
+ROLLBACK_TO_SAVEPOINT = Statement("ROLLBACK TO SAVEPOINT aioq_savepoint", nothing)
+RELEASE_SAVEPOINT = Statement("RELEASE SAVEPOINT aioq_savepoint", nothing)

@@ -48,7 +48,7 @@ def ring(queues: str) -> str:
 )"""
 
 
-# $1 a queue whose jobs were inserted with raw SQL: aioq.ring(). Holds the queue's duty key
+# $1 a queue whose jobs were inserted with raw SQL: aioq.admin.ring(). Holds the queue's duty key
 # shared until the transaction ends, as aioq's own inserts do.
 RING = Statement(
     f"""

@@ -182,5 +182,5 @@ def _warn_unknown(ran: Sequence[Ran], registry: Registry) -> None:
 
 REGISTRY_FIX = (
     "with the pytest plugin, return your app's registry from an aioq_registry fixture in"
-    " conftest.py (the default is aioq.default_registry)"
+    " conftest.py (the default is aioq.registry.default_registry)"
 )

@@ -5,7 +5,7 @@ Fixtures, all named ``aioq_*`` so they never shadow a project's own:
 - ``aioq_dsn``: a DSN of a database made for this test session (on the embedded PostgreSQL,
   or on the server of ``AIOQ_TEST_DSN``), with the registry's schema dropped and installed
   afresh for each test;
-- ``aioq_registry``: the registry whose tasks the tests run (``aioq.default_registry``;
+- ``aioq_registry``: the registry whose tasks the tests run (``aioq.registry.default_registry``;
   override it in your conftest.py to return your app's);
 - ``aioq_conn``: an asyncpg connection to ``aioq_dsn``;
 - ``aioq_worker``: a worker serving the registry's queues, started for the test;

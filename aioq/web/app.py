@@ -53,7 +53,6 @@ from aioq.web import data
 from aioq.web.filters import environment
 from aioq.web.sql import SET_STATEMENT_TIMEOUT
 from aioq.worker.history import DEFAULT_STATS_INTERVAL
-from aioq.workflows import WorkflowInfo, cancel_workflow, list_workflows
 from aioq.workflows import workflow as get_workflow
 
 __all__ = ("DashboardConfig", "app")
@@ -395,7 +394,7 @@ class _Pages:
         async def page() -> Response:
             name = request.query_params.get("name", "").replace("\x00", "").strip() or None
             async with self.db.transaction(readonly=True) as conn:
-                runs = await list_workflows(
+                runs = await admin.list_workflows(
                     conn, name=name, limit=self.config.page_size, schema=self.config.schema
                 )
             return self._render(
@@ -481,13 +480,13 @@ class _Pages:
             if not ids:
                 count = 0
             elif action == "retry":
-                replay = await admin.retry_dead(conn, job_id=ids, schema=schema)
+                replay = await admin.replay(conn, job_id=ids, schema=schema)
                 count = len(replay.retried)  # a dead job whose unique_key is live stays dead
                 revived = replay.revived
             elif action == "cancel":
                 run = _int((form.get("run") or [""])[0])
                 if run is not None:  # "Cancel run": every live step, each saying why
-                    by_id = await cancel_workflow(conn, run, schema=schema)
+                    by_id = await admin.cancel_workflow(conn, run, schema=schema)
                     ids = list(by_id)
                 else:
                     by_id = await admin.cancel_jobs(conn, ids, schema=schema)
@@ -531,7 +530,7 @@ MAX_STEPS_SHOWN = 2000  # a run's page lists this many steps at most (the CLI sh
 LIVE_STEPS = ("waiting", "pending", "running")  # the steps "Cancel run" cancels
 
 
-def _step_ids(run: WorkflowInfo | None, statuses: tuple[str, ...]) -> list[int]:
+def _step_ids(run: admin.WorkflowInfo | None, statuses: tuple[str, ...]) -> list[int]:
     """The job ids of a run's steps in these statuses, as many as one POST may act on."""
     steps = run.steps if run is not None else []
     return [s.job_id for s in steps if s.status in statuses][:MAX_SELECTION]

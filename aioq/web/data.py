@@ -146,7 +146,7 @@ async def load_overview(conn: Connection, schema: str, *, cap: int, stale_after:
     for q in queues.values():  # the cap is per state, across queues
         q.capped |= {state for state in STATE_COLUMNS if totals[state] >= cap}
     # The queues table holds one row per queue with settings (not the jobs' counts that
-    # aioq.queues() adds with a scan of the jobs table).
+    # aioq.admin.queues() adds with a scan of the jobs table).
     for s in await QUEUE_SETTINGS.rows(conn, schema):
         q = queues.setdefault(s.name, QueueRow(s.name))
         q.max_running, q.paused = s.max_running, s.paused

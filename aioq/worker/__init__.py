@@ -14,11 +14,12 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import anyio
 import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
+from typing_extensions import Unpack
 
 from aioq.errors import ConfigError, StartupError
 from aioq.metrics import Metrics
@@ -39,7 +40,7 @@ from aioq.worker.history import DEFAULT_STATS_INTERVAL, DEFAULT_STATS_RETENTION
 from aioq.worker.run import Run
 from aioq.worker.service import Service
 
-__all__ = ("Worker", "WorkerConfig")
+__all__ = ("Worker", "WorkerConfig", "WorkerOptions")
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class WorkerConfig:
     # Enqueue the ticks of the registry's @aioq.periodic schedules (every worker may: the
     # database keeps it to one job per tick).
     periodic: bool = True
-    # How often the worker reads which of its queues have limits (aioq.set_queue).
+    # How often the worker reads which of its queues have limits (aioq.admin.set_queue).
     limits_refresh: float = DEFAULT_REFRESH
     # Unique among the live workers of a database: a stopping worker releases every row that
     # still carries its id.
@@ -201,6 +202,43 @@ class WorkerConfig:
             raise ConfigError("worker_id", "must not be empty")
 
 
+class WorkerOptions(TypedDict, total=False):
+    """The options ``Worker(...)`` takes by keyword: :class:`WorkerConfig`'s fields, so that
+    ``mypy --strict`` refuses a misspelt or mistyped one (tests/test_api.py holds the two to
+    the same names and types). ``queues`` may also be one name or any sequence of names."""
+
+    queues: str | Sequence[str] | None
+    concurrency: int
+    schema: str | None
+    poll_interval: float
+    heartbeat_interval: float
+    reaper_interval: float
+    reaper_batch: int
+    shutdown_grace: float
+    claim_batch: int
+    prefetch: int | Literal["auto"]
+    completion_batch: int
+    keep_completed: bool
+    archive_retention: float | None
+    dead_retention: float | None
+    workflow_retention: float | None
+    prune_interval: float
+    prune_batch: int
+    vacuum_threshold: int | None
+    vacuum_interval: float
+    listen: bool
+    stats_history: bool
+    stats_interval: float
+    stats_retention: float
+    statement_cache: bool
+    listen_dsn: str | None
+    command_timeout: float | None
+    lag_threshold: float | None
+    periodic: bool
+    limits_refresh: float
+    worker_id: str
+
+
 async def _keep_session(connection: asyncpg.Connection) -> None:
     """Skip asyncpg's reset on release: a second round trip per statement.
 
@@ -232,7 +270,7 @@ class Worker:
     registry's. ``lifespan``: ``lifespan(worker)``, an async context manager opened before the
     first claim and closed after the last outcome is written; what it yields is
     ``aioq.current_job().state``. It replaces the registry's; if it fails to open, the run
-    raises :class:`aioq.StartupError` and claims nothing.
+    raises :class:`aioq.errors.StartupError` and claims nothing.
     """
 
     def __init__(
@@ -245,22 +283,23 @@ class Worker:
         metrics: Metrics | None = None,
         middleware: Sequence[Middleware] = (),
         lifespan: Lifespan | None = None,
-        **options: Any,
+        **options: Unpack[WorkerOptions],
     ) -> None:
         self.registry = registry if registry is not None else default_registry
         # The registry's middleware first (outermost), then the worker's; the worker's lifespan
         # instead of the registry's (docs/architecture.md, "Middleware and lifespan").
         self.middleware = (*self.registry.middleware, *check_middleware(middleware))
         self.lifespan = check_lifespan(lifespan) or self.registry.lifespan
-        queues = options.get("queues")
+        given: dict[str, Any] = dict(options)
+        queues = given.get("queues")
         if isinstance(queues, str):
-            options["queues"] = (queues,)
+            given["queues"] = (queues,)
         elif queues is not None:
-            options["queues"] = tuple(queues)
+            given["queues"] = tuple(queues)
         for name in ("queues", "schema"):  # None: the registry's (below)
-            if options.get(name) is None:
-                options.pop(name, None)
-        config = replace(config, **options) if config is not None else WorkerConfig(**options)
+            if given.get(name) is None:
+                given.pop(name, None)
+        config = replace(config, **given) if config is not None else WorkerConfig(**given)
         # No queues given: serve every queue the registry's tasks name.
         self.queues_given = config.queues is not None
         if config.queues is None:

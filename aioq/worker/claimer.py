@@ -4,7 +4,7 @@ docs/architecture.md, "The claim" and "Limits". A limited queue's claim locks th
 then counts its running jobs and recent claims in a fresh snapshot and takes no more than the
 room left (aioq.sql.limits.CLAIM_LIMITED): PostgreSQL enforces the limits, nothing is counted
 in Python. Which of the worker's queues are limited is read at most every ``refresh`` seconds
-(and at once when aioq.set_queue notifies a change); a queue wrongly thought limited costs a
+(and at once when aioq.admin.set_queue notifies a change); a queue wrongly thought limited costs a
 turn, never a broken limit.
 """
 

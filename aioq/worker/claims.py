@@ -28,7 +28,7 @@ class CancelReason(enum.Enum):
 
     LEASE_LOST = "lease lost"  # another worker owns the job now
     SHUTDOWN = "shutdown"  # the grace period of a stop ran out
-    CANCELLED = "cancel requested"  # aioq.cancel_jobs asked for it
+    CANCELLED = "cancel requested"  # aioq.admin.cancel_jobs asked for it
 
 
 @dataclass(slots=True, eq=False)

@@ -1,6 +1,6 @@
 """Job control inside a worker: cancel requests reaching running jobs, and a job's progress.
 
-A request to cancel a running job is recorded on its row by :func:`aioq.cancel_jobs`, which
+A request to cancel a running job is recorded on its row by :func:`aioq.admin.cancel_jobs`, which
 also sends a NOTIFY on the schema's control channel. Every worker LISTENs on it (through its
 one LISTEN connection) and cancels the run if it holds the job; the :class:`CancelWatch` asks
 the database at the heartbeat's interval too, so a notification missed while the LISTEN

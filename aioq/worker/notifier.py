@@ -56,7 +56,7 @@ class Listener(Service[None]):
         self.control = dict(control or {})
         self.connected = anyio.Event()
         self.connections = 0  # how many times a LISTEN was established
-        self.on_limits = on_limits  # aioq.set_queue changed a queue's limits
+        self.on_limits = on_limits  # aioq.admin.set_queue changed a queue's limits
         self.watch = Watch(schema=schema, queues=queues, within=keepalive)
         self._pid = 0  # its backend: the disarm's own rings are not for us
         self._wake = anyio.Event()  # the connection was lost, or the doorbell must be disarmed

@@ -197,10 +197,10 @@ class Deferrer:
             self.sent[job_id] = kwargs
             return
         assert not must_accept, f"refused {kwargs!r}: {refusal}"
-        assert isinstance(refusal, aioq.DeferError), refusal
+        assert isinstance(refusal, aioq.errors.DeferError), refusal
         assert refusal.task_name == echo.name
         assert repr(echo.name) in str(refusal)
-        if isinstance(refusal, aioq.SerializationError):
+        if isinstance(refusal, aioq.errors.SerializationError):
             assert repr(refusal.argument) in str(refusal)  # it names the culprit
         self.refused += 1
 

@@ -63,24 +63,24 @@ def test_schema_names_that_try_injection_are_refused(dsn: str) -> None:
     for schema in INJECTIONS:
         if schema == "Aioq":
             continue  # a valid identifier: quoted, it is a different, absent schema
-        with pytest.raises(aioq.ConfigError, match="schema") as info:
+        with pytest.raises(aioq.errors.ConfigError, match="schema") as info:
             aioq.Registry(schema=schema)
         assert repr(schema) in str(info.value)
-        with pytest.raises(aioq.ConfigError, match="schema"):
+        with pytest.raises(aioq.errors.ConfigError, match="schema"):
             aioq.Worker(dsn=dsn, schema=schema)
-        with pytest.raises(aioq.ConfigError, match="schema"):
+        with pytest.raises(aioq.errors.ConfigError, match="schema"):
             aioq.WorkerConfig(schema=schema)
-        with pytest.raises(aioq.ConfigError, match="schema"):
-            aioq.schema_sql(schema)
+        with pytest.raises(aioq.errors.ConfigError, match="schema"):
+            aioq.admin.schema_sql(schema)
 
     async def install_and_stats() -> None:
         conn = await asyncpg.connect(dsn)
         try:
             for schema in INJECTIONS[:3]:
-                with pytest.raises(aioq.ConfigError, match="schema"):
+                with pytest.raises(aioq.errors.ConfigError, match="schema"):
                     await aioq.install(conn, schema=schema)
-                with pytest.raises(aioq.ConfigError, match="schema"):
-                    await aioq.stats(conn, schema=schema)
+                with pytest.raises(aioq.errors.ConfigError, match="schema"):
+                    await aioq.admin.stats(conn, schema=schema)
         finally:
             await conn.close()
 
@@ -194,13 +194,13 @@ def test_names_postgresql_cannot_store_are_refused_up_front(dsn: str, tmp_path: 
         try:
             async with conn.transaction():
                 for bad in UNSTORABLE:
-                    with pytest.raises(aioq.ConfigError, match="queue"):
+                    with pytest.raises(aioq.errors.ConfigError, match="queue"):
                         echo.options(queue=bad)
-                    with pytest.raises(aioq.ConfigError, match="unique_key"):
+                    with pytest.raises(aioq.errors.ConfigError, match="unique_key"):
                         echo.options(unique_key=bad)
-                    with pytest.raises(aioq.ConfigError, match="name"):
+                    with pytest.raises(aioq.errors.ConfigError, match="name"):
                         registry.task(name=bad)(lambda: None)
-                    with pytest.raises(aioq.ConfigError, match="queues"):
+                    with pytest.raises(aioq.errors.ConfigError, match="queues"):
                         aioq.Worker(dsn=dsn, queues=["default", bad])
                 # The caller's transaction was never touched.
                 assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0

@@ -238,7 +238,7 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         return run
 
     async def set_limit(conn: asyncpg.Connection) -> object:
-        return await aioq.set_queue(conn, "limited", max_running=1000)
+        return await aioq.admin.set_queue(conn, "limited", max_running=1000)
 
     ticks = iter(range(1, 10_000))
     start = datetime(2026, 1, 1, tzinfo=UTC)
@@ -276,7 +276,7 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
     async def finish_step(conn: asyncpg.Connection) -> object:
         """A step's success recorded, its dependent made pending (the fan-in)."""
         run = await defer_flow(conn)
-        assert isinstance(run, aioq.WorkflowRun)
+        assert isinstance(run, aioq.workflows.WorkflowRun)
         [claimed] = await statements.claim(conn, ["flows"], 1, "w")
         await statements.write(conn, "w", [claimed], OutcomeKind.COMPLETE, result="1", steps=True)
         return await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", run.jobs["work-2"])
@@ -341,8 +341,8 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
             # aioq's statements ring it themselves.
             rung: list[str] = []
             await owner.add_listener("aioq:aioq", lambda *args: rung.append(args[-1]))
-            await aioq.set_queue(owner, "limited", max_running=1000)
-            await aioq.set_queue(owner, "rated", rate=(1000, 60.0))
+            await aioq.admin.set_queue(owner, "limited", max_running=1000)
+            await aioq.admin.set_queue(owner, "rated", rate=(1000, 60.0))
             # Wait on "rung" as a sleeping worker does, so that its insert rings.
             await statements.arm(owner, ["rung"])
             for privilege, operation in needed:
@@ -389,9 +389,9 @@ def test_least_privileged_role_cannot_change_the_schema(dsn: str, app: tuple[str
             for statement in DDL:
                 with pytest.raises(asyncpg.InsufficientPrivilegeError):
                     await conn.execute(statement)
-            with pytest.raises(aioq.SchemaError, match="owner"):
+            with pytest.raises(aioq.errors.SchemaError, match="owner"):
                 await aioq.install(conn)
-            with pytest.raises(aioq.SchemaError, match="owner"):
+            with pytest.raises(aioq.errors.SchemaError, match="owner"):
                 await aioq.install(conn, schema="fresh")
         finally:
             await conn.close()

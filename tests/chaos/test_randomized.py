@@ -455,7 +455,7 @@ def _defer_flows(sql: Sql, rng: random.Random, count: int) -> tuple[list[Flow], 
     for _ in range(count):
         shape, steps = _shape(rng)
         flow = aioq.Workflow(f"chaos-{shape}")
-        made: dict[str, aioq.Step] = {}
+        made: dict[str, aioq.workflows.Step] = {}
         on_failure: dict[str, str] = {}
         step_leases: dict[str, float] = {}
         for name, after in steps:
@@ -472,7 +472,7 @@ def _defer_flows(sql: Sql, rng: random.Random, count: int) -> tuple[list[Flow], 
             on_failure[name] = mode
             step_leases[name] = plan.lease
 
-        async def defer(conn: Any, flow: aioq.Workflow = flow) -> aioq.WorkflowRun:
+        async def defer(conn: Any, flow: aioq.Workflow = flow) -> aioq.workflows.WorkflowRun:
             async with conn.transaction():
                 return await flow.defer(conn)
 
@@ -618,7 +618,7 @@ def analyse(
 
 def analyse_flows(
     flows: list[Flow],
-    infos: dict[int, aioq.WorkflowInfo | None],
+    infos: dict[int, aioq.admin.WorkflowInfo | None],
     runs: list[dict[str, Any]],
     explained: set[int],
 ) -> tuple[list[str], dict[str, Any]]:
@@ -696,7 +696,7 @@ def analyse_flows(
     return violations, dict(figures)
 
 
-def _workflows(sql: Sql, flows: list[Flow]) -> dict[int, aioq.WorkflowInfo | None]:
+def _workflows(sql: Sql, flows: list[Flow]) -> dict[int, aioq.admin.WorkflowInfo | None]:
     """What ``aioq.workflow()`` says of each run."""
     return {f.id: sql._run(lambda c, f=f: aioq.workflow(c, f.id)) for f in flows}
 
@@ -816,7 +816,7 @@ def _running_threads(sql: Sql, slots: list[Slot]) -> list[Slot]:
 
 
 class Limits:
-    """The limited queues' settings, toggled while workers serve them (aioq.set_queue)."""
+    """The limited queues' settings, toggled while workers serve them (aioq.admin.set_queue)."""
 
     def __init__(self, sql: Sql, rng: random.Random) -> None:
         self.sql = sql
@@ -829,7 +829,9 @@ class Limits:
         self._set("default", max_running=None)
 
     def _set(self, queue: str, **settings: Any) -> None:
-        self.sql.retrying(lambda: self.sql._run(lambda c: aioq.set_queue(c, queue, **settings)))
+        self.sql.retrying(
+            lambda: self.sql._run(lambda c: aioq.admin.set_queue(c, queue, **settings))
+        )
 
     def toggle(self) -> None:
         """Pause or resume a queue, or change its limit."""
@@ -1049,13 +1051,13 @@ def test_the_flow_analysis_tells_order_fan_in_and_losses() -> None:
         {"top": "cancel", "left": "cancel", "right": "run", "bottom": "cancel"},
     )
     steps = [
-        aioq.WorkflowStep(
+        aioq.admin.WorkflowStep(
             name=n, job_id=j, task="work", queue=None, status="succeeded",
             after=flow.after[n], on_failure=flow.on_failure[n], attempts=1, last_error=None,
         )
         for n, j in flow.jobs.items()
     ]  # fmt: skip
-    info = aioq.WorkflowInfo(
+    info = aioq.admin.WorkflowInfo(
         id=7,
         name="chaos-diamond",
         state="succeeded",

@@ -154,10 +154,10 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
         # is on duty for a queue at a time, and leaves it when rung: this listener takes it
         # for good while the queue is paused (the worker does not arm a queue it cannot
         # claim from), so the worker sleeps on its watch.
-        await aioq.set_queue(other, "sp", paused=True, max_running=None)
+        await aioq.admin.set_queue(other, "sp", paused=True, max_running=None)
         await eventually(lambda: _worker_off_duty(other), "the worker to leave duty", HANG_GUARD)
         assert not await statements.arm(listener, ["sp"])
-        await aioq.set_queue(other, "sp", paused=False)
+        await aioq.admin.set_queue(other, "sp", paused=False)
         # The resume rings the queue (and tells workers that limits changed): both arrive
         # before this sentinel, so neither passes for round 0's.
         await quiet_until_sentinel(other, "resumed")

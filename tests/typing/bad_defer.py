@@ -76,3 +76,12 @@ def sync_targets(conn: psycopg.Connection[Any], session: Session) -> None:
     send.defer_sync("postgresql://", order_id=1)  # error: [arg-type] not a connection
     name: str = send.defer_sync(conn, order_id=1)  # error: [assignment] returns the id
     print(name)
+
+
+def worker_options(conn: psycopg.Connection[Any]) -> None:
+    """A worker's options are typed; a name that left the top level is reported."""
+    aioq.Worker(dsn="postgresql://", concurency=4)  # error: [call-arg] misspelt option
+    aioq.Worker(dsn="postgresql://", concurrency="4")  # error: [arg-type] not an int
+    aioq.Worker(dsn="postgresql://", queues=["a"], prefetch="all")  # error: [arg-type] auto/int
+    aioq.get_job_sync(conn, 1)  # error: [attr-defined] moved to aioq.admin
+    aioq.admin.cancel_jobs_sync(conn, [1], reasons="x")  # error: [call-arg] misspelt keyword

@@ -41,9 +41,9 @@ async def main(conn: asyncpg.Connection) -> None:
     flow = aioq.Workflow("w")
     first = flow.add(send.call(order_id=1))
     flow.add(send.options(priority=2).call(2, note="after"), after=[first], name="second")
-    run: aioq.WorkflowRun = await aioq.chain(notify.call("ann"), notify.call(user="bob")).defer(
-        conn
-    )
+    run: aioq.workflows.WorkflowRun = await aioq.chain(
+        notify.call("ann"), notify.call(user="bob")
+    ).defer(conn)
     await aioq.group(send.call(order_id=3), then=notify.call("x")).defer(conn)
     print(run.jobs["notify"], run.id)
 
@@ -58,8 +58,8 @@ async def other_targets(
     await send.defer(sa_conn, 3)
     await send.options(queue="q").defer(session, order_id=2)
     await send.defer_many(session, [{"order_id": 5}])
-    job = await aioq.get_job(session, 1)
-    jobs = await aioq.list_jobs(sa_conn, status="dead")
+    job = await aioq.admin.get_job(session, 1)
+    jobs = await aioq.admin.list_jobs(sa_conn, status="dead")
     assert job is None or jobs
 
 
@@ -69,7 +69,19 @@ def sync_targets(conn: psycopg.Connection[Any], session: Session, sa_conn: Conne
     send.defer_sync(session, 2, note="in the session's transaction")
     send.options(priority=3, unique_key="k").defer_sync(sa_conn, order_id=job_id)
     ids: list[int] = notify.defer_many_sync(conn, [{"user": "ann"}, {"user": "bob"}])
-    job = aioq.get_job_sync(conn, ids[0])
-    states: dict[int, str] = aioq.cancel_jobs_sync(session, ids)
+    job = aioq.admin.get_job_sync(conn, ids[0])
+    states: dict[int, str] = aioq.admin.cancel_jobs_sync(session, ids)
     value: object = aioq.result_sync(sa_conn, job_id, timeout=1.0)
     assert job is None or states or value
+
+
+def worker_options(conn: psycopg.Connection[Any], session: Session) -> None:
+    """Every option of a worker, as a keyword; the operations' sync twins."""
+    aioq.Worker(dsn="postgresql://", queues="one", concurrency=4, prefetch="auto")
+    aioq.Worker(dsn="postgresql://", queues=("a", "b"), schema=None, dead_retention=None)
+    aioq.Worker(dsn="postgresql://", config=aioq.WorkerConfig(concurrency=2), listen=False)
+    aioq.admin.cancel_jobs_sync(conn, [1], reason="not needed")
+    replay: aioq.admin.Replay = aioq.admin.replay_sync(session, task="t")
+    info: aioq.admin.QueueInfo = aioq.admin.set_queue_sync(conn, "q", paused=True)
+    run = aioq.workflow_sync(conn, 1)
+    assert replay.retried or info.paused or run is None

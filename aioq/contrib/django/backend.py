@@ -156,7 +156,7 @@ class AioqBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(f"{result_id!r} is not an aioq job id") from None
-        job = aioq.get_job_sync(connections[self.database], job_id, schema=self.schema)
+        job = aioq.admin.get_job_sync(connections[self.database], job_id, schema=self.schema)
         if job is None:
             raise TaskResultDoesNotExist(
                 f"no job {job_id} (never enqueued, or its result expired: RESULT_TTL)"

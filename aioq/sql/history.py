@@ -1,4 +1,4 @@
-"""The per-minute outcome history and the workers' rows (aioq.stats_history writes them; the
+"""The per-minute outcome history and the workers' rows (aioq.worker.history writes them; the
 dashboard and `aioq stats` read them). docs/architecture.md, "Tables"."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ BIN_ORIGIN = "timestamptz '2000-01-01'"
 """Where the rollup's bins start (SQL): a step that is a multiple of ROLLUP_STEP bins them whole."""
 
 HIST_WIDTH = 17
-"""Buckets of the wait and run histograms (aioq.stats_history.BUCKETS + 1)."""
+"""Buckets of the wait and run histograms (aioq.worker.history.BUCKETS + 1)."""
 
 # Add the new counts and histograms (excluded) to a history row (h), bucket by bucket.
 _ADD_COUNTS = """

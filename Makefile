@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint typecheck pytest django6 docs schema chaos bench dev clean pgbouncer chromium
+.PHONY: demo test lint typecheck pytest django6 docs schema chaos bench dev clean pgbouncer chromium sql-golden
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -77,6 +77,11 @@ docs: $(VENV)/.installed-docs
 # prints a diff of the two (docs/architecture.md, "Tables"). Also part of `make test`.
 schema: $(VENV)/.installed-dev
 	$(PY) -m pytest tests/test_migrations.py -n 0 -q
+
+# Every statement as it is sent, one file each under tests/sql/ (tests/test_sql.py compares them
+# with the code): run after changing a statement or a fragment, and commit what it wrote.
+sql-golden: $(VENV)/.installed-dev
+	$(PY) tests/golden.py
 
 # The reliability suite's long profile: longer runs, more faults (the quick one is in `make test`).
 chaos: $(VENV)/.installed-dev pgbouncer

@@ -320,7 +320,7 @@ async def _replay(
             # A savepoint inside the caller's transaction (or a transaction of its own), so a
             # lost race leaves the caller's transaction usable.
             async with conn.transaction():
-                rows = await sql.REPLAY_DEAD.rows(conn, schema, ids, task, queue)
+                rows = await sql.REPLAY.rows(conn, schema, ids, task, queue)
         except asyncpg.UniqueViolationError:
             # A job with one of the keys became live after this statement's snapshot (a defer
             # or another replay committed meanwhile); the next try sees it and skips that key.
@@ -349,7 +349,7 @@ def replay_sync(
     savepoint = _savepoint(db, schema)
     for _ in range(REPLAY_TRIES):
         try:
-            rows = sql.REPLAY_DEAD.rows_sync(db, schema, ids, task, queue)
+            rows = sql.REPLAY.rows_sync(db, schema, ids, task, queue)
         except Exception as exc:
             if sqlstate(exc) != UNIQUE_VIOLATION:
                 raise
@@ -490,7 +490,7 @@ class QueueStats:
     dead: int
     cancelled: int  # cancelled before they ran, or while running; kept until dead_retention
     oldest_ready_age: float
-    expired_leases: int  # running past their lease, not yet reaped
+    expired_leases: int  # running past their lease, not yet rescued
     # From the workers' per-minute history, as the dashboard reads it (the last full minute and
     # the current one, as far as the workers wrote it: once a stats_interval): None when no
     # worker wrote any history (stats_history off) and completed jobs are not archived either

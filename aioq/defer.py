@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import TypedDict
 
 from aioq import hooks
 from aioq.db import Executor, Target, executor
@@ -46,6 +48,34 @@ UNIQUE_TRIES = 10
 """Times an insert with a unique_key is tried while the live job holding the key keeps ending."""
 
 
+class _Job(TypedDict):
+    """What every insert of one job takes (sql.InsertJob's fields; mypy holds the two together)."""
+
+    queue: str
+    task: str
+    args: str
+    priority: int
+    run_at: datetime | None
+    delay: float
+    max_attempts: int
+    lease: float
+    traceparent: str | None
+
+
+class _Jobs(TypedDict):
+    """What every insert of many jobs takes (sql.InsertJobs' fields)."""
+
+    queue: str
+    task: str
+    priority: int
+    run_at: datetime | None
+    delay: float
+    max_attempts: int
+    lease: float
+    args: list[str]
+    traceparent: str | None
+
+
 def job_inserts(
     name: str,
     opts: JobOptions,
@@ -68,24 +98,36 @@ def job_inserts(
     if opts.at_defaults and traceparent is None and key is None:  # the common case
         yield sql.INSERT_DEFAULT_JOB, (opts.queue, name, encoded)
         return
-    values: tuple[object, ...] = (opts.queue, name, encoded, opts.priority, opts.run_at)
-    values += (opts.delay, opts.max_attempts, opts.lease, traceparent)
+    job: _Job = {
+        "queue": opts.queue,
+        "task": name,
+        "args": encoded,
+        "priority": opts.priority,
+        "run_at": opts.run_at,
+        "delay": opts.delay,
+        "max_attempts": opts.max_attempts,
+        "lease": opts.lease,
+        "traceparent": traceparent,
+    }
     if opts.unique_key is None:
         if key is None:
-            yield sql.INSERT_JOB, values
+            yield sql.INSERT_JOB.bind(sql.InsertJob(**job))
         else:
-            yield sql.INSERT_KEYED_JOB, (*values, key)
+            yield sql.INSERT_KEYED_JOB.bind(sql.InsertKeyedJob(**job, concurrency_key=key))
         return
-    plain = opts.unique_for is None and opts.on_conflict == "keep" and key is None
-    replace = opts.on_conflict == "replace"
+    if opts.unique_for is None and opts.on_conflict == "keep" and key is None:
+        insert = sql.INSERT_UNIQUE_JOB.bind(sql.InsertUniqueJob(**job, unique_key=opts.unique_key))
+    else:
+        unique = sql.InsertUniqueJobFor(
+            **job,
+            unique_key=opts.unique_key,
+            unique_for=opts.unique_for,
+            replace=opts.on_conflict == "replace",
+            concurrency_key=key,
+        )
+        insert = sql.INSERT_UNIQUE_JOB_FOR.bind(unique)
     for _ in range(UNIQUE_TRIES):
-        if plain:
-            yield sql.INSERT_UNIQUE_JOB, (*values, opts.unique_key)
-        else:
-            yield (
-                sql.INSERT_UNIQUE_JOB_FOR,
-                (*values, opts.unique_key, opts.unique_for, replace, key),
-            )
+        yield insert
 
 
 def key_kept_moving(name: str, opts: JobOptions) -> DeferError:
@@ -106,13 +148,22 @@ def jobs_insert(
     """
     if opts.unique_key is not None:
         raise DeferError(name, "unique_key applies to one job; defer_many cannot use it")
-    values = (opts.queue, name, opts.priority, opts.run_at, opts.delay, opts.max_attempts)
-    values_ = (*values, opts.lease, list(encoded), traceparent)
+    jobs: _Jobs = {
+        "queue": opts.queue,
+        "task": name,
+        "priority": opts.priority,
+        "run_at": opts.run_at,
+        "delay": opts.delay,
+        "max_attempts": opts.max_attempts,
+        "lease": opts.lease,
+        "args": list(encoded),
+        "traceparent": traceparent,
+    }
     if opts.concurrency_key is not None:
         keys = [opts.concurrency_key] * len(encoded)
     if keys is None:
-        return sql.INSERT_JOBS, values_
-    return sql.INSERT_KEYED_JOBS, (*values_, list(keys))
+        return sql.INSERT_JOBS.bind(sql.InsertJobs(**jobs))
+    return sql.INSERT_KEYED_JOBS.bind(sql.InsertKeyedJobs(**jobs, concurrency_keys=list(keys)))
 
 
 async def insert_job(

@@ -13,6 +13,7 @@ Every exception that crosses the public API derives from :class:`AioqError`::
     │   ├── PayloadError        the stored arguments cannot be decoded or bound
     │   └── ResultError         the return value cannot be stored as JSON (a failed attempt)
     ├── SchemaError             the schema is missing, too old, or cannot be applied
+    ├── TemplateError           (also a ValueError) a statement breaks aioq.sql's template rules
     ├── StartupError            a worker's lifespan failed to open; nothing was claimed
     ├── ServerError             the embedded PostgreSQL cannot be found or started
     ├── NoResult                ``aioq.result`` has no value to return (job_id)
@@ -48,6 +49,7 @@ __all__ = (
     "ServerError",
     "StartupError",
     "TaskError",
+    "TemplateError",
     "UnknownTaskError",
 )
 
@@ -151,6 +153,13 @@ class SchemaError(AioqError):
     """The aioq schema is missing or cannot be installed."""
 
     default_message = "the aioq schema is not usable"
+
+
+class TemplateError(AioqError, ValueError):
+    """A statement's template breaks the rules of :mod:`aioq.sql` (raised as its module is
+    imported: a bug in aioq, never a user's input)."""
+
+    default_message = "a statement's template breaks the template rules"
 
 
 class ServerError(AioqError):

@@ -1,9 +1,11 @@
-"""What a job is: its status, its row, the claim that fences it, and the context a task sees."""
+"""What a job is: its status, its row, the claim that fences it, and the context a task sees.
+
+The statuses and the outcomes of an attempt are defined with the state machine, in
+:mod:`aioq.states` (imported here, where they have always been found)."""
 
 from __future__ import annotations
 
 import contextvars
-import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aioq.errors import AioqError, ConfigError
+from aioq.states import JobStatus, OutcomeKind
 
 if TYPE_CHECKING:
     from aioq.db import Row
@@ -41,28 +44,6 @@ def possible_id(job_id: int) -> bool:
 
 ClaimKey = tuple[int, int]
 """(job id, claim number): the identity of one claim, never reused."""
-
-
-class JobStatus(enum.StrEnum):
-    """The values of ``jobs.status``, and ``succeeded`` for a finished job (archive, results)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    DEAD = "dead"
-    CANCELLED = "cancelled"  # kept, like dead, until dead_retention prunes it
-    WAITING = "waiting"  # a workflow step whose dependencies have not all succeeded
-    SUCCEEDED = "succeeded"  # not a jobs row: found in the archive or in results
-
-
-class OutcomeKind(enum.Enum):
-    """What a finished attempt does to its job; the values are the metrics' outcome labels."""
-
-    COMPLETE = "succeeded"  # the task returned: delete (or archive)
-    FAIL = "retried"  # the task failed: back to pending after a backoff, error recorded
-    SNOOZE = "snoozed"  # the task raised aioq.Retry: back to pending after its delay
-    RELEASE = "released"  # given back unrun or unfinished (shutdown): attempt refunded
-    BURY = "dead"  # failed with no attempts left, or aioq.Fail
-    CANCEL = "cancelled"  # cancelled on request: kept, never retried
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -117,13 +117,13 @@ async def set_queue(
     it was never paused). Setting a limit creates the queue's settings. Bad values raise
     ConfigError and change nothing.
     """
-    name, values = _set_queue_values(queue, max_running, rate, paused, max_running_per_key, schema)
+    settings = _set_queue_values(queue, max_running, rate, paused, max_running_per_key, schema)
     db = await executor(conn)
-    changed = await sql.SET_QUEUE.row(db, schema, *values)
+    changed = await sql.SET_QUEUE.row(db, schema, settings)
     if changed is None:
-        raise _unknown_queue(name)
+        raise _unknown_queue(settings.queue)
     info = {q.name: q for q in await queues(db, schema=schema)}
-    return info[name]
+    return info[settings.queue]
 
 
 def set_queue_sync(
@@ -137,12 +137,12 @@ def set_queue_sync(
     schema: str = DEFAULT_SCHEMA,
 ) -> QueueInfo:
     """Set a queue's fleet-wide limits, as :func:`set_queue` does, from synchronous code."""
-    name, values = _set_queue_values(queue, max_running, rate, paused, max_running_per_key, schema)
+    settings = _set_queue_values(queue, max_running, rate, paused, max_running_per_key, schema)
     db = sync_executor(conn)
-    if sql.SET_QUEUE.row_sync(db, schema, *values) is None:
-        raise _unknown_queue(name)
+    if sql.SET_QUEUE.row_sync(db, schema, settings) is None:
+        raise _unknown_queue(settings.queue)
     info = {q.name: q for q in queues_sync(conn, schema=schema)}
-    return info[name]
+    return info[settings.queue]
 
 
 def _set_queue_values(
@@ -152,8 +152,8 @@ def _set_queue_values(
     paused: bool | _Unset,
     max_running_per_key: int | _Unset | None,
     schema: str,
-) -> tuple[str, tuple[object, ...]]:
-    """Check set_queue's arguments; return the queue's name and SET_QUEUE's values."""
+) -> sql.SetQueue:
+    """Check set_queue's arguments; return SET_QUEUE's values."""
     name = check_queue("queue", queue)
     nothing = max_running is UNSET and rate is UNSET and max_running_per_key is UNSET
     if nothing and paused is UNSET:
@@ -170,17 +170,20 @@ def _set_queue_values(
     per = None if rate is UNSET else _check_rate(name, rate)
     if paused is not UNSET and not isinstance(paused, bool):
         raise ConfigError("paused", f"queue {name!r}: must be True or False, got {paused!r}")
-    values = (
-        name,
-        *(max_running is not UNSET, limit),
-        *(rate is not UNSET, per[0] if per else None, per[1] if per else None),
-        *(paused is not UNSET, bool(paused) if paused is not UNSET else False),
-        nothing and paused is False,  # must exist: a resume alone
-        channel_name(schema),
-        max_running_per_key is not UNSET,
-        per_key,
+    return sql.SetQueue(
+        queue=name,
+        set_max_running=max_running is not UNSET,
+        max_running=limit,
+        set_rate=rate is not UNSET,
+        rate_limit=per[0] if per else None,
+        rate_period=per[1] if per else None,
+        set_paused=paused is not UNSET,
+        paused=bool(paused) if paused is not UNSET else False,
+        must_exist=nothing and paused is False,  # a resume alone
+        doorbell=channel_name(schema),
+        set_max_running_per_key=max_running_per_key is not UNSET,
+        max_running_per_key=per_key,
     )
-    return name, values
 
 
 def _unknown_queue(name: str) -> ConfigError:

@@ -123,7 +123,7 @@ class Metrics:
             "scheduled": "Pending jobs due in the future.",
             "running": "Claimed jobs.",
             "dead": "Dead jobs kept in the table.",
-            "expired": "Running jobs whose lease expired and that are not reaped yet.",
+            "expired": "Running jobs whose lease expired and that are not rescued yet.",
             "oldest_ready_age": "Seconds the oldest ready job has waited past its run_at.",
             "waiting": "Workflow steps waiting for their dependencies (not claimable).",
         }
@@ -138,12 +138,12 @@ class Metrics:
             for name in _GAUGES
         }
         self._outcome_counters: dict[OutcomeKind, Counter] = {
-            OutcomeKind.COMPLETE: self.succeeded,
-            OutcomeKind.FAIL: self.retried,
-            OutcomeKind.BURY: self.dead,
-            OutcomeKind.SNOOZE: self.snoozed,
-            OutcomeKind.RELEASE: self.released,
-            OutcomeKind.CANCEL: self.cancelled,
+            OutcomeKind.SUCCEEDED: self.succeeded,
+            OutcomeKind.RETRIED: self.retried,
+            OutcomeKind.DEAD: self.dead,
+            OutcomeKind.SNOOZED: self.snoozed,
+            OutcomeKind.RELEASED: self.released,
+            OutcomeKind.CANCELLED: self.cancelled,
         }
         # The labelled series of each (queue, task), looked up once: per job, ``labels()``
         # cost four times the update itself (a str() per label value and a lock).

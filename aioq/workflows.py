@@ -168,8 +168,8 @@ class Workflow:
             ids = created.ids
             for start in range(0, len(self._steps), STEP_BATCH):
                 batch = self._steps[start : start + STEP_BATCH]
-                values = _batch_values(batch, ids, start)
-                await sql.INSERT_STEPS.row(db, schema, created.id, *values, deferral.traceparent)
+                steps = _batch(created.id, batch, ids, start, deferral.traceparent)
+                await sql.INSERT_STEPS.row(db, schema, steps)
             deferral.ids = ids
         jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
         return WorkflowRun(created.id, self.name, jobs)
@@ -193,41 +193,41 @@ class Workflow:
             ids = created.ids
             for start in range(0, len(self._steps), STEP_BATCH):
                 batch = self._steps[start : start + STEP_BATCH]
-                values = _batch_values(batch, ids, start)
-                sql.INSERT_STEPS.row_sync(db, schema, created.id, *values, deferral.traceparent)
+                steps = _batch(created.id, batch, ids, start, deferral.traceparent)
+                sql.INSERT_STEPS.row_sync(db, schema, steps)
             deferral.ids = ids
         jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
         return WorkflowRun(created.id, self.name, jobs)
 
 
-def _batch_values(batch: Sequence[_Planned], ids: Sequence[int], start: int) -> list[object]:
-    """INSERT_STEPS' arrays ($2..$16) for one batch of steps."""
-    columns: list[list[object]] = [[] for _ in range(13)]
-    children: list[int] = []
-    parents: list[int] = []
-    for n, step in enumerate(batch, start):
-        opts = step.call.opts
-        row = (
-            ids[n],
-            opts.queue,
-            step.call.task.name,
-            step.call.args,
-            opts.priority,
-            opts.run_at,
-            opts.delay,
-            opts.max_attempts,
-            opts.lease,
-            step.call.concurrency_key,
-            step.name,
-            len(step.after),
-            step.on_failure,
-        )
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
-        for parent in step.after:
-            children.append(ids[n])
-            parents.append(ids[parent])
-    return [*columns, children, parents]
+def _batch(
+    workflow: int,
+    batch: Sequence[_Planned],
+    ids: Sequence[int],
+    start: int,
+    traceparent: str | None,
+) -> sql.InsertSteps:
+    """INSERT_STEPS' values for one batch of steps of run ``workflow``."""
+    steps = list(enumerate(batch, start))
+    return sql.InsertSteps(
+        workflow=workflow,
+        ids=[ids[n] for n, _ in steps],
+        queues=[s.call.opts.queue for _, s in steps],
+        tasks=[s.call.task.name for _, s in steps],
+        args=[s.call.args for _, s in steps],
+        priorities=[s.call.opts.priority for _, s in steps],
+        run_ats=[s.call.opts.run_at for _, s in steps],
+        delays=[s.call.opts.delay for _, s in steps],
+        max_attempts=[s.call.opts.max_attempts for _, s in steps],
+        leases=[s.call.opts.lease for _, s in steps],
+        concurrency_keys=[s.call.concurrency_key for _, s in steps],
+        names=[s.name for _, s in steps],
+        remaining=[len(s.after) for _, s in steps],
+        on_failure=[s.on_failure for _, s in steps],
+        edge_steps=[ids[n] for n, s in steps for _ in s.after],
+        edge_parents=[ids[parent] for _, s in steps for parent in s.after],
+        traceparent=traceparent,
+    )
 
 
 def chain(*calls: Call, name: str = "chain") -> Workflow:

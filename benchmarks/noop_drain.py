@@ -126,7 +126,7 @@ def count_statements() -> dict[str, int]:
         return got
 
     async def counted_write(self: Completer, batch: Any) -> Any:
-        released = sum(o.kind is OutcomeKind.RELEASE for o in batch)
+        released = sum(o.kind is OutcomeKind.RELEASED for o in batch)
         if released:
             counts["release_writes"] += 1
             counts["released"] += released

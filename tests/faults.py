@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from aioq.sql import DEFAULT_SCHEMA, Statement
+from aioq.sql import DEFAULT_SCHEMA, Named, Statement
 
 # Called with the statement's arguments and its rows, after it committed; may raise or hang.
 After = Callable[[Sequence[object], list[Any]], Awaitable[None]]
@@ -21,7 +21,11 @@ After = Callable[[Sequence[object], list[Any]], Awaitable[None]]
 
 @asynccontextmanager
 async def pool_with_fault(
-    dsn: str, statement: Statement[Any], after: After, *, schema: str = DEFAULT_SCHEMA
+    dsn: str,
+    statement: Statement[Any] | Named[Any, Any],
+    after: After,
+    *,
+    schema: str = DEFAULT_SCHEMA,
 ) -> AsyncIterator[asyncpg.Pool]:
     """A pool on which every run of ``statement`` is followed by ``after``."""
     text = statement.text(schema)

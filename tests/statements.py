@@ -9,7 +9,7 @@ from aioq.db import Executor
 from aioq.job import Claim, OutcomeKind
 from aioq.sql import DEFAULT_SCHEMA, results_channel
 from aioq.sql.doorbell import ARM_DOORBELL
-from aioq.sql.outcomes import HEARTBEAT, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES
+from aioq.sql.outcomes import HEARTBEAT, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES, WriteOutcomes
 from aioq.worker.claimer import Claimer
 
 SCHEMA = DEFAULT_SCHEMA
@@ -48,20 +48,19 @@ async def write(
     ids, numbers = _keys(claims)
     n = len(ids)
     statement = WRITE_STEP_OUTCOMES if steps else WRITE_OUTCOMES
-    rows = await statement.rows(
-        db,
-        schema,
-        ids,
-        numbers,
-        worker_id,
-        [kind.value] * n,
-        [delay] * n,
-        [error] * n,
-        [result] * n,
-        [ttl] * n,
-        archive,
-        results_channel(schema),
+    outcomes = WriteOutcomes(
+        ids=ids,
+        claims=numbers,
+        worker=worker_id,
+        kinds=[kind.value] * n,
+        delays=[delay] * n,
+        errors=[error] * n,
+        results=[result] * n,
+        ttls=[ttl] * n,
+        archive=archive,
+        results_channel=results_channel(schema),
     )
+    rows = await statement.rows(db, schema, outcomes)
     return set(rows)
 
 

@@ -24,7 +24,7 @@ from waits import eventually, until_sql
 
 import aioq
 from aioq.job import OutcomeKind
-from aioq.sql.control import SET_PROGRESS
+from aioq.sql.control import SET_PROGRESS, SetProgress
 from aioq.sql.outcomes import Rescued
 from aioq.worker.claims import Claims
 from aioq.worker.control import CancelWatch
@@ -340,8 +340,10 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     # The stalled owner wakes up: every write of its claim is fenced off.
     for kind in OutcomeKind:
         assert await statements.write(conn, "stalled", [stale], kind) == set()
-    progress = (stale.id, stale.number, "stalled", 0.5, None)
-    assert await SET_PROGRESS.row(conn, "aioq", *progress) is None
+    progress = SetProgress(
+        id=stale.id, claim=stale.number, worker="stalled", progress=0.5, note=None
+    )
+    assert await SET_PROGRESS.row(conn, "aioq", progress) is None
     assert await status_of(conn, first) == "cancelled"
 
     # Rescued first, then cancelled: it was pending again, so it is cancelled at once.
@@ -350,7 +352,7 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     await conn.execute(expire, second)
     assert await reaper.run_once() == [Rescued(second, "pending")]
     assert await aioq.admin.cancel_jobs(conn, [second]) == {second: "cancelled"}
-    assert await statements.write(conn, "stalled", [stale], OutcomeKind.CANCEL) == set()
+    assert await statements.write(conn, "stalled", [stale], OutcomeKind.CANCELLED) == set()
 
     # Claimed again by a new owner and cancelled: the old owner's write still changes nothing.
     third = await work.defer(conn)
@@ -359,23 +361,23 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     await reaper.run_once()
     [new] = await statements.claim(conn, ["default"], 1, "new")
     assert await aioq.admin.cancel_jobs(conn, [third]) == {third: "cancelling"}
-    assert await statements.write(conn, "old", [old], OutcomeKind.CANCEL) == set()
+    assert await statements.write(conn, "old", [old], OutcomeKind.CANCELLED) == set()
     assert await status_of(conn, third) == "running"
-    assert await statements.write(conn, "new", [new], OutcomeKind.CANCEL) == {third}
+    assert await statements.write(conn, "new", [new], OutcomeKind.CANCELLED) == {third}
     assert await status_of(conn, third) == "cancelled"
 
     # A failed attempt written after the request never goes back to pending.
     fourth = await work.defer(conn)
     [mine] = await statements.claim(conn, ["default"], 1, "w")
     await aioq.admin.cancel_jobs(conn, [fourth])
-    assert await statements.write(conn, "w", [mine], OutcomeKind.FAIL, error="x") == {fourth}
+    assert await statements.write(conn, "w", [mine], OutcomeKind.RETRIED, error="x") == {fourth}
     assert await status_of(conn, fourth) == "cancelled"
 
     # A replayed dead job does not inherit a request that came too late for it.
     fifth = await work.defer(conn)
     [mine] = await statements.claim(conn, ["default"], 1, "w")
     await aioq.admin.cancel_jobs(conn, [fifth])
-    assert await statements.write(conn, "w", [mine], OutcomeKind.BURY, error="boom") == {fifth}
+    assert await statements.write(conn, "w", [mine], OutcomeKind.DEAD, error="boom") == {fifth}
     assert (await aioq.admin.replay(conn, job_id=fifth)).retried == [fifth]
     assert await conn.fetchval(
         "SELECT cancel_requested_at IS NULL FROM aioq.jobs WHERE id = $1", fifth

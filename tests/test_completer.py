@@ -65,9 +65,9 @@ async def test_a_pass_writes_each_kind_of_outcome_in_one_statement(
     completer = completer_for(conn, claims, keep_completed=True)
     for i, claim in enumerate(claims):
         if i % 2:
-            completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+            completer.put(Outcome(claim, OutcomeKind.SUCCEEDED))
         else:
-            completer.put(Outcome(claim, OutcomeKind.FAIL, delay=3600, error=f"e{i}"))
+            completer.put(Outcome(claim, OutcomeKind.RETRIED, delay=3600, error=f"e{i}"))
     assert await completer.run_once() == 60
     assert completer.idle
     assert len(completer.claims) == 0
@@ -87,7 +87,7 @@ async def test_batch_size_bounds_a_pass_and_busy_asks_for_the_next_at_once(
     claims = await claim_jobs(conn, registry, 25)
     completer = completer_for(conn, claims, batch_size=10)
     for claim in claims:
-        completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim, OutcomeKind.SUCCEEDED))
     passes = []
     while True:
         written = await completer.run_once()
@@ -115,7 +115,7 @@ async def test_stale_claims_in_a_batch_update_no_row_and_the_fresh_ones_are_writ
 
     completer = completer_for(conn, claims)
     for claim in claims:
-        completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim, OutcomeKind.SUCCEEDED))
     with caplog.at_level(logging.WARNING, logger="aioq"):
         assert await completer.run_once() == 6
     lost = [r.getMessage() for r in caplog.records if "lease lost before" in r.getMessage()]
@@ -130,8 +130,8 @@ async def test_room_is_awaited_while_max_pending_outcomes_are_unwritten_and_put_
 ) -> None:
     claims = await claim_jobs(conn, registry, 3)
     completer = completer_for(conn, claims, batch_size=2, max_pending=2)
-    completer.put(Outcome(claims[0], OutcomeKind.COMPLETE))
-    completer.put(Outcome(claims[1], OutcomeKind.COMPLETE))
+    completer.put(Outcome(claims[0], OutcomeKind.SUCCEEDED))
+    completer.put(Outcome(claims[1], OutcomeKind.SUCCEEDED))
     room = anyio.Event()
 
     async def wait_room() -> None:
@@ -144,7 +144,7 @@ async def test_room_is_awaited_while_max_pending_outcomes_are_unwritten_and_put_
             await anyio.wait_all_tasks_blocked()
             assert not room.is_set()  # a consumer would take no job now
             # An outcome of a job that already ran is never held back (nor lost to a cancel).
-            completer.put(Outcome(claims[2], OutcomeKind.COMPLETE))
+            completer.put(Outcome(claims[2], OutcomeKind.SUCCEEDED))
             assert len(completer.pending) == 3
             assert await completer.run_once() == 2  # room again
             await room.wait()
@@ -163,7 +163,7 @@ async def test_the_run_loop_writes_outcomes_as_they_come_and_signals_each_pass(
             await tg.start(completer.run)
             for claim in claims:
                 before = completer.passed.count
-                completer.put(Outcome(claim, OutcomeKind.BURY, error="boom"))
+                completer.put(Outcome(claim, OutcomeKind.DEAD, error="boom"))
                 await completer.passed.wait()
                 assert completer.passed.count == before + 1  # one pass per outcome here
                 row = await conn.fetchrow(
@@ -180,7 +180,7 @@ async def test_flush_on_stop_writes_every_queued_outcome_beyond_one_batch(
     claims = await claim_jobs(conn, registry, 23)
     completer = completer_for(conn, claims, batch_size=5)
     for claim in claims:
-        completer.put(Outcome(claim, OutcomeKind.RELEASE))
+        completer.put(Outcome(claim, OutcomeKind.RELEASED))
     with anyio.fail_after(HANG_GUARD):
         await completer.flush()
     assert completer.idle
@@ -197,7 +197,7 @@ async def test_flush_gives_up_loudly_when_the_database_stays_unreachable(
     await gone.close()  # every write through it fails
     completer = completer_for(gone, claims)
     for claim in claims:
-        completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim, OutcomeKind.SUCCEEDED))
     with caplog.at_level(logging.ERROR, logger="aioq"), anyio.fail_after(HANG_GUARD):
         await completer.flush()
     assert "could not write 2 job outcomes" in caplog.text
@@ -218,9 +218,9 @@ async def test_an_outcome_the_server_refuses_does_not_block_the_others(
     await work.defer_many(conn, [{}, {}])
     good, bad = await statements.claim(conn, ["default"], 10, "me")
     completer = completer_for(conn, [good, bad])
-    completer.put(Outcome(good, OutcomeKind.COMPLETE))
+    completer.put(Outcome(good, OutcomeKind.SUCCEEDED))
     # An interval PostgreSQL cannot represent: the server refuses this outcome's data.
-    completer.put(Outcome(bad, OutcomeKind.FAIL, delay=1e300, error="x"))
+    completer.put(Outcome(bad, OutcomeKind.RETRIED, delay=1e300, error="x"))
     with caplog.at_level(logging.ERROR, logger="aioq"):
         assert await completer.run_once() == 2
     assert "cannot be stored" in caplog.text
@@ -241,8 +241,8 @@ async def test_a_connection_lost_before_a_write_keeps_the_whole_batch_for_the_re
     doomed.terminate()
     completer = completer_for(conn, [done, failed])
     completer.db = doomed
-    completer.put(Outcome(done, OutcomeKind.COMPLETE))
-    completer.put(Outcome(failed, OutcomeKind.FAIL, delay=0, error="boom"))
+    completer.put(Outcome(done, OutcomeKind.SUCCEEDED))
+    completer.put(Outcome(failed, OutcomeKind.RETRIED, delay=0, error="boom"))
     with pytest.raises(asyncpg.InterfaceError, match="closed"):
         await completer.run_once()
     # One statement for every kind: nothing was written, everything is retried.
@@ -274,7 +274,7 @@ async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
 
     completer = completer_for(conn, [claim])
     completer.db = ReplyLost()  # type: ignore[assignment]
-    completer.put(Outcome(claim, OutcomeKind.COMPLETE))
+    completer.put(Outcome(claim, OutcomeKind.SUCCEEDED))
     with pytest.raises(ConnectionResetError):
         await completer.run_once()
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0  # it was written

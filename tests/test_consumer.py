@@ -133,10 +133,10 @@ async def test_bad_arguments_fail_the_attempt_naming_task_and_argument_with_its_
         assert outcome is not None
         outcomes[claim.id] = outcome
     assert calls == [1]
-    assert outcomes[good.id].kind is OutcomeKind.COMPLETE
+    assert outcomes[good.id].kind is OutcomeKind.SUCCEEDED
     for claim in (missing, undecodable):
         outcome = outcomes[claim.id]
-        assert (outcome.kind, outcome.delay) == (OutcomeKind.FAIL, QUICK.delay(1))
+        assert (outcome.kind, outcome.delay) == (OutcomeKind.RETRIED, QUICK.delay(1))
         assert outcome.error is not None
         assert outcome.error.startswith("PayloadError: cannot call 't.add' with its stored")
         assert "Traceback" not in outcome.error  # the message is the whole story
@@ -160,7 +160,7 @@ async def test_an_async_task_past_its_timeout_fails_the_attempt_with_a_timeout_e
         outcome = await rig.consumer.run_one(claim, rig.running(claim))
     assert started == [1]
     assert outcome is not None
-    assert (outcome.kind, outcome.delay) == (OutcomeKind.FAIL, QUICK.delay(1))
+    assert (outcome.kind, outcome.delay) == (OutcomeKind.RETRIED, QUICK.delay(1))
     assert outcome.error == "TimeoutError: task 't.hang' timed out after 0.1s"
     rig.completer.put(outcome)
     await rig.completer.flush()

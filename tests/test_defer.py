@@ -20,7 +20,7 @@ import statements
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 import aioq
-from aioq.sql.jobs import INSERT_JOB, TABLE_DEFAULTS
+from aioq.sql.jobs import INSERT_JOB, TABLE_DEFAULTS, InsertJob
 
 pytestmark = pytest.mark.anyio
 
@@ -692,8 +692,18 @@ async def test_the_lean_insert_gives_what_the_full_one_gives(
     columns = "priority, max_attempts, extract(epoch FROM lease)::float8, run_at <= now()"
     lean_id = await lean.defer(conn, n=1)  # every option at its default: the lean statement
     # Same values through the full statement (a delay of 0 is not the lean case's "no delay").
-    full = ("default", "lean", '{"n": 1}', 0, None, 1e-9, 5, 30.0, None)
-    full_id = await INSERT_JOB.row(conn, "aioq", *full)
+    full = InsertJob(
+        queue="default",
+        task="lean",
+        args='{"n": 1}',
+        priority=0,
+        run_at=None,
+        delay=1e-9,
+        max_attempts=5,
+        lease=30.0,
+        traceparent=None,
+    )
+    full_id = await INSERT_JOB.row(conn, "aioq", full)
     rows = await conn.fetch(f"SELECT id, {columns} FROM aioq.jobs ORDER BY id")
     assert [r["id"] for r in rows] == [lean_id, full_id]
     assert tuple(rows[0])[1:4] == TABLE_DEFAULTS

@@ -11,6 +11,7 @@ Every fenced block names its language, and each language has its check:
   program fails the test until it is given a check here.
 - ``sql``: runs, in a transaction rolled back, on a database with aioq's schema.
 - ``text``: shown output; the getting-started test compares it with what the commands print.
+- ``mermaid``: a diagram drawn from the code: the job's states are aioq.states.mermaid().
 
 The site is built with MkDocs in strict mode (broken links and anchors fail), and the README's
 own links are checked, since MkDocs does not see it. Then the guides' examples run: the
@@ -49,11 +50,12 @@ from waits import wait_for
 
 import aioq
 from aioq.cli import _build_parser
+from aioq.states import mermaid
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
-LANGUAGES = {"python", "sh", "sql", "text", "yaml"}
+LANGUAGES = {"mermaid", "python", "sh", "sql", "text", "yaml"}
 EXTRAS = set(
     tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 )
@@ -444,6 +446,14 @@ def test_the_yaml_check_catches_bad_yaml_and_a_wrong_flag() -> None:
     assert problems("a: [1\n")[0].startswith("not YAML")
     [wrong] = problems('command: ["aioq", "worker", "m:r", "--helth-port", "1"]\n')
     assert "--helth-port" in wrong
+
+
+# --- mermaid -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", of("mermaid"))
+def test_mermaid_blocks_draw_the_state_table(block: Block) -> None:
+    assert block.text == mermaid(), f"{block}: paste aioq.states.mermaid() there"
 
 
 def test_commands_quoted_in_the_prose_exist() -> None:

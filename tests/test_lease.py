@@ -81,27 +81,29 @@ async def test_stale_worker_is_fenced_after_rescue(
 
     # A wakes up: its heartbeat, retry, burial and completion all change nothing.
     assert await statements.heartbeat(conn, "worker-a", [(job_id, claim_a.number)]) == set()
-    assert await statements.write(conn, "worker-a", [claim_a], OutcomeKind.FAIL, error="x") == set()
+    assert (
+        await statements.write(conn, "worker-a", [claim_a], OutcomeKind.RETRIED, error="x") == set()
+    )
     assert (
         await statements.write(
-            conn, "worker-a", [(job_id, claim_a.number)], OutcomeKind.BURY, error="x"
+            conn, "worker-a", [(job_id, claim_a.number)], OutcomeKind.DEAD, error="x"
         )
         == set()
     )
     # Even A's worker id with B's claim number is not enough, nor B's id with A's claim.
     assert (
-        await statements.write(conn, "worker-a", [(job_id, claim_b.number)], OutcomeKind.COMPLETE)
+        await statements.write(conn, "worker-a", [(job_id, claim_b.number)], OutcomeKind.SUCCEEDED)
         == set()
     )
     assert (
-        await statements.write(conn, "worker-b", [(job_id, claim_a.number)], OutcomeKind.COMPLETE)
+        await statements.write(conn, "worker-b", [(job_id, claim_a.number)], OutcomeKind.SUCCEEDED)
         == set()
     )
 
     claims = held(claim_a)
     completer = make_completer(conn, "worker-a", claims)
     with caplog.at_level(logging.WARNING, logger="aioq"):
-        completer.put(Outcome(claim_a, OutcomeKind.COMPLETE))
+        completer.put(Outcome(claim_a, OutcomeKind.SUCCEEDED))
         await completer.run_once()
     assert "lease lost" in caplog.text
     assert len(claims) == 0
@@ -111,7 +113,7 @@ async def test_stale_worker_is_fenced_after_rescue(
     )
     assert tuple(row) == ("running", "worker-b", claim_b.attempt)
     assert await statements.write(
-        conn, "worker-b", [(job_id, claim_b.number)], OutcomeKind.COMPLETE
+        conn, "worker-b", [(job_id, claim_b.number)], OutcomeKind.SUCCEEDED
     ) == {job_id}
     assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
 

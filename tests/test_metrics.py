@@ -140,7 +140,7 @@ async def test_lease_lost_is_counted(conn: asyncpg.Connection, registry: aioq.Re
         max_pending=10,
     )
     completer.metrics = metrics
-    completer.put(Outcome(claim, OutcomeKind.COMPLETE, 0.5))
+    completer.put(Outcome(claim, OutcomeKind.SUCCEEDED, 0.5))
     assert await completer.run_once() == 1
     lost = metrics.registry.get_sample_value(
         "aioq_jobs_lease_lost_total", {"queue": "default", "task": claim.task}

@@ -230,7 +230,7 @@ async def test_claimed_ahead_jobs_stay_while_consumers_wait_for_the_completer() 
     async def consumer() -> None:  # one run: take a claim, finish it, wait for room, take one
         first = await p.handoff.get()
         assert first is not None
-        completer.put(Outcome(first, OutcomeKind.COMPLETE))
+        completer.put(Outcome(first, OutcomeKind.SUCCEEDED))
         slots.give()
         await completer.wait_room()
         second = await p.handoff.get()
@@ -247,7 +247,7 @@ async def test_claimed_ahead_jobs_stay_while_consumers_wait_for_the_completer() 
             assert p.handoff.waiting == 4
             for _ in range(3):  # the write takes three lingers
                 await p._wait_free()
-                assert not [o for o in completer.pending if o.kind is OutcomeKind.RELEASE]
+                assert not [o for o in completer.pending if o.kind is OutcomeKind.RELEASED]
                 assert p.handoff.waiting == 4
             completer.pending.clear()  # the batch is written: room again
             completer._room.set()
@@ -255,6 +255,6 @@ async def test_claimed_ahead_jobs_stay_while_consumers_wait_for_the_completer() 
         # Both consumers run jobs 3 and 4 now, and no slot frees within the linger: 5 and 6
         # wait behind long jobs and go back.
         await p._wait_free()
-        released = [o.claim.id for o in completer.pending if o.kind is OutcomeKind.RELEASE]
+        released = [o.claim.id for o in completer.pending if o.kind is OutcomeKind.RELEASED]
         assert sorted(released) == [5, 6]
         assert p.handoff.waiting == 0

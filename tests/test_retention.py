@@ -90,7 +90,7 @@ async def test_dead_jobs_are_pruned_by_age_in_batches(
     for _ in range(25):
         await doomed.defer(conn)
     claims = await statements.claim(conn, ["default"], 25, "w")
-    buried = await statements.write(conn, "w", claims, OutcomeKind.BURY, error="x")
+    buried = await statements.write(conn, "w", claims, OutcomeKind.DEAD, error="x")
     assert len(buried) == 25
     pending = await doomed.defer(conn)  # never pruned, however old
     await conn.execute("UPDATE aioq.jobs SET run_at = now() - interval '2 hours'")
@@ -199,7 +199,7 @@ async def test_the_vacuumer_vacuums_the_jobs_table_past_its_threshold(
     await conn.execute("ALTER TABLE aioq.jobs SET (autovacuum_enabled = false)")
     await work.defer_many(conn, [{"i": i} for i in range(300)])
     claims = await statements.claim(conn, ["default"], 300, "w1")
-    await statements.write(conn, "w1", claims, OutcomeKind.COMPLETE)
+    await statements.write(conn, "w1", claims, OutcomeKind.SUCCEEDED)
     dead = await dead_tuples(conn)
     assert dead >= 300  # each claim and each delete left one
 

@@ -112,9 +112,9 @@ def test_judge_decides_without_io(registry: aioq.Registry) -> None:
         assert decided is not None
         return decided.kind
 
-    assert kind(OSError()) is OutcomeKind.FAIL
-    assert kind(FileNotFoundError()) is OutcomeKind.FAIL  # a subclass counts
-    assert kind(RuntimeError()) is OutcomeKind.BURY
+    assert kind(OSError()) is OutcomeKind.RETRIED
+    assert kind(FileNotFoundError()) is OutcomeKind.RETRIED  # a subclass counts
+    assert kind(RuntimeError()) is OutcomeKind.DEAD
 
 
 def test_bad_values_are_refused_at_registration(registry: aioq.Registry) -> None:

@@ -26,8 +26,8 @@ from aioq.job import OutcomeKind
 from aioq.migrate import migrations, ring_trigger_sql
 from aioq.sql import Statement
 from aioq.sql import jobs as job_statements
-from aioq.sql.outcomes import REAP, RELEASE_WORKER
-from aioq.sql.schedules import SCHEDULE_START, SCHEDULE_TICK
+from aioq.sql.outcomes import RELEASE_WORKER, RESCUE_EXPIRED
+from aioq.sql.schedules import SCHEDULE_START, SCHEDULE_TICK, ScheduleStart, ScheduleTick
 
 pytestmark = pytest.mark.anyio
 
@@ -115,10 +115,10 @@ async def test_every_statement_that_makes_a_job_claimable_rings(
     [claim] = await statements.claim(conn, ["q"], 1, "w")
     await rings(
         "a fan-in",
-        lambda: statements.write(conn, "w", [claim], OutcomeKind.COMPLETE, steps=True),
+        lambda: statements.write(conn, "w", [claim], OutcomeKind.SUCCEEDED, steps=True),
     )
     [claim] = await statements.claim(conn, ["q"], 1, "w")  # the step the fan-in made ready
-    await statements.write(conn, "w", [claim], OutcomeKind.COMPLETE, steps=True)
+    await statements.write(conn, "w", [claim], OutcomeKind.SUCCEEDED, steps=True)
     assert await on_duty.until_sentinel(conn) == []  # the last step: nothing made ready
 
     await rings("defer", lambda: work.defer(conn))
@@ -150,21 +150,24 @@ async def test_every_statement_that_makes_a_job_claimable_rings(
     # A schedule's tick, due now.
     now = await conn.fetchval("SELECT now()")
     tick = now - timedelta(minutes=1)
-    spec = ("tick", work.name, "q", "every 60s")
-    await SCHEDULE_START.row(conn, "aioq", *spec, tick - timedelta(minutes=1), tick)
-    await rings(
-        "a schedule's tick",
-        lambda: SCHEDULE_TICK.rows(conn, "aioq", *spec, [tick], now, "{}", 0, 5, 30.0),
+    spec = {"name": "tick", "task": work.name, "queue": "q", "spec": "every 60s"}
+    start = ScheduleStart(**spec, last_tick=tick - timedelta(minutes=1), next_tick=tick)
+    await SCHEDULE_START.row(conn, "aioq", start)
+    ticks = ScheduleTick(
+        **spec, ticks=[tick], next_tick=now, args="{}", priority=0, max_attempts=5, lease=30.0
     )
+    await rings("a schedule's tick", lambda: SCHEDULE_TICK.rows(conn, "aioq", ticks))
 
     # Outcomes that make a job claimable again, at once.
     [claim] = await statements.claim(conn, ["q"], 1, "w")
     assert await on_duty.until_sentinel(conn) == []  # the claim rings nothing
-    await rings("a release", lambda: statements.write(conn, "w", [claim], OutcomeKind.RELEASE))
+    await rings("a release", lambda: statements.write(conn, "w", [claim], OutcomeKind.RELEASED))
     [claim] = await statements.claim(conn, ["q"], 1, "w")
-    await rings("a retry due now", lambda: statements.write(conn, "w", [claim], OutcomeKind.FAIL))
+    await rings(
+        "a retry due now", lambda: statements.write(conn, "w", [claim], OutcomeKind.RETRIED)
+    )
     [claim] = await statements.claim(conn, ["q"], 1, "w")
-    await statements.write(conn, "w", [claim], OutcomeKind.FAIL, delay=3600)
+    await statements.write(conn, "w", [claim], OutcomeKind.RETRIED, delay=3600)
     assert await on_duty.until_sentinel(conn) == []  # a retry later rings nothing
     await statements.claim(conn, ["q"], 1, "w")
     await rings("a worker's release", lambda: RELEASE_WORKER.rows(conn, "aioq", "w", []))
@@ -173,9 +176,9 @@ async def test_every_statement_that_makes_a_job_claimable_rings(
         "UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
         claim.id,
     )
-    await rings("the reaper", lambda: REAP.rows(conn, "aioq", 10, "other"))
+    await rings("the reaper", lambda: RESCUE_EXPIRED.rows(conn, "aioq", 10, "other"))
     [claim] = await statements.claim(conn, ["q"], 1, "w")
-    await statements.write(conn, "w", [claim], OutcomeKind.BURY, error="boom")
+    await statements.write(conn, "w", [claim], OutcomeKind.DEAD, error="boom")
     assert await on_duty.until_sentinel(conn) == []
     await rings("a replay", lambda: aioq.admin.replay(conn, job_id=claim.id))
 
@@ -380,10 +383,10 @@ async def test_a_workflow_step_made_ready_rings_only_when_claimable_now(
         await conn.execute("DELETE FROM aioq.jobs")
         return seen
 
-    assert await step_then(OutcomeKind.COMPLETE, 0, "cancel") == ["q"]
-    assert await step_then(OutcomeKind.COMPLETE, 3600, "cancel") == []
-    assert await step_then(OutcomeKind.BURY, 0, "run") == ["q"]  # the cascade trigger rings
-    assert await step_then(OutcomeKind.BURY, 3600, "run") == []
+    assert await step_then(OutcomeKind.SUCCEEDED, 0, "cancel") == ["q"]
+    assert await step_then(OutcomeKind.SUCCEEDED, 3600, "cancel") == []
+    assert await step_then(OutcomeKind.DEAD, 0, "run") == ["q"]  # the cascade trigger rings
+    assert await step_then(OutcomeKind.DEAD, 3600, "run") == []
 
 
 async def test_the_cascade_trigger_rings_nobody_when_nobody_is_on_duty(
@@ -400,7 +403,7 @@ async def test_the_cascade_trigger_rings_nobody_when_nobody_is_on_duty(
     anyway = flow.add(work.call(n=2), after=[first], on_failure="run")
     run = await flow.defer(conn)
     [claim] = await statements.claim(conn, ["q"], 1, "w")
-    await statements.write(conn, "w", [claim], OutcomeKind.BURY, error="boom", steps=True)
+    await statements.write(conn, "w", [claim], OutcomeKind.DEAD, error="boom", steps=True)
     assert (
         await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", run.jobs[anyway.name])
         == "pending"

@@ -67,11 +67,11 @@ def test_buckets_and_percentiles() -> None:
 
 def test_recorder_counts_outcomes_not_snoozes() -> None:
     recorder = StatsRecorder()
-    recorder.observe(claim(waited=0.2), OutcomeKind.COMPLETE, 0.003)
-    recorder.observe(claim(), OutcomeKind.FAIL, 1.5)
-    recorder.observe(claim(task="u"), OutcomeKind.BURY, 1.5)
-    recorder.observe(claim(), OutcomeKind.SNOOZE, 0.1)
-    recorder.observe(claim(), OutcomeKind.RELEASE, 0.1)
+    recorder.observe(claim(waited=0.2), OutcomeKind.SUCCEEDED, 0.003)
+    recorder.observe(claim(), OutcomeKind.RETRIED, 1.5)
+    recorder.observe(claim(task="u"), OutcomeKind.DEAD, 1.5)
+    recorder.observe(claim(), OutcomeKind.SNOOZED, 0.1)
+    recorder.observe(claim(), OutcomeKind.RELEASED, 0.1)
     counts = recorder.take()
     assert recorder.counts == {}
     t, u = counts["q", "t"], counts["q", "u"]
@@ -94,14 +94,14 @@ async def test_writer_adds_up_a_minute_gives_back_on_failure_and_prunes(
 
     broken = await asyncpg.connect(dsn)
     await broken.close()
-    recorder.observe(claim(), OutcomeKind.COMPLETE, 0.01)
+    recorder.observe(claim(), OutcomeKind.SUCCEEDED, 0.01)
     with pytest.raises(asyncpg.InterfaceError):
         await writer(broken).run_once()
     assert recorder.counts["q", "t"].completed == 1  # kept for the next write
 
-    recorder.observe(claim(), OutcomeKind.COMPLETE, 0.01)
+    recorder.observe(claim(), OutcomeKind.SUCCEEDED, 0.01)
     assert await writer(conn).run_once() == 1
-    recorder.observe(claim(), OutcomeKind.BURY, 0.01)
+    recorder.observe(claim(), OutcomeKind.DEAD, 0.01)
     await writer(conn).run_once()  # same minute (most likely): added to the same row
     assert await history(conn) == {("q", "t"): (2, 0, 1, 3)}
     row = await conn.fetchrow("SELECT * FROM aioq.workers")
@@ -133,7 +133,7 @@ async def test_a_cancel_never_interrupts_the_write(conn: asyncpg.Connection) -> 
         schema="aioq", db=conn, recorder=recorder, worker_id="w1",
         queues=["q"], concurrency=1,
     )  # fmt: skip
-    recorder.observe(claim(), OutcomeKind.COMPLETE, 0.01)
+    recorder.observe(claim(), OutcomeKind.SUCCEEDED, 0.01)
     with anyio.CancelScope() as scope:
         scope.cancel()  # already cancelled when the write starts
         await writer.run_once()
@@ -284,7 +284,7 @@ async def test_workers_writing_at_once_add_up_in_the_rollup(dsn: str) -> None:
                 recorder = StatsRecorder()
                 for i, (queue, task) in enumerate(order):
                     if (i + round_ + n) % 4:
-                        kind = (OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.BURY)[i % 3]
+                        kind = (OutcomeKind.SUCCEEDED, OutcomeKind.RETRIED, OutcomeKind.DEAD)[i % 3]
                         recorder.observe(claim(queue, task, waited=i / 10), kind, round_ / 7)
                 writer = StatsWriter(
                     schema="aioq", db=pool, recorder=recorder, worker_id=f"w{n}", queues=["q"],

@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 from waits import until_sql, wait_for
-from webpages import CSRF, add_jobs, bury, host_app, job_ids, queue_cells, sql, status_of
+from webpages import CSRF, add_jobs, host_app, job_ids, make_dead, queue_cells, sql, status_of
 
 import aioq
 import aioq.web
@@ -49,7 +49,7 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
     later = add_jobs(dsn, "mail", 2)
     sql(dsn, "UPDATE aioq.jobs SET run_at = now() + interval '1 hour' WHERE id = ANY($1)", later)
     sql(dsn, "UPDATE aioq.jobs SET run_at = now() - interval '90 seconds' WHERE id = $1", ready[0])
-    bury(dsn, add_jobs(dsn, "mail", 2), "ValueError: boom")
+    make_dead(dsn, add_jobs(dsn, "mail", 2), "ValueError: boom")
     sql(
         dsn,
         "UPDATE aioq.jobs SET status = 'cancelled' WHERE id = ANY($1)",
@@ -113,7 +113,7 @@ def test_counts_stop_at_the_cap_and_say_so(dsn: str) -> None:
     add_jobs(dsn, "big", 7, priority=5)
     (low,) = add_jobs(dsn, "big", 1, priority=-1)
     sql(dsn, "UPDATE aioq.jobs SET run_at = now() - interval '2 hours' WHERE id = $1", low)
-    bury(dsn, add_jobs(dsn, "big", 4), "boom")
+    make_dead(dsn, add_jobs(dsn, "big", 4), "boom")
     with TestClient(aioq.web.app(dsn=dsn, count_cap=3)) as client:
         cells = queue_cells(client.get("/").text, "big")
     assert (cells["ready"], cells["dead"]) == ("3+", "3+")
@@ -142,8 +142,8 @@ def test_empty_database_and_missing_job(client: TestClient) -> None:
 def test_jobs_filters(dsn: str, client: TestClient) -> None:
     mail = add_jobs(dsn, "mail", 3)
     img = add_jobs(dsn, "img", 2)
-    bury(dsn, [mail[0]], "SMTPError: mailbox full\nTraceback (most recent call last): ...")
-    bury(dsn, [img[0]], "PIL.UnidentifiedImageError: cannot identify image")
+    make_dead(dsn, [mail[0]], "SMTPError: mailbox full\nTraceback (most recent call last): ...")
+    make_dead(dsn, [img[0]], "PIL.UnidentifiedImageError: cannot identify image")
 
     def ids(**params: str) -> list[int]:
         response = client.get("/jobs", params=params)
@@ -194,7 +194,7 @@ def test_job_detail_shows_args_error_and_worker(dsn: str, client: TestClient) ->
     (job,) = add_jobs(dsn, "mail", 1)
     sql(dsn, """UPDATE aioq.jobs SET args = '{"to": "a@example.com", "n": 2}' WHERE id = $1""", job)
     error = 'Traceback (most recent call last):\n  File "tasks.py", line 3\nKeyError: "<to>"'
-    bury(dsn, [job], error)
+    make_dead(dsn, [job], error)
     page = client.get(f"/jobs/{job}")
     assert page.status_code == 200
     assert "a@example.com" in page.text
@@ -232,7 +232,7 @@ def post(client: TestClient, action: str, ids: list[int], **extra: str) -> Any:
 
 def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
     dead = add_jobs(dsn, "mail", 3)
-    bury(dsn, dead, "boom")
+    make_dead(dsn, dead, "boom")
     pending = add_jobs(dsn, "mail", 3)
 
     done = post(client, "retry", [dead[0], pending[0]], next="/jobs?status=dead")
@@ -269,7 +269,7 @@ def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
 
 def test_actions_refuse_forged_and_foreign_requests(dsn: str, client: TestClient) -> None:
     dead = add_jobs(dsn, "mail", 1)
-    bury(dsn, dead, "boom")
+    make_dead(dsn, dead, "boom")
     client.get("/")  # the cookie
     forged = client.post("/actions", data={"action": "retry", "ids": str(dead[0])})
     assert forged.status_code == 403
@@ -293,7 +293,7 @@ def test_actions_refuse_forged_and_foreign_requests(dsn: str, client: TestClient
 
 def test_read_only_shows_no_buttons_and_refuses_posts(dsn: str) -> None:
     dead = add_jobs(dsn, "mail", 1)
-    bury(dsn, dead, "boom")
+    make_dead(dsn, dead, "boom")
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         assert "read-only" in client.get("/").text
         for path in ("/jobs", f"/jobs/{dead[0]}"):
@@ -498,7 +498,7 @@ def test_a_read_only_role_with_the_documented_grants_sees_every_page(
     grant = re.search(r"A read-only\s+dashboard needs only `(GRANT SELECT ON [^`]+)`", guide)
     assert grant, "docs/operations-and-cli.md: the read-only dashboard's grants"
     (job,) = add_jobs(dsn, "mail", 1)
-    bury(dsn, [job], "boom")
+    make_dead(dsn, [job], "boom")
     name, password = f"aioq_ro_{secrets.token_hex(4)}", secrets.token_hex(8)
     sql(admin_dsn, f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
     try:
@@ -613,7 +613,7 @@ async def test_a_dead_job_shows_the_worker_it_last_ran_on(
 
 def test_the_jobs_page_says_what_its_buttons_act_on(dsn: str, client: TestClient) -> None:
     dead = add_jobs(dsn, "mail", 7)
-    bury(dsn, dead, "boom")
+    make_dead(dsn, dead, "boom")
     page = client.get("/jobs", params={"status": "dead", "queue": "mail"}).text
     assert len(job_ids(page)) == 5  # one page of the seven
     assert "act on the jobs ticked on this page only" in page
@@ -662,7 +662,7 @@ def test_a_planted_cookie_and_the_same_value_in_the_form_are_refused(dsn: str, s
 
 def test_the_csrf_cookie_over_https_is_host_only_secure_and_strict(dsn: str) -> None:
     (dead,) = add_jobs(dsn, "mail", 1)
-    bury(dsn, [dead], "boom")
+    make_dead(dsn, [dead], "boom")
     dashboard = aioq.web.app(dsn=dsn, actions=True)
     host = host_app([Mount("/aioq", dashboard)], dashboard)
     with TestClient(host, base_url="https://testserver") as client:
@@ -690,7 +690,7 @@ def test_tokens_hold_across_processes_that_share_the_secret_and_nowhere_else(dsn
     """Two processes of one dashboard (two app instances here) accept each other's tokens when
     given the same secret; without one each process has its own; another mount never does."""
     (dead,) = add_jobs(dsn, "mail", 1)
-    bury(dsn, [dead], "boom")
+    make_dead(dsn, [dead], "boom")
     secret = secrets.token_urlsafe(32)
 
     def retried_by(first: Starlette, second: Starlette) -> int:
@@ -728,7 +728,7 @@ def test_tokens_hold_across_processes_that_share_the_secret_and_nowhere_else(dsn
 
 def test_a_cross_site_post_is_refused_even_with_a_valid_token(dsn: str, client: TestClient) -> None:
     (dead,) = add_jobs(dsn, "mail", 1)
-    bury(dsn, [dead], "boom")
+    make_dead(dsn, [dead], "boom")
     token = CSRF.search(client.get("/jobs").text)
     assert token
     form = {"csrf": token[1], "action": "retry", "ids": str(dead)}
@@ -749,7 +749,7 @@ def test_aioq_web_processes_given_one_secret_accept_each_others_tokens(
     """Two `aioq web` behind one address (a load balancer): AIOQ_WEB_SECRET makes a form served
     by one good at the other."""
     (dead,) = add_jobs(dsn, "mail", 1)
-    bury(dsn, [dead], "boom")
+    make_dead(dsn, [dead], "boom")
     monkeypatch.setenv("AIOQ_WEB_SECRET", secrets.token_urlsafe(32))
     ports = [free_port(), free_port()]
     with spawner(dsn) as start:
@@ -852,7 +852,7 @@ def test_a_killed_worker_stops_counting_as_alive(dsn: str, tmp_path: Path) -> No
 
 
 def test_a_read_only_dashboard_shows_the_command_that_retries_a_dead_filter(dsn: str) -> None:
-    bury(dsn, add_jobs(dsn, "mail", 2), "boom")
+    make_dead(dsn, add_jobs(dsn, "mail", 2), "boom")
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         page = client.get("/jobs", params={"status": "dead", "queue": "mail"}).text
     assert "<code>aioq jobs retry --dead --queue mail</code>" in page

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from aioq.sql import Statement
+from aioq.sql import Named, Statement
 from aioq.sql.admin import GET_JOB
 from aioq.web import sql as w
 from aioq.worker.history import BUCKETS
@@ -138,7 +138,7 @@ async def _the_bounded_statements_still_count_right(big: asyncpg.Connection) -> 
 
 
 # Each statement of the dashboard, with the type of its rows.
-ROW_TYPES: dict[Statement[Any], type] = {
+ROW_TYPES: dict[Statement[Any] | Named[Any, Any], type] = {
     w.DASH_PENDING: w.PendingRow,
     w.DASH_STATES: w.StateRow,
     w.DASH_WORKERS: w.WorkerSeen,
@@ -153,7 +153,7 @@ ROW_TYPES: dict[Statement[Any], type] = {
 
 
 async def test_each_row_type_has_its_statements_columns_in_order(conn: asyncpg.Connection) -> None:
-    declared = {v for k, v in vars(w).items() if k.isupper() and isinstance(v, Statement)}
+    declared = {v for k, v in vars(w).items() if k.isupper() and isinstance(v, Statement | Named)}
     assert declared - set(ROW_TYPES) == {w.SET_STATEMENT_TIMEOUT}  # the one without rows
     for statement, row_type in ROW_TYPES.items():
         prepared = await conn.prepare(statement.text("aioq"))
@@ -164,5 +164,5 @@ async def test_each_row_type_has_its_statements_columns_in_order(conn: asyncpg.C
 def test_the_history_sums_every_bucket_of_the_histograms() -> None:
     assert len(BUCKETS) + 1 == w.HIST_WIDTH
     for statement in (w.HISTORY_TOTALS, w.ROLLUP_TOTALS):
-        assert f"wait_hist[{len(BUCKETS) + 1}]" in statement.template
-        assert f"wait_hist[{len(BUCKETS) + 2}]" not in statement.template
+        assert f"wait_hist[{len(BUCKETS) + 1}]" in statement.text("aioq")
+        assert f"wait_hist[{len(BUCKETS) + 2}]" not in statement.text("aioq")

@@ -1059,7 +1059,7 @@ async def test_the_workflows_list_counts_a_huge_run_within_a_bound(
     # 12 000 steps succeeded (written as a worker writes them), 3 000 dead, the rest pending.
     for _ in range(12):
         claims = await statements.claim(conn, ["default"], 1000, "w")
-        written = await statements.write(conn, "w", claims, OutcomeKind.COMPLETE, steps=True)
+        written = await statements.write(conn, "w", claims, OutcomeKind.SUCCEEDED, steps=True)
         assert len(written) == 1000
     ids = sorted(run.jobs.values())[:n]
     await conn.execute(

@@ -51,7 +51,7 @@ def add_jobs(dsn: str, queue: str, count: int, **columns: Any) -> list[int]:
     return [r["id"] for r in rows]
 
 
-def bury(dsn: str, ids: list[int], error: str) -> None:
+def make_dead(dsn: str, ids: list[int], error: str) -> None:
     sql(
         dsn,
         "UPDATE aioq.jobs SET status = 'dead', attempts = max_attempts, last_error = $2"
@@ -119,7 +119,7 @@ def assert_served_under(client: Client, entry: str, base: str, dsn: str) -> None
     actions, Retry through the form of a dead job's page retries it.
     """
     (dead,) = add_jobs(dsn, "mount", 1)
-    bury(dsn, [dead], "boom")
+    make_dead(dsn, [dead], "boom")
     pages = [
         f"{entry}/",
         f"{entry}/jobs?status=dead",

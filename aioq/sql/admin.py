@@ -12,7 +12,6 @@ from datetime import datetime
 
 from aioq.job import Job
 from aioq.sql import Statement, boolean, columns, integer, nothing, text
-from aioq.sql.doorbell import ring
 
 __all__ = (
     "ARCHIVE_IN_USE",
@@ -23,16 +22,16 @@ __all__ = (
     "LIST_ARCHIVED_JOBS",
     "LIST_JOBS",
     "LIST_RESULT_JOBS",
+    "PENDING_JOBS",
+    "PENDING_TASKS",
     "PING",
     "QUEUE_STATS",
     "READY_QUEUES",
     "RELEASE_SAVEPOINT",
-    "REPLAY_DEAD",
+    "REPLAY",
     "ROLLBACK_TO_SAVEPOINT",
     "SAVEPOINT",
     "TABLE_STATS",
-    "WAITING_JOBS",
-    "WAITING_TASKS",
     "PendingJob",
     "QueueCompleted",
     "QueueCounts",
@@ -44,69 +43,64 @@ __all__ = (
 # A statement that does nothing: a liveness probe, or what makes a driver begin its transaction.
 PING = Statement("SELECT 1", nothing)
 
-_JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
-       max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
-       lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
-       progress_note, NULL::text AS result, last_worker, workflow_id"""
-
 # A job that succeeded and stored a result has left the jobs table for results.
 GET_JOB = Statement(
-    f"""
-SELECT {_JOB_COLUMNS}, NULL::timestamptz AS finished_at
-FROM {{s}}.jobs WHERE id = $1
+    """
+SELECT @job_columns, NULL::timestamptz AS finished_at
+FROM @schema.jobs WHERE id = :id
 UNION ALL
 SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
        NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
        result::text, worker, NULL, finished_at
-FROM {{s}}.results WHERE id = $1
+FROM @schema.results WHERE id = :id
 LIMIT 1
 """,
     Job.from_row,
+    ("id",),
 )
 
-# $1 status, $2 task, $3 queue (NULL: any), $4 limit.
+# A status, task and queue (NULL: any), at most :limit jobs.
 LIST_JOBS = Statement(
-    f"""
-SELECT {_JOB_COLUMNS}
-FROM {{s}}.jobs
-WHERE ($1::text IS NULL OR status = $1)
-  AND ($2::text IS NULL OR task = $2)
-  AND ($3::text IS NULL OR queue = $3)
+    """
+SELECT @job_columns
+FROM @schema.jobs
+WHERE (:status::text IS NULL OR status = :status)
+  AND (:task::text IS NULL OR task = :task)
+  AND (:queue::text IS NULL OR queue = :queue)
 ORDER BY id
-LIMIT $4
+LIMIT :limit
 """,
     Job.from_row,
+    ("status", "task", "queue", "limit"),
 )
 
-# Finished jobs in the archive, shaped as GET_JOB's rows, status 'succeeded'. The archive keeps
-# no run_at, lease, error or unique_key: run_at and locked_at are when the successful attempt
-# started.
-_ARCHIVED_JOB = """
-SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
-       attempts, max_attempts, NULL::float8 AS lease, worker AS locked_by,
-       started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
-       NULL::text AS unique_key, created_at, finished_at, worker AS last_worker
-FROM {s}.archive
-"""
-
-GET_ARCHIVED_JOB = Statement(_ARCHIVED_JOB + "WHERE id = $1\n", Job.from_row)
-
-# $1 task, $2 queue (NULL: any), $3 limit.
-LIST_ARCHIVED_JOBS = Statement(
-    _ARCHIVED_JOB
-    + """WHERE ($1::text IS NULL OR task = $1)
-  AND ($2::text IS NULL OR queue = $2)
-ORDER BY id
-LIMIT $3
+GET_ARCHIVED_JOB = Statement(
+    """
+@archived_job
+WHERE id = :id
 """,
     Job.from_row,
+    ("id",),
+)
+
+# A task and queue (NULL: any), at most :limit jobs.
+LIST_ARCHIVED_JOBS = Statement(
+    """
+@archived_job
+WHERE (:task::text IS NULL OR task = :task)
+  AND (:queue::text IS NULL OR queue = :queue)
+ORDER BY id
+LIMIT :limit
+""",
+    Job.from_row,
+    ("task", "queue", "limit"),
 )
 
 # Whether any worker keeps finished jobs: an empty archive means they are being deleted.
-ARCHIVE_IN_USE = Statement("SELECT EXISTS (SELECT FROM {s}.archive)", boolean)
+ARCHIVE_IN_USE = Statement("SELECT EXISTS (SELECT FROM @schema.archive)", boolean)
 
 # Succeeded jobs that kept a result, shaped as GET_JOB's rows: for `jobs list --status
-# succeeded` beside the archive's. $1 task, $2 queue (NULL: any), $3 limit.
+# succeeded` beside the archive's. A task and queue (NULL: any), at most :limit jobs.
 LIST_RESULT_JOBS = Statement(
     """
 SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, started_at AS run_at,
@@ -114,14 +108,15 @@ SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority, sta
        started_at AS locked_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
        NULL::text AS unique_key, created_at, finished_at, progress, progress_note,
        result::text AS result, worker AS last_worker
-FROM {s}.results
-WHERE ($1::text IS NULL OR task = $1)
-  AND ($2::text IS NULL OR queue = $2)
+FROM @schema.results
+WHERE (:task::text IS NULL OR task = :task)
+  AND (:queue::text IS NULL OR queue = :queue)
   AND expires_at > now()
 ORDER BY id
-LIMIT $3
+LIMIT :limit
 """,
     Job.from_row,
+    ("task", "queue", "limit"),
 )
 
 
@@ -138,55 +133,56 @@ class Replayed:
     revived_names: list[str]  # and their step names
 
 
-# Dead jobs back to pending with fresh attempts ($1 ids, $2 task, $3 queue; NULL: any).
+# Dead jobs back to pending with fresh attempts (replay): :ids, :task, :queue (NULL: any).
 # unique_key is unique among live jobs, so of the dead jobs sharing a key only the newest comes
 # back, and none while a live job holds the key; every matching dead job is returned with what
 # happened to it, so the caller can say why one was left. `newest` is a window over `locked`
-# because FOR UPDATE and window functions cannot share a SELECT. The final WHERE only forces
-# `rang` (and its NOTIFY) to run; a replayed workflow step that still waits for its
-# dependencies (the BEFORE trigger made it waiting) rings nothing.
-REPLAY_DEAD = Statement(
-    f"""
+# because FOR UPDATE and window functions cannot share a SELECT. A replayed workflow step that
+# still waits for its dependencies (the BEFORE trigger made it waiting) rings nothing. `revived`:
+# the steps a replayed step's death cancelled, directly or through others: the
+# jobs_workflow_step_changed trigger (schema.sql) makes them wait again at the end of this
+# statement, which still reads them as they were (blocked_by set), so it can name them.
+REPLAY = Statement(
+    """
 WITH RECURSIVE locked AS (
-    SELECT j.id, j.queue, j.unique_key FROM {{s}}.jobs AS j
+    SELECT j.id, j.queue, j.unique_key FROM @schema.jobs AS j
     WHERE j.status = 'dead'
-      AND ($1::bigint[] IS NULL OR j.id = ANY($1))
-      AND ($2::text IS NULL OR j.task = $2)
-      AND ($3::text IS NULL OR j.queue = $3)
+      AND (:ids::bigint[] IS NULL OR j.id = ANY(:ids))
+      AND (:task::text IS NULL OR j.task = :task)
+      AND (:queue::text IS NULL OR j.queue = :queue)
     FOR UPDATE
 ),
 matching AS (
     SELECT l.id, l.unique_key, max(l.id) OVER (PARTITION BY l.unique_key) AS newest,
-           (SELECT live.id FROM {{s}}.jobs AS live
+           (SELECT live.id FROM @schema.jobs AS live
             WHERE live.unique_key = l.unique_key AND live.status IN ('pending', 'running')
             LIMIT 1) AS live_id
     FROM locked AS l
 ),
 changed AS (
-    UPDATE {{s}}.jobs AS j
+    UPDATE @schema.jobs AS j
     SET status = 'pending', attempts = 0, run_at = now(),
         cancel_requested_at = NULL  -- a request that came too late ended with the run
     FROM matching AS m
     WHERE j.id = m.id AND (m.unique_key IS NULL OR (m.live_id IS NULL AND m.id = m.newest))
     RETURNING j.id, j.queue, j.status, j.workflow_id
 ),
--- The steps a replayed step's death cancelled, directly or through others: the
--- jobs_workflow_step_changed trigger (schema.sql) makes them wait again at the end of this
--- statement, which still reads them as they were (blocked_by set), so it can name them.
 revived(root, job_id) AS (
     SELECT id, id FROM changed WHERE workflow_id IS NOT NULL
     UNION
     SELECT r.root, w.job_id
     FROM revived AS r
-    JOIN {{s}}.workflow_deps AS d ON d.parent_id = r.job_id
-    JOIN {{s}}.workflow_steps AS w ON w.job_id = d.job_id AND w.blocked_by = r.job_id
-    JOIN {{s}}.jobs AS b ON b.id = w.job_id AND b.status = 'cancelled'
+    JOIN @schema.workflow_deps AS d ON d.parent_id = r.job_id
+    JOIN @schema.workflow_steps AS w ON w.job_id = d.job_id AND w.blocked_by = r.job_id
+    JOIN @schema.jobs AS b ON b.id = w.job_id AND b.status = 'cancelled'
 ),
-{ring("SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue")}
+ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),
+@rang
 SELECT m.id, m.unique_key, c.id IS NOT NULL AS replayed, m.live_id, m.newest,
        ARRAY(SELECT r.job_id FROM revived AS r
              WHERE r.root = m.id AND r.job_id <> r.root ORDER BY r.job_id) AS revived,
-       ARRAY(SELECT w.name FROM revived AS r JOIN {{s}}.workflow_steps AS w ON w.job_id = r.job_id
+       ARRAY(SELECT w.name FROM revived AS r
+             JOIN @schema.workflow_steps AS w ON w.job_id = r.job_id
              WHERE r.root = m.id AND r.job_id <> r.root ORDER BY r.job_id) AS revived_names
 FROM matching AS m
 LEFT JOIN changed AS c ON c.id = m.id
@@ -194,6 +190,7 @@ WHERE (SELECT count(*) FROM rang) >= 0
 ORDER BY m.id
 """,
     columns(Replayed),
+    ("ids", "task", "queue"),
 )
 
 # Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it
@@ -201,12 +198,13 @@ ORDER BY m.id
 # for ever (cancel it: they are cancelled with it).
 DELETE_JOBS = Statement(
     """
-DELETE FROM {s}.jobs
-WHERE id = ANY($1::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
+DELETE FROM @schema.jobs
+WHERE id = ANY(:ids::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
   AND NOT (status = 'pending' AND workflow_id IS NOT NULL)
 RETURNING id
 """,
     integer,
+    ("ids",),
 )
 
 
@@ -225,22 +223,23 @@ class QueueCounts:
     waiting: int
 
 
-# Per queue: what `aioq stats`, aioq.admin.queues() and the metrics gauges show. One scan of the hot
-# table (the backlog plus dead jobs), so the metrics sample it on an interval, never per scrape.
+# Per queue: what `aioq stats`, aioq.admin.queues() and the metrics gauges show. One scan of
+# the hot table (the backlog plus dead jobs), so the metrics sample it on an interval, never
+# per scrape.
 QUEUE_STATS = Statement(
     """
 SELECT queue,
-       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS ready,
+       count(*) FILTER (WHERE @ready) AS ready,
        count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS scheduled,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'dead') AS dead,
        count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now()) AS expired,
        coalesce(extract(epoch FROM now() - min(run_at)
-                FILTER (WHERE status = 'pending' AND run_at <= now())), 0)::float8
+                FILTER (WHERE @ready)), 0)::float8
            AS oldest_ready_age,
        count(*) FILTER (WHERE status = 'waiting') AS waiting
-FROM {s}.jobs
+FROM @schema.jobs
 GROUP BY queue
 ORDER BY queue
 """,
@@ -261,8 +260,8 @@ class QueueCompleted:
 ARCHIVE_STATS = Statement(
     """
 SELECT a.queue, count(*) FILTER (WHERE a.finished_at > now() - interval '1 minute') AS completed
-FROM {s}.archive AS a
-WHERE EXISTS (SELECT FROM {s}.archive)
+FROM @schema.archive AS a
+WHERE EXISTS (SELECT FROM @schema.archive)
 GROUP BY a.queue
 """,
     columns(QueueCompleted),
@@ -288,7 +287,7 @@ SELECT pg_table_size(c.oid) AS table_bytes, pg_indexes_size(c.oid) AS index_byte
        s.n_live_tup, s.n_dead_tup, s.last_autovacuum, s.last_vacuum, s.last_autoanalyze
 FROM pg_class AS c
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
-WHERE c.oid = '{s}.jobs'::regclass
+WHERE c.oid = '@schema.jobs'::regclass
 """,
     columns(TableFigures),
 )
@@ -296,7 +295,7 @@ WHERE c.oid = '{s}.jobs'::regclass
 # The queues that hold a job ready to run now: the test drain (aioq.testing) serves these.
 READY_QUEUES = Statement(
     """
-SELECT DISTINCT queue FROM {s}.jobs WHERE status = 'pending' AND run_at <= now() ORDER BY queue
+SELECT DISTINCT queue FROM @schema.jobs WHERE @ready ORDER BY queue
 """,
     text,
 )
@@ -312,8 +311,8 @@ class TaskQueue:
 
 # The tasks and queues of every pending job (due or scheduled): what the pytest plugin's worker
 # left waiting, to tell a test why (a task its registry lacks, a queue it does not serve).
-WAITING_TASKS = Statement(
-    "SELECT DISTINCT task, queue FROM {s}.jobs WHERE status = 'pending' ORDER BY task, queue",
+PENDING_TASKS = Statement(
+    "SELECT DISTINCT task, queue FROM @schema.jobs WHERE status = 'pending' ORDER BY task, queue",
     columns(TaskQueue),
 )
 
@@ -332,14 +331,15 @@ class PendingJob:
     unique_key: str | None
 
 
-# A task's waiting jobs ($1 the task; due or scheduled), oldest first.
-WAITING_JOBS = Statement(
+# A task's pending jobs (due or scheduled), oldest first.
+PENDING_JOBS = Statement(
     """
 SELECT id, queue, args::text AS args, priority, run_at, attempts, max_attempts, unique_key
-FROM {s}.jobs WHERE status = 'pending' AND task = $1
+FROM @schema.jobs WHERE status = 'pending' AND task = :task
 ORDER BY run_at, id
 """,
     columns(PendingJob),
+    ("task",),
 )
 
 # A savepoint in a synchronous caller's transaction (aioq.admin.replay_sync), so that a replay

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aioq.sql import Statement, columns, integer
-from aioq.sql.outcomes import FENCE, by_id
+from aioq.sql import Named, Statement, columns, integer
 
 __all__ = (
     "CANCEL_JOBS",
@@ -17,6 +16,7 @@ __all__ = (
     "SET_PROGRESS",
     "CancelState",
     "ResultState",
+    "SetProgress",
 )
 
 
@@ -29,77 +29,96 @@ class CancelState:
     state: str
 
 
-# Pending (ready or scheduled) jobs and waiting workflow steps become cancelled at once; running ones get a cancel request
-# that their worker acts on (a NOTIFY on the control channel now, its cancel watch within a
-# heartbeat interval otherwise). One UPDATE for both, so a job claimed while this statement
-# waits for its row lock is re-checked as running and still gets its request.
-# $1 ids, $2 control channel, $3 results channel (waiters of a job cancelled while pending),
-# $4 the reason recorded as last_error of every job it cancels or asks to cancel (NULL: none;
-# a running job keeps it when its worker records the cancel: the outcome leaves last_error).
+# Pending (ready or scheduled) jobs and waiting workflow steps become cancelled at once (cancel);
+# running ones get a cancel request that their worker acts on (a NOTIFY on the control channel
+# now, its cancel watch within a heartbeat interval otherwise). One UPDATE for both, so a job
+# claimed while this statement waits for its row lock is re-checked as running and still gets
+# its request. :ids the jobs, :control_channel, :results_channel (waiters of a job cancelled
+# while pending), :reason recorded as last_error of every job it cancels or asks to cancel
+# (NULL: none; a running job keeps it when its worker records the cancel: the outcome leaves
+# last_error).
 # A row that was live in this statement's snapshot but that the UPDATE did not change ended
 # (or changed hands) concurrently: 'raced', and the caller asks again with a fresh snapshot.
 CANCEL_JOBS = Statement(
     """
 WITH wanted AS (
-    SELECT DISTINCT id FROM unnest($1::bigint[]) AS w(id)
+    SELECT DISTINCT id FROM unnest(:ids::bigint[]) AS w(id)
 ),
 locked AS (  -- in id order, like the fenced writes: two statements never deadlock
-    SELECT j.id FROM {s}.jobs AS j
+    SELECT j.id FROM @schema.jobs AS j
     WHERE j.id IN (SELECT id FROM wanted) AND j.status IN ('pending', 'waiting', 'running')
     ORDER BY j.id
     FOR UPDATE OF j
 ),
 changed AS (
-    UPDATE {s}.jobs AS j
+    UPDATE @schema.jobs AS j
     SET status = CASE WHEN j.status = 'running' THEN j.status ELSE 'cancelled' END,
         run_at = CASE WHEN j.status = 'running' THEN j.run_at ELSE now() END,
         cancel_requested_at = coalesce(j.cancel_requested_at, now()),
-        last_error = coalesce($4::text, j.last_error)
+        last_error = coalesce(:reason::text, j.last_error)
     FROM locked
     WHERE j.id = locked.id AND j.status IN ('pending', 'waiting', 'running')
     RETURNING j.id, j.status
 ),
 rang AS (
-    SELECT pg_notify(CASE WHEN status = 'running' THEN $2 ELSE $3 END, id::text) FROM changed
+    SELECT pg_notify(CASE WHEN status = 'running' THEN :control_channel ELSE :results_channel END,
+                     id::text)
+    FROM changed
 )
 SELECT w.id,
        CASE WHEN c.status = 'cancelled' THEN 'cancelled'
             WHEN c.status = 'running' THEN 'cancelling'
             WHEN j.status IN ('dead', 'cancelled') THEN j.status
             WHEN j.status IS NOT NULL THEN 'raced'
-            WHEN EXISTS (SELECT FROM {s}.results AS r WHERE r.id = w.id)
-              OR EXISTS (SELECT FROM {s}.archive AS a WHERE a.id = w.id) THEN 'finished'
+            WHEN EXISTS (SELECT FROM @schema.results AS r WHERE r.id = w.id)
+              OR EXISTS (SELECT FROM @schema.archive AS a WHERE a.id = w.id) THEN 'finished'
             ELSE 'missing'
        END AS state
 FROM wanted AS w
 LEFT JOIN changed AS c ON c.id = w.id
-LEFT JOIN {s}.jobs AS j ON j.id = w.id
+LEFT JOIN @schema.jobs AS j ON j.id = w.id
 WHERE (SELECT count(*) FROM rang) >= 0
 ORDER BY w.id
 """,
     columns(CancelState),
+    ("ids", "control_channel", "results_channel", "reason"),
 )
 
 # Our running jobs that someone asked to cancel: what the cancel watch delivers when the
-# control channel's notification was missed. $1 ids, $2 claim numbers, $3 worker id. A read:
-# no row lock, so it never waits on (or for) the fenced writes.
+# control channel's notification was missed: :ids, their claim numbers (:claims), :worker. A
+# read: no row lock, so it never waits on (or for) the fenced writes.
 CANCEL_REQUESTED = Statement(
-    f"""
-SELECT j.id FROM unnest($1::bigint[], $2::integer[]) AS f(id, claim)
-{by_id(", j.cancel_requested_at")}
-WHERE {FENCE} AND j.cancel_requested_at IS NOT NULL
+    """
+SELECT j.id FROM unnest(:ids::bigint[], :claims::integer[]) AS f(id, claim)
+CROSS JOIN LATERAL (
+    @by_id
+) AS j
+WHERE @fence AND j.cancel_requested_at IS NOT NULL
 """,
     integer,
+    ("ids", "claims", "worker"),
 )
 
-# A task reports how far it is ($4, $5 a note); fenced on the claim ($1 id, $2 claim number,
-# $3 worker), so a run that lost its claim changes nothing.
-SET_PROGRESS = Statement(
-    f"""
-UPDATE {{s}}.jobs AS j
-SET progress = $4, progress_note = $5
-FROM (SELECT $1::bigint AS id, $2::integer AS claim) AS f
-WHERE j.id = f.id AND {FENCE}
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetProgress:
+    """How far a running job is, reported by its task, and the claim it runs under."""
+
+    id: int
+    claim: int  # the claim number (Claim.number)
+    worker: str
+    progress: float
+    note: str | None
+
+
+# Fenced on the claim, so a run that lost its claim changes nothing.
+SET_PROGRESS = Named(
+    SetProgress,
+    """
+UPDATE @schema.jobs AS j
+SET progress = :progress, progress_note = :note
+FROM (SELECT :id::bigint AS id, :claim::integer AS claim) AS f
+WHERE j.id = f.id AND @fence
 RETURNING j.id
 """,
     integer,
@@ -132,14 +151,16 @@ SELECT status, last_error, NULL::text AS result, false AS expired,
             WHEN t.top + w.after >= txid_snapshot_xmax(txid_current_snapshot()) THEN true
             ELSE coalesce(txid_status(t.top + w.after) = 'in progress', false)
        END AS uncommitted
-FROM {s}.jobs AS j,
+FROM @schema.jobs AS j,
      LATERAL (SELECT txid_current_if_assigned() AS top) AS t,
      LATERAL (SELECT (j.xmin::text::bigint - t.top % 4294967296 + 4294967296) % 4294967296
               AS after) AS w
-WHERE j.id = $1
+WHERE j.id = :id
 UNION ALL
-SELECT 'succeeded', NULL, result::text, expires_at <= now(), false FROM {s}.results WHERE id = $1
+SELECT 'succeeded', NULL, result::text, expires_at <= now(), false FROM @schema.results
+WHERE id = :id
 LIMIT 1
 """,
     columns(ResultState),
+    ("id",),
 )

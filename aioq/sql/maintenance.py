@@ -26,60 +26,90 @@ VACUUM_TIMEOUT = 3600.0
 """Seconds a VACUUM of the jobs table may take before it is cancelled."""
 
 
-def _delete_oldest(table: str, key: str, where: str, order: str, limit: str) -> str:
-    """A bounded prune: delete at most ``limit`` rows of ``table`` that match ``where``, the
-    oldest by ``order`` first, skipping rows another transaction holds; count them."""
-    return f"""
+# Each prune deletes the oldest rows that match, at most :limit, skipping rows another
+# transaction holds (SKIP LOCKED), and counts them.
+
+# Archived rows finished more than :age seconds ago.
+PRUNE_ARCHIVE = Statement(
+    """
 WITH deleted AS (
-    DELETE FROM {{s}}.{table}
-    WHERE {key} IN (
-        SELECT {key} FROM {{s}}.{table}
-        WHERE {where}
-        ORDER BY {order}
-        LIMIT {limit}
+    DELETE FROM @schema.archive
+    WHERE id IN (
+        SELECT id FROM @schema.archive
+        WHERE finished_at < now() - make_interval(secs => :age::float8)
+        ORDER BY finished_at
+        LIMIT :limit
         FOR UPDATE SKIP LOCKED
     )
     RETURNING 1
 )
 SELECT count(*)::integer FROM deleted
-"""
-
-
-# Archived rows finished more than $1 seconds ago, at most $2.
-PRUNE_ARCHIVE = Statement(
-    _delete_oldest(
-        "archive",
-        "id",
-        "finished_at < now() - make_interval(secs => $1::float8)",
-        "finished_at",
-        "$2",
-    ),
+""",
     integer,
+    ("age", "limit"),
 )
 
-# Kept terminal jobs of status $3 ('dead' or 'cancelled') have no finished_at: their age is
-# counted from run_at, which every statement that ends a job sets to when it ended.
+# Kept jobs of status :status ('dead' or 'cancelled') ended more than :age seconds ago (pruned).
+# They have no finished_at: their age is counted from run_at, which every statement that ends a
+# job sets to when it ended.
 PRUNE_ENDED = Statement(
-    _delete_oldest(
-        "jobs",
-        "id",
-        "status = $3 AND run_at < now() - make_interval(secs => $1::float8)",
-        "run_at",
-        "$2",
-    ),
+    """
+WITH deleted AS (
+    DELETE FROM @schema.jobs
+    WHERE id IN (
+        SELECT id FROM @schema.jobs
+        WHERE status = :status AND run_at < now() - make_interval(secs => :age::float8)
+        ORDER BY run_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+""",
     integer,
+    ("age", "limit", "status"),
 )
 
-# Results past their TTL, at most $1.
+# Results past their TTL.
 PRUNE_RESULTS = Statement(
-    _delete_oldest("results", "id", "expires_at < now()", "expires_at", "$1"), integer
+    """
+WITH deleted AS (
+    DELETE FROM @schema.results
+    WHERE id IN (
+        SELECT id FROM @schema.results
+        WHERE expires_at < now()
+        ORDER BY expires_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+""",
+    integer,
+    ("limit",),
 )
 
-
-# Unique windows that have ended, at most $1 (docs/architecture.md, "Unique jobs"). A defer
-# taking an expired row over holds its lock: SKIP LOCKED leaves it to that defer.
+# Unique windows that have ended (docs/architecture.md, "Unique jobs"). A defer taking an
+# expired row over holds its lock: SKIP LOCKED leaves it to that defer.
 PRUNE_UNIQUES = Statement(
-    _delete_oldest("uniques", "key", "expires_at <= now()", "expires_at", "$1"), integer
+    """
+WITH deleted AS (
+    DELETE FROM @schema.uniques
+    WHERE key IN (
+        SELECT key FROM @schema.uniques
+        WHERE expires_at <= now()
+        ORDER BY expires_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*)::integer FROM deleted
+""",
+    integer,
+    ("limit",),
 )
 
 
@@ -96,10 +126,10 @@ JOBS_DEAD_TUPLES = Statement(
 SELECT coalesce(s.n_dead_tup, 0) AS dead, pg_has_role(c.relowner, 'USAGE') AS owner
 FROM pg_class AS c
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
-WHERE c.oid = '{s}.jobs'::regclass
+WHERE c.oid = '@schema.jobs'::regclass
 """,
     columns(DeadTuples),
 )
 
 # SKIP_LOCKED: when another worker (or autovacuum) is vacuuming the table, skip it at once.
-VACUUM_JOBS = Statement("VACUUM (SKIP_LOCKED) {s}.jobs", nothing)
+VACUUM_JOBS = Statement("VACUUM (SKIP_LOCKED) @schema.jobs", nothing)

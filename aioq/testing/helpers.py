@@ -17,7 +17,7 @@ from aioq.db import Target, executor
 from aioq.errors import AioqError
 from aioq.job import Claim
 from aioq.registry import Registry
-from aioq.sql.admin import READY_QUEUES, WAITING_JOBS
+from aioq.sql.admin import PENDING_JOBS, READY_QUEUES
 from aioq.tasks import Task
 from aioq.worker import Worker
 
@@ -77,7 +77,7 @@ class DrainError(AioqError):
 
 async def deferred(conn: Target, task: Task[..., Any]) -> list[Waiting]:
     """Return the jobs ``task`` has waiting (pending, due or scheduled), oldest first."""
-    rows = await WAITING_JOBS.rows(await executor(conn), task.registry.schema, task.name)
+    rows = await PENDING_JOBS.rows(await executor(conn), task.registry.schema, task.name)
     return [
         Waiting(
             id=row.id,

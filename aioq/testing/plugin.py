@@ -31,7 +31,7 @@ import pytest
 
 from aioq.migrate import install
 from aioq.registry import Registry, default_registry
-from aioq.sql.admin import WAITING_TASKS
+from aioq.sql.admin import PENDING_TASKS
 from aioq.sql.schema import DROP_SCHEMA, create_database, drop_database
 from aioq.testing.helpers import REGISTRY_FIX, Drain, Ran, drain
 from aioq.worker import Worker
@@ -158,7 +158,7 @@ async def aioq_worker(aioq_dsn: str, aioq_registry: Registry) -> AsyncIterator[W
         yield worker
     conn = await asyncpg.connect(aioq_dsn)
     try:
-        waiting = await WAITING_TASKS.rows(conn, aioq_registry.schema)
+        waiting = await PENDING_TASKS.rows(conn, aioq_registry.schema)
     finally:
         await conn.close()
     if unknown := sorted({w.task for w in waiting if aioq_registry.get(w.task) is None}):

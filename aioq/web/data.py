@@ -29,6 +29,7 @@ from aioq.web.sql import (
     HISTORY_TOTALS,
     ROLLUP_SERIES,
     ROLLUP_TOTALS,
+    DashPage,
     PageRow,
     WorkerSeen,
 )
@@ -211,10 +212,16 @@ async def load_jobs(
 ) -> JobsPage:
     """Read one page of jobs matching the filters, from at most ``window`` rows below ``before``."""
     statement = _PAGE_BY_STATUS.get(status or "", DASH_PAGE)
-    rows = await statement.rows(
-        conn, schema, before, window, status, queue or None, task or None, text or None,
-        limit,
-    )  # fmt: skip
+    page = DashPage(
+        before=before,
+        window=window,
+        status=status,
+        queue=queue or None,
+        task=task or None,
+        text=text or None,
+        limit=limit,
+    )
+    rows = await statement.rows(conn, schema, page)
     jobs = [row for row in rows if row.id is not None]
     scanned, floor = rows[0].scanned, rows[0].floor
     if len(jobs) >= limit:

@@ -4,7 +4,8 @@ Every statement reads a bounded number of index entries whatever the size of the
 counts stop at a cap and say so, lists read a window of rows along an index, the history is a
 few thousand rows a day at most per worker (tests/test_web_plans.py EXPLAINs each of them on a
 quarter of a million jobs). A row type's fields are its statement's columns, by name. Called
-directly: ``await DASH_STATES.rows(conn, schema, cap)``.
+directly: ``await DASH_STATES.rows(conn, schema, cap)``. A pending job's order is the claim's
+(``@claim_order``), the pending rows read along the claim's index.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from aioq.sql import Statement, columns, nothing
-from aioq.sql.history import BIN_ORIGIN, HIST_WIDTH, ROLLUP_STEP
+from aioq.sql import Named, Statement, columns, nothing
+from aioq.sql.history import HIST_WIDTH
 
 __all__ = (
     "DASH_CANCELLED_PAGE",
@@ -28,6 +29,7 @@ __all__ = (
     "ROLLUP_SERIES",
     "ROLLUP_TOTALS",
     "SET_STATEMENT_TIMEOUT",
+    "DashPage",
     "PageRow",
     "PendingRow",
     "SeriesRow",
@@ -52,19 +54,19 @@ class PendingRow:
 
 
 # Per queue with pending jobs (found by a skip scan of the claim index: one probe per queue, at
-# most $1 queues): ready and scheduled among the first $2 pending jobs in claim order, and the
-# oldest ready job: the first entry of each priority is its oldest, so one probe per priority
-# (at most $3 priorities) finds it exactly, however many jobs wait.
+# most :queues queues): ready and scheduled among the first :cap pending jobs in claim order,
+# and the oldest ready job: the first entry of each priority is its oldest, so one probe per
+# priority (at most :priorities) finds it exactly, however many jobs wait.
 DASH_PENDING = Statement(
     """
 WITH RECURSIVE names(queue, n) AS (
-    (SELECT queue, 1 FROM {s}.jobs WHERE status = 'pending' ORDER BY queue LIMIT 1)
+    (SELECT queue, 1 FROM @schema.jobs WHERE status = 'pending' ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {s}.jobs AS j
+    SELECT (SELECT j.queue FROM @schema.jobs AS j
             WHERE j.status = 'pending' AND j.queue > names.queue
             ORDER BY j.queue LIMIT 1),
            names.n + 1
-    FROM names WHERE names.queue IS NOT NULL AND names.n < $1
+    FROM names WHERE names.queue IS NOT NULL AND names.n < :queues
 )
 SELECT names.queue, p.ready, p.scheduled, p.sampled,
        coalesce(extract(epoch FROM now() - o.oldest_ready), 0)::float8 AS oldest_ready_age
@@ -73,25 +75,25 @@ CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE s.run_at <= now()) AS ready,
            count(*) FILTER (WHERE s.run_at > now()) AS scheduled,
            count(*) AS sampled
-    FROM (SELECT run_at FROM {s}.jobs
+    FROM (SELECT run_at FROM @schema.jobs
           WHERE status = 'pending' AND queue = names.queue
-          ORDER BY priority DESC, run_at, id
-          LIMIT $2) AS s
+          ORDER BY @claim_order
+          LIMIT :cap) AS s
 ) AS p
 CROSS JOIN LATERAL (
     WITH RECURSIVE firsts(priority, run_at, n) AS (
-        (SELECT priority, run_at, 1 FROM {s}.jobs
+        (SELECT priority, run_at, 1 FROM @schema.jobs
          WHERE status = 'pending' AND queue = names.queue
-         ORDER BY priority DESC, run_at, id LIMIT 1)
+         ORDER BY @claim_order LIMIT 1)
         UNION ALL
         SELECT nx.priority, nx.run_at, firsts.n + 1
         FROM firsts
         CROSS JOIN LATERAL (
-            SELECT j.priority, j.run_at FROM {s}.jobs AS j
+            SELECT j.priority, j.run_at FROM @schema.jobs AS j
             WHERE j.status = 'pending' AND j.queue = names.queue AND j.priority < firsts.priority
-            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1
+            ORDER BY @claim_order LIMIT 1
         ) AS nx
-        WHERE firsts.n < $3
+        WHERE firsts.n < :priorities
     )
     SELECT min(run_at) FILTER (WHERE run_at <= now()) AS oldest_ready FROM firsts
 ) AS o
@@ -99,6 +101,7 @@ WHERE names.queue IS NOT NULL
 ORDER BY names.queue
 """,
     columns(PendingRow),
+    ("queues", "cap", "priorities"),
 )
 
 
@@ -112,26 +115,27 @@ class StateRow:
     n: int
 
 
-# The states that are not the backlog, per queue, among at most $1 rows of each, read through
+# The states that are not the backlog, per queue, among at most :cap rows of each, read through
 # each state's partial index (waiting steps through the workflow steps' index).
 DASH_STATES = Statement(
     """
 SELECT queue, state, count(*) AS n FROM (
-    (SELECT queue, 'running' AS state FROM {s}.jobs WHERE status = 'running' LIMIT $1)
+    (SELECT queue, 'running' AS state FROM @schema.jobs WHERE status = 'running' LIMIT :cap)
     UNION ALL
-    (SELECT queue, 'waiting' FROM {s}.jobs
-     WHERE workflow_id IS NOT NULL AND status = 'waiting' LIMIT $1)
+    (SELECT queue, 'waiting' FROM @schema.jobs
+     WHERE workflow_id IS NOT NULL AND status = 'waiting' LIMIT :cap)
     UNION ALL
-    (SELECT queue, 'expired' FROM {s}.jobs
-     WHERE status = 'running' AND lease_expires_at < now() LIMIT $1)
+    (SELECT queue, 'expired' FROM @schema.jobs
+     WHERE status = 'running' AND lease_expires_at < now() LIMIT :cap)
     UNION ALL
-    (SELECT queue, 'dead' FROM {s}.jobs WHERE status = 'dead' LIMIT $1)
+    (SELECT queue, 'dead' FROM @schema.jobs WHERE status = 'dead' LIMIT :cap)
     UNION ALL
-    (SELECT queue, 'cancelled' FROM {s}.jobs WHERE status = 'cancelled' LIMIT $1)
+    (SELECT queue, 'cancelled' FROM @schema.jobs WHERE status = 'cancelled' LIMIT :cap)
 ) AS s
 GROUP BY queue, state
 """,
     columns(StateRow),
+    ("cap",),
 )
 
 
@@ -155,25 +159,26 @@ class WorkerSeen:
     lease_left: float | None
 
 
-# The workers' rows, with the jobs each holds now (among at most $1 running rows); a worker
-# without a row still shows through its jobs. At most $2 workers, the latest seen first.
+# The workers' rows, with the jobs each holds now (among at most :cap running rows); a worker
+# without a row still shows through its jobs. At most :limit workers, the latest seen first.
 DASH_WORKERS = Statement(
     """
 SELECT coalesce(w.id, r.locked_by) AS id, w.host, w.pid, w.queues, w.concurrency,
        w.started_at, extract(epoch FROM now() - w.last_seen)::float8 AS seen_ago,
        coalesce(r.running, 0) AS running,
        extract(epoch FROM r.lease_end - now())::float8 AS lease_left
-FROM {s}.workers AS w
+FROM @schema.workers AS w
 FULL JOIN (
     SELECT locked_by, count(*) AS running, max(lease_expires_at) AS lease_end
-    FROM (SELECT locked_by, lease_expires_at FROM {s}.jobs
-          WHERE status = 'running' LIMIT $1) AS x
+    FROM (SELECT locked_by, lease_expires_at FROM @schema.jobs
+          WHERE status = 'running' LIMIT :cap) AS x
     GROUP BY locked_by
 ) AS r ON r.locked_by = w.id
 ORDER BY w.last_seen DESC NULLS LAST, 1
-LIMIT $2
+LIMIT :limit
 """,
     columns(WorkerSeen),
+    ("cap", "limit"),
 )
 
 # --- the job list ---
@@ -200,42 +205,71 @@ class PageRow:
     progress: float | None
 
 
-# A page of jobs, newest first, keyset on id: a window of at most $2 rows below the cursor $1
-# along an index ordered by id, then the filters ($3 status, $4 queue, $5 task, $6 text in
-# last_error) and at most $7 matches. The window's floor and size tell the caller where to go
-# on when the window ran out before the page was full. Always one row (the job columns NULL
-# when nothing matched).
-_DASH_PAGE = """
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DashPage:
+    """What a page of jobs reads: the window and the filters (None: any)."""
+
+    before: int | None  # the cursor: ids below it (None: from the newest)
+    window: int  # at most this many rows read
+    status: str | None
+    queue: str | None
+    task: str | None
+    text: str | None  # in last_error, any case
+    limit: int  # at most this many matches
+
+
+# A page of jobs, newest first, keyset on id: a window of at most :window rows below the cursor
+# along an index ordered by id, then the filters and at most :limit matches. The window's floor
+# and size tell the caller where to go on when the window ran out before the page was full.
+# Always one row (the job columns NULL when nothing matched). Along the primary key; dead
+# (cancelled) jobs alone along jobs_dead_id_idx (jobs_cancelled_id_idx), so a page of them never
+# steps over the live ones: the status is a literal there, which the partial index needs.
+DASH_PAGE = Named(
+    DashPage,
+    """
 WITH win AS MATERIALIZED (
     SELECT id, queue, task, status, priority, run_at, attempts, max_attempts, locked_by,
            last_error, created_at, progress
-    FROM {{s}}.jobs
-    WHERE {where} id < coalesce($1::bigint, 9223372036854775807)
+    FROM @schema.jobs
+    WHERE id < coalesce(:before::bigint, 9223372036854775807)
     ORDER BY id DESC
-    LIMIT $2
+    LIMIT :window
 )
-SELECT w.floor, w.scanned, m.*
-FROM (SELECT min(id) AS floor, count(*) AS scanned FROM win) AS w
-LEFT JOIN LATERAL (
+@page_matches
+""",
+    columns(PageRow),
+)
+
+DASH_DEAD_PAGE = Named(
+    DashPage,
+    """
+WITH win AS MATERIALIZED (
     SELECT id, queue, task, status, priority, run_at, attempts, max_attempts, locked_by,
-           left(last_error, 300) AS error, created_at, progress
-    FROM win
-    WHERE ($3::text IS NULL OR status = $3)
-      AND ($4::text IS NULL OR queue = $4)
-      AND ($5::text IS NULL OR task = $5)
-      AND ($6::text IS NULL OR strpos(lower(last_error), lower($6)) > 0)
+           last_error, created_at, progress
+    FROM @schema.jobs
+    WHERE status = 'dead' AND id < coalesce(:before::bigint, 9223372036854775807)
     ORDER BY id DESC
-    LIMIT $7
-) AS m ON true
-ORDER BY m.id DESC
-"""
-# Along the primary key; dead (cancelled) jobs alone along jobs_dead_id_idx
-# (jobs_cancelled_id_idx), so a page of them never steps over the live ones. The status is a
-# literal: the partial index needs it.
-DASH_PAGE = Statement(_DASH_PAGE.format(where=""), columns(PageRow))
-DASH_DEAD_PAGE = Statement(_DASH_PAGE.format(where="status = 'dead' AND"), columns(PageRow))
-DASH_CANCELLED_PAGE = Statement(
-    _DASH_PAGE.format(where="status = 'cancelled' AND"), columns(PageRow)
+    LIMIT :window
+)
+@page_matches
+""",
+    columns(PageRow),
+)
+
+DASH_CANCELLED_PAGE = Named(
+    DashPage,
+    """
+WITH win AS MATERIALIZED (
+    SELECT id, queue, task, status, priority, run_at, attempts, max_attempts, locked_by,
+           last_error, created_at, progress
+    FROM @schema.jobs
+    WHERE status = 'cancelled' AND id < coalesce(:before::bigint, 9223372036854775807)
+    ORDER BY id DESC
+    LIMIT :window
+)
+@page_matches
+""",
+    columns(PageRow),
 )
 
 # --- the throughput page: the per-minute history and its half-hour rollup ---
@@ -265,64 +299,81 @@ class SeriesRow:
     dead: int
 
 
-def _bucket_sums(column: str) -> str:
-    sums = ", ".join(f"coalesce(sum({column}[{i}]), 0)" for i in range(1, HIST_WIDTH + 1))
-    return f"ARRAY[{sums}]::bigint[]"
-
-
-# The rows of a history table in the last $1 seconds: the minutes that began in them, or the
-# rollup's half hours that overlap them.
-_MINUTES_IN_WINDOW = "minute >= now() - make_interval(secs => $1::float8)"
-_HALF_HOURS_IN_WINDOW = f"minute > now() - make_interval(secs => $1::float8 + {ROLLUP_STEP:g})"
-
-
-def _history_totals(table: str, in_window: str) -> Statement[TotalsRow]:
-    """Per queue and task over the last $1 seconds: outcome counts, and the wait and run
-    histograms summed bucket by bucket (plain aggregates: no unnest of every row's arrays)."""
-    return Statement(
-        f"""
+# The rows of a history table in the last :seconds: the minutes that began in them
+# (stats_history), or the rollup's half hours that overlap them (stats_rollup). Totals: per
+# queue and task, outcome counts and the wait and run histograms summed bucket by bucket.
+# Series: outcome counts in steps of :step seconds, per queue, or with a :queue per task of
+# that queue; steps start on the rollup's bin origin, so a step that is a multiple of
+# ROLLUP_STEP bins its half hours whole.
+HISTORY_TOTALS = Statement(
+    """
 SELECT queue, task, sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
-       sum(dead)::bigint AS dead, {_bucket_sums("wait_hist")} AS wait,
-       {_bucket_sums("run_hist")} AS run
-FROM {{s}}.{table}
-WHERE {in_window}
+       sum(dead)::bigint AS dead,
+       @wait_hist_sums AS wait,
+       @run_hist_sums AS run
+FROM @schema.stats_history
+WHERE minute >= now() - make_interval(secs => :seconds::float8)
 GROUP BY queue, task
 ORDER BY queue, task
 """,
-        columns(TotalsRow),
-    )
+    columns(TotalsRow),
+    ("seconds",),
+)
 
-
-def _history_series(table: str, in_window: str) -> Statement[SeriesRow]:
-    """Outcome counts over the last $1 seconds in steps of $2 seconds: per queue, or with a
-    queue $3 per task of that queue. Steps start on the rollup's bin origin, so a step that is
-    a multiple of ROLLUP_STEP bins its half hours whole."""
-    return Statement(
-        f"""
-SELECT date_bin(make_interval(secs => $2::float8), minute, {BIN_ORIGIN}) AS t,
-       CASE WHEN $3::text IS NULL THEN queue ELSE task END AS name,
+HISTORY_SERIES = Statement(
+    """
+SELECT date_bin(make_interval(secs => :step::float8), minute, @bin_origin) AS t,
+       CASE WHEN :queue::text IS NULL THEN queue ELSE task END AS name,
        sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
        sum(dead)::bigint AS dead
-FROM {{s}}.{table}
-WHERE {in_window} AND ($3::text IS NULL OR queue = $3)
+FROM @schema.stats_history
+WHERE minute >= now() - make_interval(secs => :seconds::float8)
+  AND (:queue::text IS NULL OR queue = :queue)
 GROUP BY 1, 2
 ORDER BY 1, 2
 """,
-        columns(SeriesRow),
-    )
+    columns(SeriesRow),
+    ("seconds", "step", "queue"),
+)
 
+ROLLUP_TOTALS = Statement(
+    """
+SELECT queue, task, sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
+       sum(dead)::bigint AS dead,
+       @wait_hist_sums AS wait,
+       @run_hist_sums AS run
+FROM @schema.stats_rollup
+WHERE minute > now() - make_interval(secs => :seconds::float8 + @rollup_step)
+GROUP BY queue, task
+ORDER BY queue, task
+""",
+    columns(TotalsRow),
+    ("seconds",),
+)
 
-HISTORY_TOTALS = _history_totals("stats_history", _MINUTES_IN_WINDOW)
-HISTORY_SERIES = _history_series("stats_history", _MINUTES_IN_WINDOW)
-ROLLUP_TOTALS = _history_totals("stats_rollup", _HALF_HOURS_IN_WINDOW)
-ROLLUP_SERIES = _history_series("stats_rollup", _HALF_HOURS_IN_WINDOW)
+ROLLUP_SERIES = Statement(
+    """
+SELECT date_bin(make_interval(secs => :step::float8), minute, @bin_origin) AS t,
+       CASE WHEN :queue::text IS NULL THEN queue ELSE task END AS name,
+       sum(completed)::bigint AS completed, sum(retried)::bigint AS retried,
+       sum(dead)::bigint AS dead
+FROM @schema.stats_rollup
+WHERE minute > now() - make_interval(secs => :seconds::float8 + @rollup_step)
+  AND (:queue::text IS NULL OR queue = :queue)
+GROUP BY 1, 2
+ORDER BY 1, 2
+""",
+    columns(SeriesRow),
+    ("seconds", "step", "queue"),
+)
 
 # --- the transaction every page runs in ---
 
-# $1 the bound ('3000ms'): every statement of the current transaction, and only of it.
+# The bound ('3000ms'): every statement of the current transaction, and only of it.
 SET_STATEMENT_TIMEOUT = Statement(
     """
-SELECT set_config('statement_timeout', $1, true)
+SELECT set_config('statement_timeout', :timeout, true)
 """,
     nothing,
+    ("timeout",),
 )

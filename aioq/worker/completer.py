@@ -18,7 +18,7 @@ from aioq.backoff import Failures
 from aioq.db import Executor
 from aioq.job import Claim, ClaimKey, OutcomeKind
 from aioq.sql import results_channel
-from aioq.sql.outcomes import COMPLETE, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES
+from aioq.sql.outcomes import COMPLETE, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES, WriteOutcomes
 from aioq.worker.claims import Claims
 from aioq.worker.service import STEP_BACKOFF, Service
 
@@ -166,7 +166,7 @@ class Completer(Service[int]):
         settle, metrics, history = self.claims.settle, self.metrics, self.history
         # Per batch, not per job: the hot path builds no message nor extras nobody reads.
         log_info = logger.isEnabledFor(logging.INFO)
-        log_bury = logger.isEnabledFor(logging.WARNING)
+        log_dead = logger.isEnabledFor(logging.WARNING)
         for outcome in outcomes:
             claim = outcome.claim
             settle(claim)
@@ -182,11 +182,11 @@ class Completer(Service[int]):
                     metrics.observe_outcome(claim, outcome.kind, outcome.duration)
                 if history is not None:
                     history.observe(claim, outcome.kind, outcome.duration)
-                buried = outcome.kind is OutcomeKind.BURY
-                if not (log_bury if buried else log_info):
+                dead = outcome.kind is OutcomeKind.DEAD
+                if not (log_dead if dead else log_info):
                     continue
                 logger.log(
-                    logging.WARNING if buried else logging.INFO,
+                    logging.WARNING if dead else logging.INFO,
                     "job %s %s %s (attempt %s/%s, %.3fs)%s",
                     claim.id,
                     claim.task,
@@ -238,7 +238,7 @@ class Completer(Service[int]):
 
     async def _write_refused(self, outcome: Outcome) -> set[int]:
         claim = outcome.claim
-        if outcome.kind is OutcomeKind.COMPLETE and self.keep_completed:
+        if outcome.kind is OutcomeKind.SUCCEEDED and self.keep_completed:
             logger.exception(
                 "job %s %s: its archive row cannot be stored; completing it without one",
                 claim.id,
@@ -263,7 +263,7 @@ class Completer(Service[int]):
         fence"); return the ids still ours."""
         steps = any(o.claim.workflow_id is not None for o in batch)
         if not (archive or steps) and all(
-            o.kind is _COMPLETE and o.result_ttl is None for o in batch
+            o.kind is _SUCCEEDED and o.result_ttl is None for o in batch
         ):
             # The hot path: plain completions, the statement that only deletes.
             ids = await COMPLETE.rows(
@@ -277,20 +277,19 @@ class Completer(Service[int]):
         # Workflow steps: the same outcomes, and the fan-in of those that succeeded
         # (docs/architecture.md, "Workflows").
         statement = WRITE_STEP_OUTCOMES if steps else WRITE_OUTCOMES
-        ids = await statement.rows(
-            self.db,
-            self.schema,
-            [o.claim.id for o in batch],
-            [o.claim.number for o in batch],
-            self.worker_id,
-            [o.kind.value for o in batch],
-            [o.delay for o in batch],
-            [o.error for o in batch],
-            [_kept_result(o) for o in batch],
-            [o.result_ttl for o in batch],
-            archive,
-            self.results_channel,
+        outcomes = WriteOutcomes(
+            ids=[o.claim.id for o in batch],
+            claims=[o.claim.number for o in batch],
+            worker=self.worker_id,
+            kinds=[o.kind.value for o in batch],
+            delays=[o.delay for o in batch],
+            errors=[o.error for o in batch],
+            results=[_kept_result(o) for o in batch],
+            ttls=[o.result_ttl for o in batch],
+            archive=archive,
+            results_channel=self.results_channel,
         )
+        ids = await statement.rows(self.db, self.schema, outcomes)
         return set(ids)
 
     @property
@@ -335,13 +334,13 @@ class Completer(Service[int]):
                 await anyio.sleep(failures.next())
 
 
-_COMPLETE = OutcomeKind.COMPLETE
+_SUCCEEDED = OutcomeKind.SUCCEEDED
 
 
 def _kept_result(outcome: Outcome) -> str | None:
     """The return value to keep: a completion's, when its task keeps results or it is a
     workflow step (its dependents read it)."""
-    if outcome.kind is not OutcomeKind.COMPLETE:
+    if outcome.kind is not OutcomeKind.SUCCEEDED:
         return None
     if outcome.result_ttl is None and outcome.claim.workflow_id is None:
         return None

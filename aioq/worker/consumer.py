@@ -107,9 +107,9 @@ def _failed(claim: Claim, retry: Backoff, ttl: float | None, started: float, err
     """The outcome of a failed attempt: retried after a backoff, or dead on its last attempt."""
     duration = time.monotonic() - started
     if claim.attempt >= claim.max_attempts:
-        return Outcome(claim, OutcomeKind.BURY, duration, error=error, result_ttl=ttl)
+        return Outcome(claim, OutcomeKind.DEAD, duration, error=error, result_ttl=ttl)
     delay = retry.delay(claim.attempt)
-    return Outcome(claim, OutcomeKind.FAIL, duration, delay=delay, error=error, result_ttl=ttl)
+    return Outcome(claim, OutcomeKind.RETRIED, duration, delay=delay, error=error, result_ttl=ttl)
 
 
 def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt) -> Outcome | None:
@@ -122,37 +122,39 @@ def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt
     error = attempt.error
     if isinstance(error, Retry):
         return Outcome(
-            claim, OutcomeKind.SNOOZE, attempt.duration, delay=error.delay, result_ttl=ttl
+            claim, OutcomeKind.SNOOZED, attempt.duration, delay=error.delay, result_ttl=ttl
         )
     if isinstance(error, Fail):
         return Outcome(
-            claim, OutcomeKind.BURY, attempt.duration, error=format_error(error), result_ttl=ttl
+            claim, OutcomeKind.DEAD, attempt.duration, error=format_error(error), result_ttl=ttl
         )
     if error is not None:
         # SystemExit, KeyboardInterrupt, ... raised by the task's own code too: a failure like
         # any other, never the end of the worker or of the batch-mates.
         if not task.retries(error):  # retry_on / no_retry_on: dead at once
             return Outcome(
-                claim, OutcomeKind.BURY, attempt.duration, error=format_error(error), result_ttl=ttl
+                claim, OutcomeKind.DEAD, attempt.duration, error=format_error(error), result_ttl=ttl
             )
         return _failed(claim, task.retry, ttl, attempt.started, format_error(error))
     if running.cancel_requested:
         if running.cancel_reason is CancelReason.LEASE_LOST:
             return None  # the reaper wrote the requested cancel
-        return Outcome(claim, OutcomeKind.CANCEL, attempt.duration, result_ttl=ttl)
+        return Outcome(claim, OutcomeKind.CANCELLED, attempt.duration, result_ttl=ttl)
     if not attempt.interrupted:
         if ttl is None and claim.workflow_id is None:
-            return Outcome(claim, OutcomeKind.COMPLETE, attempt.duration)
+            return Outcome(claim, OutcomeKind.SUCCEEDED, attempt.duration)
         try:  # a value that cannot be stored fails the attempt
             result = encode_result(claim.task, claim.id, attempt.value)
         except ResultError as exc:
             return _failed(
                 claim, task.retry, ttl, attempt.started, format_error(exc, with_traceback=False)
             )
-        return Outcome(claim, OutcomeKind.COMPLETE, attempt.duration, result_ttl=ttl, result=result)
+        return Outcome(
+            claim, OutcomeKind.SUCCEEDED, attempt.duration, result_ttl=ttl, result=result
+        )
     if running.cancel_reason is CancelReason.SHUTDOWN:
         # A thread that ran to its end after the stop: its work is done, record it.
-        kind = OutcomeKind.COMPLETE if attempt.returned else OutcomeKind.RELEASE
+        kind = OutcomeKind.SUCCEEDED if attempt.returned else OutcomeKind.RELEASED
         return Outcome(claim, kind, attempt.duration)
     if running.cancel_reason is not None:
         return None  # the lease is lost
@@ -167,7 +169,7 @@ def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt
         )
     error_text = f"TimeoutError: task {claim.task!r} timed out after {task.timeout:g}s"
     if not task.retries(TimeoutError(error_text)):  # a timeout is a TimeoutError to retry_on
-        return Outcome(claim, OutcomeKind.BURY, attempt.duration, error=error_text, result_ttl=ttl)
+        return Outcome(claim, OutcomeKind.DEAD, attempt.duration, error=error_text, result_ttl=ttl)
     return _failed(claim, task.retry, ttl, attempt.started, error_text)
 
 
@@ -230,7 +232,7 @@ class Consumer:
                 self.completer.lost(claim)
                 return
         if self.stopping.is_set():
-            outcome: Outcome | None = Outcome(claim, OutcomeKind.RELEASE)
+            outcome: Outcome | None = Outcome(claim, OutcomeKind.RELEASED)
         elif running.lapsed(time.monotonic()):
             # It waited past its lease since the claim or the last beat (the event loop was
             # blocked): another worker may run it already. Never started; given back, fenced.
@@ -240,14 +242,14 @@ class Consumer:
                 claim.task,
                 extra={"job_id": claim.id, "task": claim.task, "queue": claim.queue},
             )
-            outcome = Outcome(claim, OutcomeKind.RELEASE)
+            outcome = Outcome(claim, OutcomeKind.RELEASED)
         else:
             outcome = await self.run_one(claim, running)
             # Once a cancel request reached the run, the job ends cancelled whatever the task
             # did next (a sync task returns when it sees the flag).
             if running.cancel_requested and outcome is not None:
                 outcome = Outcome(
-                    claim, OutcomeKind.CANCEL, outcome.duration, result_ttl=outcome.result_ttl
+                    claim, OutcomeKind.CANCELLED, outcome.duration, result_ttl=outcome.result_ttl
                 )
         if outcome is None:
             self.completer.lost(claim)
@@ -274,7 +276,7 @@ class Consumer:
             error = format_error(err, with_traceback=False)
             return _failed(claim, task.retry, task.result_ttl, started, error)
         if running.cancel_requested:  # cancelled before it started
-            return Outcome(claim, OutcomeKind.CANCEL, result_ttl=task.result_ttl)
+            return Outcome(claim, OutcomeKind.CANCELLED, result_ttl=task.result_ttl)
         # Built only if the task asks for it (current_job()): most never do.
         token = _current.set(functools.partial(self._context, claim, running))
         try:
@@ -290,7 +292,7 @@ class Consumer:
                 claim.task,
                 extra={"job_id": claim.id, "task": claim.task, "queue": claim.queue},
             )
-            return Outcome(claim, OutcomeKind.RELEASE)
+            return Outcome(claim, OutcomeKind.RELEASED)
         return judge(claim, task, running, attempt)
 
     def _context(self, claim: Claim, running: Running) -> JobContext:

@@ -18,7 +18,7 @@ from typing import Any
 from aioq.codec import decode_result
 from aioq.db import Executor
 from aioq.job import StepFailed
-from aioq.sql.control import CANCEL_REQUESTED, SET_PROGRESS
+from aioq.sql.control import CANCEL_REQUESTED, SET_PROGRESS, SetProgress
 from aioq.sql.workflows import UPSTREAM
 from aioq.worker.claims import CancelReason, Claims, Running
 from aioq.worker.service import Service
@@ -113,7 +113,15 @@ class RunHandle:
         """Store progress on the job's row, fenced on the claim (a lost claim writes nothing)."""
         claim = self.running.claim
         ours = await SET_PROGRESS.row(
-            self.db, self.schema, claim.id, claim.number, self.worker_id, progress, note
+            self.db,
+            self.schema,
+            SetProgress(
+                id=claim.id,
+                claim=claim.number,
+                worker=self.worker_id,
+                progress=progress,
+                note=note,
+            ),
         )
         if ours is None:
             logger.debug("job %s: progress not stored, the claim is no longer ours", claim.id)

@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 
 from aioq.db import Executor
 from aioq.job import Claim, OutcomeKind
-from aioq.sql.history import FORGET_WORKER, HIST_WIDTH, PRUNE_STATS, RECORD_STATS
+from aioq.sql.history import FORGET_WORKER, HIST_WIDTH, PRUNE_STATS, RECORD_STATS, RecordStats
 from aioq.worker.service import Service
 
 __all__ = (
@@ -47,9 +47,9 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
 assert len(BUCKETS) + 1 == HIST_WIDTH, "aioq.sql.history.HIST_WIDTH must match BUCKETS"
 
 _COUNTED = {
-    OutcomeKind.COMPLETE: "completed",
-    OutcomeKind.FAIL: "retried",
-    OutcomeKind.BURY: "dead",
+    OutcomeKind.SUCCEEDED: "completed",
+    OutcomeKind.RETRIED: "retried",
+    OutcomeKind.DEAD: "dead",
 }
 
 
@@ -178,20 +178,22 @@ class StatsWriter(Service[int]):
             # Shielded: a cancel (the worker stopping) must not interrupt the statement after
             # it committed, or the counts given back would be written twice.
             with anyio.CancelScope(shield=True):
-                await RECORD_STATS.run(
-                    self.db,
-                    self.schema,
-                    *(self.worker_id, socket.gethostname(), os.getpid()),
-                    *(self.queues, self.concurrency),
-                    [k[0] for k in keys],
-                    [k[1] for k in keys],
-                    [counts[k].completed for k in keys],
-                    [counts[k].retried for k in keys],
-                    [counts[k].dead for k in keys],
-                    [n for k in keys for n in counts[k].wait],
-                    [n for k in keys for n in counts[k].run],
-                    HIST_WIDTH,
+                stats = RecordStats(
+                    worker=self.worker_id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    queues=self.queues,
+                    concurrency=self.concurrency,
+                    queue_names=[k[0] for k in keys],
+                    tasks=[k[1] for k in keys],
+                    completed=[counts[k].completed for k in keys],
+                    retried=[counts[k].retried for k in keys],
+                    dead=[counts[k].dead for k in keys],
+                    wait_hist=[n for k in keys for n in counts[k].wait],
+                    run_hist=[n for k in keys for n in counts[k].run],
+                    buckets=HIST_WIDTH,
                 )
+                await RECORD_STATS.run(self.db, self.schema, stats)
         except Exception:
             self.recorder.give_back(counts)
             raise

@@ -9,7 +9,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from aioq.db import Executor
-from aioq.sql.outcomes import HEARTBEAT, REAP, Rescued
+from aioq.sql.outcomes import HEARTBEAT, RESCUE_EXPIRED, Rescued
 from aioq.worker.claims import CancelReason, Claims
 from aioq.worker.service import Service
 
@@ -161,7 +161,7 @@ class Reaper(Service[list[Rescued]]):
 
     async def run_once(self) -> list[Rescued]:
         """Rescue up to one batch of expired claims; return (id, new status) for each."""
-        rescued = await REAP.rows(self.db, self.schema, self.batch_size, self.worker_id)
+        rescued = await RESCUE_EXPIRED.rows(self.db, self.schema, self.batch_size, self.worker_id)
         if rescued:
             dead = sum(1 for r in rescued if r.status == "dead")
             cancelled = sum(1 for r in rescued if r.status == "cancelled")

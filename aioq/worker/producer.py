@@ -384,7 +384,7 @@ class Producer(Service[tuple[int, int]]):
         """Release the claims no consumer has taken (fenced, attempt refunded)."""
         claims = self.handoff.take()
         for claim in claims:
-            completer.put(Outcome(claim, OutcomeKind.RELEASE))
+            completer.put(Outcome(claim, OutcomeKind.RELEASED))
             self.slots.give()
         if claims:
             self.ahead.gave_back(self.slots.given, time.monotonic())

@@ -133,12 +133,15 @@ class Scheduler(Service[float]):
     async def _start(self, schedule: Schedule, now: datetime) -> None:
         """First sight of a schedule: its first job is the next tick, not one in the past."""
         latest = schedule.latest(now) or now
-        created = await sql.SCHEDULE_START.row(
-            self.db,
-            self.schema,
-            *(schedule.name, schedule.task, schedule.queue, schedule.spec),
-            *(latest, schedule.next_after(latest)),
+        start = sql.ScheduleStart(
+            name=schedule.name,
+            task=schedule.task,
+            queue=schedule.queue,
+            spec=schedule.spec,
+            last_tick=latest,
+            next_tick=schedule.next_after(latest),
         )
+        created = await sql.SCHEDULE_START.row(self.db, self.schema, start)
         if created is not None:
             logger.info(
                 "schedule %s (%s): first tick at %s",
@@ -152,13 +155,19 @@ class Scheduler(Service[float]):
         ticks, skipped = schedule.due(last, now)
         if not ticks:
             return
-        ids = await sql.SCHEDULE_TICK.rows(
-            self.db,
-            self.schema,
-            *(schedule.name, schedule.task, schedule.queue, schedule.spec),
-            *(ticks, schedule.next_after(ticks[-1]), schedule.args),
-            *(schedule.priority, schedule.max_attempts, schedule.lease),
+        tick = sql.ScheduleTick(
+            name=schedule.name,
+            task=schedule.task,
+            queue=schedule.queue,
+            spec=schedule.spec,
+            ticks=ticks,
+            next_tick=schedule.next_after(ticks[-1]),
+            args=schedule.args,
+            priority=schedule.priority,
+            max_attempts=schedule.max_attempts,
+            lease=schedule.lease,
         )
+        ids = await sql.SCHEDULE_TICK.rows(self.db, self.schema, tick)
         if not ids:
             return  # another worker enqueued these ticks first
         self.enqueued += len(ids)

@@ -222,7 +222,7 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         async def run(conn: asyncpg.Connection) -> object:
             claimed = await claim_one(conn)
             return await statements.write(
-                conn, "w", [claimed], OutcomeKind.COMPLETE, archive=archive
+                conn, "w", [claimed], OutcomeKind.SUCCEEDED, archive=archive
             )
 
         return run
@@ -255,7 +255,7 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
     async def keep_result(conn: asyncpg.Connection) -> object:
         claimed = await claim_one(conn)
         return await statements.write(
-            conn, "w", [claimed], OutcomeKind.COMPLETE, result="1", ttl=0.0
+            conn, "w", [claimed], OutcomeKind.SUCCEEDED, result="1", ttl=0.0
         )
 
     async def prune_results(conn: asyncpg.Connection) -> object:
@@ -278,7 +278,7 @@ def test_every_documented_grant_is_needed(dsn: str, app: tuple[str, str]) -> Non
         run = await defer_flow(conn)
         assert isinstance(run, aioq.workflows.WorkflowRun)
         [claimed] = await statements.claim(conn, ["flows"], 1, "w")
-        await statements.write(conn, "w", [claimed], OutcomeKind.COMPLETE, result="1", steps=True)
+        await statements.write(conn, "w", [claimed], OutcomeKind.SUCCEEDED, result="1", steps=True)
         return await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", run.jobs["work-2"])
 
     async def prune_runs(conn: asyncpg.Connection) -> object:

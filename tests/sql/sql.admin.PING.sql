@@ -1,0 +1,3 @@
+-- aioq.sql.admin.PING, rendered for the schema 'aioq' (make sql-golden writes it)
+-- parameters: none
+SELECT 1

@@ -1,0 +1,17 @@
+-- aioq.sql.jobs.CLAIM_ONE_QUEUE, rendered for the schema 'aioq' (make sql-golden writes it)
+-- parameters: $1 :queue, $2 :limit, $3 :worker
+WITH picked AS (
+    SELECT id FROM "aioq".jobs
+    WHERE queue = $1 AND status = 'pending' AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE "aioq".jobs AS j
+SET status = 'running', attempts = j.attempts + 1, claims = j.claims + 1, locked_by = $3,
+    locked_at = now(), lease_expires_at = now() + j.lease
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
+          j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
+          extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
+          j.scheduled_at, j.workflow_id

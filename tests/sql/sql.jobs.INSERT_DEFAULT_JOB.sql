@@ -1,0 +1,10 @@
+-- aioq.sql.jobs.INSERT_DEFAULT_JOB, rendered for the schema 'aioq' (make sql-golden writes it)
+-- parameters: $1 :queue, $2 :task, $3 :args
+WITH ready_queues(queue) AS (SELECT $1::text),
+rang AS (
+    SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
+    WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
+)
+INSERT INTO "aioq".jobs (queue, task, args)
+SELECT $1, $2, $3::text::jsonb WHERE (SELECT count(*) FROM rang) >= 0
+RETURNING id

@@ -1,0 +1,22 @@
+-- aioq.sql.jobs.INSERT_UNIQUE_JOB, rendered for the schema 'aioq' (make sql-golden writes it)
+-- parameters: $1 :queue, $2 :task, $3 :args, $4 :priority, $5 :run_at, $6 :delay, $7 :max_attempts, $8 :lease, $9 :traceparent, $10 :unique_key (the fields of aioq.sql.jobs.InsertUniqueJob)
+WITH inserted AS (
+    INSERT INTO "aioq".jobs
+        (queue, task, args, priority, run_at, max_attempts, lease, traceparent, unique_key)
+    VALUES ($1, $2, $3::text::jsonb, $4, coalesce($5::timestamptz, now() + make_interval(secs => $6::float8)), $7,
+            make_interval(secs => $8::float8), $9, $10)
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+    DO NOTHING
+    RETURNING id, run_at
+),
+ready_queues(queue) AS (SELECT $1::text FROM inserted WHERE run_at <= now()),
+rang AS (
+    SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
+    WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
+)
+SELECT id FROM inserted WHERE (SELECT count(*) FROM rang) >= 0
+UNION ALL
+SELECT id FROM "aioq".jobs
+WHERE unique_key = $10 AND status IN ('pending', 'running')
+  AND NOT EXISTS (SELECT FROM inserted)
+LIMIT 1

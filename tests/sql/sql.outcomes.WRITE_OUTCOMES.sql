@@ -1,0 +1,82 @@
+-- aioq.sql.outcomes.WRITE_OUTCOMES, rendered for the schema 'aioq' (make sql-golden writes it)
+-- parameters: $1 :ids, $2 :claims, $3 :worker, $4 :kinds, $5 :delays, $6 :errors, $7 :results, $8 :ttls, $9 :archive, $10 :results_channel (the fields of aioq.sql.outcomes.WriteOutcomes)
+WITH mine AS (
+    SELECT j.id, f.kind, f.delay, f.error, f.result, f.ttl
+    FROM (SELECT * FROM unnest($1::bigint[], $2::integer[], $4::text[],
+                               $5::float8[], $6::text[], $7::text[],
+                               $8::float8[])
+          AS u(id, claim, kind, delay, error, result, ttl) ORDER BY id) AS f
+    CROSS JOIN LATERAL (
+        -- By primary key whatever the statistics say; OFFSET 0 keeps the fence's status test
+        -- out of this lookup (it would pick the running rows' index).
+        SELECT j.id, j.claims, j.locked_by, j.status, j.cancel_requested_at FROM "aioq".jobs AS j
+        WHERE j.id = f.id
+        OFFSET 0
+        FOR UPDATE
+    ) AS j
+    WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
+),
+done AS (
+    DELETE FROM "aioq".jobs AS j
+    USING mine AS m
+    WHERE j.id = m.id AND m.kind = 'succeeded'
+    RETURNING j.id
+),
+succeeded AS (
+    SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
+           j.locked_at, j.created_at, j.progress, j.progress_note, m.result, m.ttl
+    FROM mine AS m
+    JOIN "aioq".jobs AS j ON j.id = m.id
+    WHERE m.kind = 'succeeded' AND (m.ttl IS NOT NULL OR $9::boolean)
+),
+kept AS (
+    INSERT INTO "aioq".results (id, queue, task, args, priority, attempts, max_attempts,
+                                 worker, progress, progress_note, created_at, started_at,
+                                 finished_at, expires_at, result)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by, progress,
+           progress_note, created_at, locked_at, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => ttl), result::jsonb
+    FROM succeeded WHERE ttl IS NOT NULL
+    RETURNING id
+),
+archived AS (
+    INSERT INTO "aioq".archive (id, queue, task, args, priority, attempts, max_attempts,
+                                 worker, created_at, started_at, finished_at)
+    SELECT id, queue, task, args, priority, attempts, max_attempts, locked_by,
+           created_at, locked_at, clock_timestamp()
+    FROM succeeded WHERE $9::boolean
+),
+changed AS (
+    UPDATE "aioq".jobs AS j
+    SET status = CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
+                 ELSE CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END END,
+        run_at = now() + make_interval(secs => m.delay),
+        last_error = CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
+                     ELSE j.last_error END,
+        attempts = j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+        max_attempts = j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+        snoozes = j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+        cancel_requested_at = CASE WHEN m.kind = 'cancelled'
+                              THEN coalesce(j.cancel_requested_at, now())
+                              ELSE j.cancel_requested_at END,
+        last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
+        lease_expires_at = NULL
+    FROM mine AS m
+    WHERE j.id = m.id AND m.kind <> 'succeeded'
+    RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
+),
+told AS (
+    SELECT pg_notify($10, id::text) FROM kept
+    UNION ALL
+    SELECT pg_notify($10, id::text) FROM changed
+    WHERE awaited AND status <> 'pending'
+),
+ready_queues(queue) AS (
+    SELECT queue FROM changed WHERE status = 'pending' AND delay = 0 GROUP BY queue
+),
+rang AS (
+    SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
+    WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
+)
+SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
+WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0

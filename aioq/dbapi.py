@@ -4,7 +4,7 @@ A synchronous caller (a Django view, a Flask handler, a script) holds a connecti
 DB-API driver on PostgreSQL: psycopg 3 or 2, through Django or SQLAlchemy or on its own.
 :func:`executor` turns it into a :data:`SyncExecutor`, a function that runs one statement on
 that connection, inside the caller's transaction, with the DB-API ``pyformat`` parameters
-(``%(p1)s``) that :meth:`aioq.sql.Statement.text` renders with ``sync=True``; the statements
+(``%(queue)s``) that :meth:`aioq.sql.Statement.text` renders with ``sync=True``; the statements
 (the async path's, declared once in :mod:`aioq.sql`) run on it with ``rows_sync`` and
 ``row_sync``.
 

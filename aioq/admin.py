@@ -246,7 +246,9 @@ async def cancel_workflow(
     ones (see :func:`cancel_jobs`); return each live step's state by job id.
 
     Each step it cancels says why in its ``last_error``: ``cancelled: workflow run N
-    cancelled``."""
+    cancelled``. An id no run can have (outside bigint) cancels nothing: ``{}``."""
+    if not possible_id(workflow_id):
+        return {}
     db = await executor(conn)
     ids = await WORKFLOW_JOBS.rows(db, schema, workflow_id)
     reason = cancelled_reason(workflow_id)
@@ -257,6 +259,8 @@ def cancel_workflow_sync(
     conn: SyncTarget, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
 ) -> dict[int, str]:
     """Cancel a run, as :func:`cancel_workflow` does, from synchronous code."""
+    if not possible_id(workflow_id):
+        return {}
     ids = WORKFLOW_JOBS.rows_sync(sync_executor(conn), schema, workflow_id)
     reason = cancelled_reason(workflow_id)
     return cancel_jobs_sync(conn, ids, reason=reason, schema=schema) if ids else {}

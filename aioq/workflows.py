@@ -23,6 +23,7 @@ from aioq.db import Executor, Target, executor
 from aioq.dbapi import SyncTarget
 from aioq.dbapi import executor as sync_executor
 from aioq.errors import ConfigError
+from aioq.job import possible_id
 from aioq.options import check_name
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql import workflows as sql
@@ -322,7 +323,10 @@ def _counts(row: sql.WorkflowRow) -> dict[str, int]:
 async def workflow(
     conn: Target, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
 ) -> WorkflowInfo | None:
-    """Return a run with every step's name, job id, status and result; None if there is none."""
+    """Return a run with every step's name, job id, status and result; None if there is none
+    (an id outside bigint names no run: None, without asking the database)."""
+    if not possible_id(workflow_id):
+        return None
     db = await executor(conn)
     row = await sql.GET_WORKFLOW.row(db, schema, workflow_id)
     if row is None:
@@ -334,6 +338,8 @@ def workflow_sync(
     conn: SyncTarget, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
 ) -> WorkflowInfo | None:
     """Return a run, as :func:`workflow` does, from synchronous code."""
+    if not possible_id(workflow_id):
+        return None
     db = sync_executor(conn)
     row = sql.GET_WORKFLOW.row_sync(db, schema, workflow_id)
     if row is None:

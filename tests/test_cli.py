@@ -306,6 +306,33 @@ def test_ids_past_bigint_are_absent_jobs(dsn: str) -> None:
         assert json.loads(retried.stdout) == {"retried": [], "missing": [int(absent)]}
 
 
+def test_limits_and_ports_out_of_range_are_usage_errors(dsn: str, task_dir: Path) -> None:
+    """A --limit past what PostgreSQL's LIMIT takes (bigint) or a port past 65535 is a usage
+    error naming the flag, never "database error" nor a traceback."""
+    huge = "99999999999999999999"
+    for command in (("jobs", "list"), ("workflows", "list")):
+        assert_one_line_error(aioq_cli(dsn, *command, "--limit", huge), "--limit", "at most")
+        largest = aioq_cli(dsn, *command, "--limit", str(2**63 - 1), "--json")
+        assert (largest.returncode, json.loads(largest.stdout)) == (0, []), largest
+    assert_one_line_error(aioq_cli(dsn, "web", "--port", "99999"), "--port", "1 to 65535")
+    for port in ("99999", "0"):
+        worker = aioq_cli(dsn, "worker", "clitasks", "--metrics-port", port, cwd=task_dir)
+        assert_one_line_error(worker, "--metrics-port", "1 to 65535")
+    past = aioq_cli(
+        dsn, "worker", "clitasks", "--processes", "3", "--metrics-port", "65534", cwd=task_dir
+    )
+    assert_one_line_error(past, "--metrics-port: 65534 + 3 processes runs past port 65535")
+    with socket.socket() as taken:  # a port in use: the port is named, not the database
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = aioq_cli(
+            dsn, "worker", "clitasks", "--metrics-port", str(port), "--metrics-addr",
+            "127.0.0.1", cwd=task_dir,
+        )  # fmt: skip
+    assert_one_line_error(busy, f"--metrics-port: cannot serve on 127.0.0.1:{port}")
+
+
 def test_stats_watch_needs_a_sane_interval(dsn: str) -> None:
     for interval in ("0", "0.01"):
         assert_one_line_error(

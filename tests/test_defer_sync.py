@@ -8,6 +8,8 @@ covered in tests/test_django.py, which runs a Django project.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -579,3 +581,67 @@ def test_workflow_defers_in_the_callers_transaction(
         (run.jobs["step"], "pending", "orders", run.id),
         (run.jobs["second"], "waiting", "orders", run.id),
     ]
+
+
+# A meta path finder that makes greenlet and SQLAlchemy's asyncio extension look uninstalled
+# (SQLAlchemy 2.1 no longer installs greenlet; its asyncio extension needs it).
+WITHOUT_ASYNC_EXTRAS = """
+import sys
+
+BLOCKED = ("greenlet", "sqlalchemy.ext.asyncio")
+
+
+class Uninstalled:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Uninstalled())
+import sqlalchemy
+from sqlalchemy.orm import Session
+
+import aioq
+
+registry = aioq.Registry()
+
+
+@registry.task(name="send", queue="mail")
+def send(order_id: int) -> None: ...
+
+
+engine = sqlalchemy.create_engine(sys.argv[1].replace("postgresql://", "postgresql+psycopg://"))
+with Session(engine) as session, session.begin():
+    in_session = send.defer_sync(session, order_id=1)
+with engine.connect() as conn, conn.begin():
+    in_connection = send.defer_sync(conn, order_id=2)
+with Session(engine) as session:
+    shown = aioq.get_job_sync(session, in_session)
+    assert shown is not None and shown.queue == "mail", shown
+    session.rollback()
+loaded = [m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED)]
+assert not loaded, loaded
+print(in_session, in_connection)
+"""
+
+
+def test_defer_sync_on_sqlalchemy_needs_no_async_extras(
+    dsn: str, other: psycopg.Connection[tuple[Any, ...]]
+) -> None:
+    """A sync Session or Connection defers with neither greenlet nor sqlalchemy.ext.asyncio
+    importable, as SQLAlchemy 2.1 installs without greenlet."""
+    ran = subprocess.run(
+        [sys.executable, "-c", WITHOUT_ASYNC_EXTRAS, dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    ids = [int(i) for i in ran.stdout.split()]
+    rows = other.execute(
+        "SELECT task, queue, args->>'order_id' FROM aioq.jobs WHERE id = ANY(%s) ORDER BY id",
+        (ids,),
+    ).fetchall()
+    assert rows == [("send", "mail", "1"), ("send", "mail", "2")]

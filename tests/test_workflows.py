@@ -233,6 +233,28 @@ async def test_cancel_workflow(
     assert info.state == "cancelled"
 
 
+async def test_ids_no_run_can_have_name_nothing(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """A run id outside bigint names no run (as get_job answers for job ids): the lookups say
+    so without asking the database, from Python and from a shell."""
+
+    @registry.task(name="app.step")
+    async def step(n: int) -> None:
+        pass
+
+    run = await aioq.chain(step.call(n=1), step.call(n=2)).defer(conn)
+    for absent in (2**63, 2**64 + 5, -(2**63) - 1, 10**20):
+        assert await aioq.workflow(conn, absent) is None
+        assert await aioq.cancel_workflow(conn, absent) == {}
+        for verb in ("show", "cancel"):
+            found = aioq_cli(dsn, "workflows", verb, str(absent))
+            assert found.returncode == 1, found
+            assert found.stderr == f"aioq: workflow {absent} not found (pruned, or never existed)\n"
+    # The run itself was left alone.
+    assert set((await statuses(conn, run.id)).values()) == {"pending", "waiting"}
+
+
 def test_build_errors(registry: aioq.Registry) -> None:
     @registry.task
     async def step(n: int) -> None:

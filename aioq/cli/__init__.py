@@ -46,6 +46,7 @@ from aioq.cli.common import (
     non_negative_int,
     port_number,
     positive_int,
+    row_limit,
     use_django,
 )
 from aioq.cli.queues import (
@@ -243,8 +244,9 @@ def _endpoint_flags(worker: argparse.ArgumentParser) -> None:
     """The worker's HTTP endpoints: Prometheus metrics and the health probes."""
     worker.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=None,
+        metavar="PORT",
         help="serve Prometheus /metrics on this port (needs aioq-pg[prometheus]); with"
         " --processes N, child i serves on PORT + i",
     )
@@ -337,7 +339,7 @@ def _jobs_command(commands: _Commands, parents: _Parents) -> None:
     ls.add_argument("--status", choices=[s.value for s in JobStatus])
     ls.add_argument("--task")
     ls.add_argument("--queue")
-    ls.add_argument("--limit", type=positive_int, default=100)
+    ls.add_argument("--limit", type=row_limit, default=100)
     ls.set_defaults(handler=cmd_jobs_list)
     show = verbs.add_parser("show", parents=parents, help="one job; exit 1 if not found")
     show.add_argument("id", type=int)
@@ -364,7 +366,7 @@ def _workflows_command(commands: _Commands, parents: _Parents) -> None:
     flow_verbs = flows.add_subparsers(title="actions", dest="action", required=True)
     fls = flow_verbs.add_parser("list", parents=parents, help="runs, newest first")
     fls.add_argument("--name", help="runs of this workflow name only")
-    fls.add_argument("--limit", type=positive_int, default=50)
+    fls.add_argument("--limit", type=row_limit, default=50)
     fls.set_defaults(handler=cmd_workflows_list)
     fshow = flow_verbs.add_parser(
         "show", parents=parents, help="one run and its steps; exit 1 if not found"
@@ -387,7 +389,7 @@ def _web_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
         "Read-only unless --actions; binds 127.0.0.1 unless --host says otherwise.",
     )
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    web.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    web.add_argument("--port", type=port_number, default=8080, help="port (default: %(default)s)")
     web.add_argument(
         "--actions", action="store_true", help="allow retry, cancel and delete from the page"
     )

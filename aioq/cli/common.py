@@ -67,6 +67,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+MAX_LIMIT = 2**63 - 1
+"""The most rows a ``--limit`` may ask for: PostgreSQL's LIMIT is a bigint."""
+
+
+def row_limit(text: str) -> int:
+    """Parse a ``--limit``: a number of rows, 1 to :data:`MAX_LIMIT`."""
+    value = positive_int(text)
+    if value > MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_LIMIT}, got {value}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:

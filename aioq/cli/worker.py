@@ -254,6 +254,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return anyio.run(_work, args, dsn, registry, options)
 
 
+def _ports_fit(flag: str, port: int, processes: int) -> None:
+    """Refuse a port that child ``processes - 1`` would run past 65535 with (one per child)."""
+    if port + processes - 1 > 65535:
+        raise UsageError(f"argument {flag}: {port} + {processes} processes runs past port 65535")
+
+
 async def _check_schema(dsn: str, schema: str) -> None:
     conn = await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)  # PgBouncer-safe
     try:
@@ -273,13 +279,10 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     command += [] if args.gc_tuning else ["--no-gc-tuning"]
     command += _worker_argv(args)
     if args.metrics_port is not None:
+        _ports_fit("--metrics-port", args.metrics_port, args.processes)
         command += ["--metrics-port", str(args.metrics_port), "--metrics-addr", args.metrics_addr]
     if args.health_port is not None:  # each child adds its index (one port per process)
-        if args.health_port + args.processes - 1 > 65535:
-            raise UsageError(
-                f"argument --health-port: {args.health_port} + {args.processes} processes"
-                " runs past port 65535"
-            )
+        _ports_fit("--health-port", args.health_port, args.processes)
         command += ["--health-port", str(args.health_port), "--health-addr", args.health_addr]
     for queue in args.queue or ():
         command += ["--queue", queue]
@@ -300,7 +303,13 @@ async def _work(
         from aioq import metrics as aioq_metrics  # only now: prometheus_client is optional
 
         port = args.metrics_port + int(os.environ.get(PROCESS_INDEX_ENV, "0"))
-        metrics = aioq_metrics.start(port, args.metrics_addr)
+        try:
+            metrics = aioq_metrics.start(port, args.metrics_addr)
+        except OSError as exc:  # the port, not the database: say so (as --health-port does)
+            raise UsageError(
+                f"argument --metrics-port: cannot serve on {args.metrics_addr}:{port}:"
+                f" {exc.strerror or exc}"
+            ) from None
         log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
     worker = Worker(
         dsn=dsn,

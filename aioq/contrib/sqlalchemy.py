@@ -10,25 +10,29 @@ SQLAlchemy installs on that connection never touch aioq's values.
 
 A synchronous ``Session`` or ``Connection`` (``defer_sync``) needs nothing of the kind: each
 statement goes through SQLAlchemy's ``exec_driver_sql``, which begins the transaction as the
-caller's own first statement would, on a driver that takes ``pyformat`` parameters.
+caller's own first statement would, on a driver that takes ``pyformat`` parameters. It
+needs none of SQLAlchemy's asyncio extension (nor greenlet, which SQLAlchemy 2.1 no longer
+installs): that is imported by the async functions, when they are first called.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from aioq.dbapi import SyncExecutor, named_rows
 from aioq.errors import ConfigError
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql.admin import PING
+
+if TYPE_CHECKING:  # imported where used: the sync path must not need the asyncio extras
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 __all__ = ("executor", "sync_executor", "wait_opener")
 
@@ -40,6 +44,8 @@ SUPPORTED = (
 
 async def executor(target: AsyncSession | AsyncConnection) -> asyncpg.Connection:
     """Return the asyncpg connection of ``target``, inside its current transaction."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
     if isinstance(target, AsyncSession):
         if target.bind is not None:  # refuse before connecting through the wrong driver
             check_driver(target.bind.dialect.driver)
@@ -71,6 +77,8 @@ async def wait_opener(
     outside any transaction: what ``aioq.result`` waits on, instead of the caller's connection
     and its transaction. None when the session has no engine to draw from (per-mapper binds):
     the wait then runs on the session's own connection."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
     bind = target.bind if isinstance(target, AsyncSession) else target.engine
     engine = bind.engine if isinstance(bind, AsyncConnection) else bind
     if not isinstance(engine, AsyncEngine):

@@ -14,14 +14,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import asyncpg
 import pytest
-from procs import aioq_cli, assert_one_line_error, kill_tree
+from procs import AIOQ, aioq_cli, assert_one_line_error, kill_tree
 from waits import eventually
 
 import aioq
 from aioq.worker import DEFAULT_SHUTDOWN_GRACE
-from aioq.worker.health import STALE_AFTER, Probe, judge_health, serve_health
+from aioq.worker import health as health_module
+from aioq.worker.health import (
+    MAX_CONNECTIONS,
+    STALE_AFTER,
+    Health,
+    Probe,
+    judge_health,
+    serve_health,
+)
 from aioq.worker.run import MIN_FINAL_WRITE
 
 MakeWorker = Callable[..., aioq.Worker]
@@ -231,3 +240,175 @@ def test_aioq_worker_refuses_a_port_it_cannot_bind(dsn: str, tmp_path: Path) -> 
         result = aioq_cli(dsn, "worker", "probed:registry", "--health-port", bad, cwd=tmp_path)
         assert result.returncode == 2
         assert "--health-port" in result.stderr
+
+
+def healthy() -> Health:
+    return judge_health(
+        started=True, stopping=False, listening=None, answered_at=1.0, started_at=0.0,
+        loop_lag=0.0, now=1.0,
+    )  # fmt: skip
+
+
+async def closed_by_the_server(stream: anyio.abc.SocketStream) -> None:
+    """Return once the server closed this connection (EOF or a reset), having sent nothing."""
+    try:
+        data = await stream.receive()
+    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+        return
+    raise AssertionError(f"the server answered a request never sent: {data!r}")
+
+
+@pytest.mark.anyio
+async def test_connections_past_the_cap_are_closed_at_once_and_probes_answer_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle connections hold at most MAX_CONNECTIONS of the server's descriptors: the excess
+    are closed as they arrive, and /livez answers once the idle ones are gone."""
+    # Idle connections are held until their request times out: long here, so that only the
+    # cap can explain the ones closed before it.
+    monkeypatch.setattr(health_module, "REQUEST_TIMEOUT", 3600.0)
+    flood = 3 * MAX_CONNECTIONS
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_health, healthy, "127.0.0.1", 0)
+        streams = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(flood)]
+        try:
+            closed = 0
+
+            async def watch(stream: anyio.abc.SocketStream) -> None:
+                nonlocal closed
+                await closed_by_the_server(stream)
+                closed += 1
+
+            async with anyio.create_task_group() as watchers:
+                for stream in streams:
+                    watchers.start_soon(watch, stream)
+                await eventually(lambda: closed >= flood - MAX_CONNECTIONS, "the excess closed")
+                watchers.cancel_scope.cancel()
+            assert closed == flood - MAX_CONNECTIONS  # the first ones are still held
+        finally:
+            for stream in streams:
+                await stream.aclose()
+
+        async def answers() -> bool:
+            try:
+                return (await get(port, "/livez"))[0] == 200
+            except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, IndexError):
+                return False  # closed for the cap while the held ones are being let go
+
+        await eventually(answers, "/livez to answer once the flood ended")
+        tg.cancel_scope.cancel()
+
+
+# The server with every descriptor of its process taken, then given back: a subprocess, since
+# it lowers its own RLIMIT_NOFILE.
+NO_DESCRIPTORS_LEFT = """
+import asyncio, logging, os, resource, socket, sys
+import anyio
+from aioq.worker.health import judge_health, serve_health
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+seen = []
+logging.getLogger("aioq.worker.health").addHandler(
+    type("H", (logging.Handler,), {"emit": lambda self, record: seen.append(record.getMessage())})()
+)
+
+
+def health():
+    return judge_health(started=True, stopping=False, listening=None, answered_at=1.0,
+                        started_at=0.0, loop_lag=0.0, now=1.0)
+
+
+async def main():
+    loop = asyncio.get_running_loop()
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_health, health, "127.0.0.1", 0)
+        client = socket.socket()
+        client.setblocking(False)
+        hogs = []
+        while True:  # take every descriptor left
+            try:
+                hogs.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        await loop.sock_connect(client, ("127.0.0.1", port))  # the kernel completes it
+        with anyio.fail_after(60):
+            while not any("cannot accept" in m for m in seen):
+                await anyio.sleep(0.01)
+        for fd in hogs:
+            os.close(fd)
+        await loop.sock_sendall(client, b"GET /livez HTTP/1.0\\r\\n\\r\\n")
+        answer = b""
+        with anyio.fail_after(60):
+            while chunk := await loop.sock_recv(client, 4096):
+                answer += chunk
+        print("ANSWER", answer.split(b"\\r\\n", 1)[0].decode(), flush=True)
+        tg.cancel_scope.cancel()
+
+
+anyio.run(main)
+"""
+
+
+def test_a_failed_accept_is_logged_and_the_server_goes_on() -> None:
+    """No descriptor left for an accept (EMFILE): the server says so and accepts again once
+    descriptors are back, never raising into the run that started it."""
+    ran = subprocess.run(
+        [sys.executable, "-c", NO_DESCRIPTORS_LEFT], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "health server: cannot accept a connection (OSError: [Errno 24]" in ran.stdout
+    assert "health server: accepting again" in ran.stdout
+    assert "ANSWER HTTP/1.0 200 OK" in ran.stdout
+
+
+# An `aioq worker` with few descriptors: RLIMIT_NOFILE set, then the console script run.
+LIMITED = "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64));"
+LIMITED += " os.execv(sys.argv[1], sys.argv[1:])"
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_idle_probe_connections_never_stops_the_worker(
+    dsn: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """200 idle connections to --health-port of a worker allowed 64 descriptors: it goes on
+    running jobs, and /livez answers once the flood ends (it died of EMFILE: exit 2)."""
+    (tmp_path / "probed.py").write_text(APP)
+    port = free_port()
+    command = [sys.executable, "-c", LIMITED, AIOQ, "worker", "probed:registry"]
+    command += ["--health-port", str(port), "--poll-interval", "0.2"]
+    proc = start(command, tmp_path, dsn)
+    log = lambda: (tmp_path / "log").read_text()  # noqa: E731
+
+    async def ready() -> bool:
+        try:
+            return (await get(port, "/readyz"))[0] == 200
+        except OSError:
+            return False
+
+    try:
+        await eventually(ready, "the worker to be ready")
+        flood = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(200)]
+        try:
+            for n in range(3):  # jobs run while the flood holds its connections
+                job_id = await conn.fetchval(
+                    "INSERT INTO aioq.jobs (queue, task) VALUES ('default', 'nap') RETURNING id"
+                )
+                await eventually(
+                    lambda job_id=job_id: done(conn, job_id), f"job {n} to run during the flood"
+                )
+                assert proc.poll() is None, log()
+        finally:
+            for stream in flood:
+                await stream.aclose()
+        await eventually(ready, "/readyz to answer once the flood ended")
+        assert (await get(port, "/livez"))[0] == 200
+        assert proc.poll() is None, log()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log()
+    finally:
+        kill_tree(proc)  # type: ignore[arg-type]
+
+
+async def done(conn: asyncpg.Connection, job_id: int) -> bool:
+    return await conn.fetchval("SELECT NOT EXISTS (SELECT FROM aioq.jobs WHERE id = $1)", job_id)

@@ -5,6 +5,10 @@ every few seconds and notes when it answered; :func:`judge_health` (no I/O) turn
 knows into :class:`Health`; :func:`serve_health` answers ``GET /livez`` and ``GET /readyz``
 with it over plain HTTP/1.0 on anyio's TCP listener, so probes need no web framework.
 
+The server never costs the worker its run: it answers MAX_CONNECTIONS connections at a time and
+closes the excess at once, gives each REQUEST_TIMEOUT to send its request, and a failed accept
+(no descriptor left: EMFILE) is logged and retried with backoff, never raised.
+
 Live: the process can still do its work, so restarting it would not help: its event loop
 runs (the probe's own wake-ups are on time, and the server answers at all) and the database
 answered recently. A worker starting up or shutting down is live: a liveness failure during
@@ -15,14 +19,18 @@ LISTEN connection is up (when it listens), and the database answered recently.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import anyio
 import anyio.abc
+import anyio.streams.stapled
 import orjson
+from anyio.abc import SocketStream as Stream
 from anyio.abc import TaskStatus
 
 from aioq.db import Executor
@@ -50,7 +58,16 @@ STALE_AFTER = 60.0
 # A probe that wakes this late found its event loop blocked that long (a task blocking it).
 BLOCKED_AFTER = 30.0
 MAX_REQUEST = 8192  # bytes of request line and headers read at most
-REQUEST_TIMEOUT = 5.0
+# A probe sends its request as it connects (the kubelet's waits 1 s by default for the answer).
+REQUEST_TIMEOUT = 2.0
+# Connections answered at once: a few probes need a handful; idle or slow clients beyond this
+# are closed as they arrive, so they cannot take the worker's file descriptors.
+MAX_CONNECTIONS = 16
+# A failed accept (EMFILE, ENFILE, ENOBUFS, ...) is retried after this, doubled up to the
+# second while it keeps failing.
+ACCEPT_RETRY = 0.05
+ACCEPT_RETRY_MAX = 1.0
+EXCESS_LOG_EVERY = 60.0  # seconds between two warnings of connections closed for the cap
 
 
 class Probe(Service[None]):
@@ -166,32 +183,94 @@ async def serve_health(
 ) -> None:
     """Serve ``GET /livez`` and ``GET /readyz`` on ``host:port`` until cancelled: 200 when the
     check passes, 503 when it fails, the :class:`Health` as JSON either way. Reports the port
-    bound (port 0: any free one) once listening; a port that cannot be bound raises OSError."""
+    bound (port 0: any free one) once listening; a port that cannot be bound raises OSError.
+    Once serving it raises nothing: whatever fails is logged and the server goes on."""
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
     async with listener:
         bound = listener.extra(anyio.abc.SocketAttribute.local_port)
         logger.info("serving health probes on http://%s:%d/livez and /readyz", host, bound)
         task_status.started(bound)
-        await listener.serve(lambda stream: _answer(stream, health))
+        await _Server(health).serve(listener)
 
 
-async def _answer(stream: anyio.abc.SocketStream, health: Callable[[], Health]) -> None:
-    async with stream:
-        try:
-            with anyio.fail_after(REQUEST_TIMEOUT):
-                request = await _read_head(stream)
-            status, body = _respond(request, health)
-            head = (
-                f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
-                "Connection: close\r\n\r\n"
+class _Server:
+    """Accepts and answers connections, at most MAX_CONNECTIONS at a time."""
+
+    def __init__(self, health: Callable[[], Health]) -> None:
+        self.health = health
+        self.active = 0  # connections being answered
+        self.excess = 0  # connections closed for the cap since the last warning
+        self.excess_logged = -math.inf  # time.monotonic() of that warning
+
+    async def serve(self, listener: anyio.streams.stapled.MultiListener[Stream]) -> None:
+        """Accept on each address of the listener until cancelled."""
+        async with anyio.create_task_group() as tg:
+            for one in listener.listeners:
+                assert isinstance(one, anyio.abc.SocketListener)
+                tg.start_soon(self._accept, one, tg)
+
+    async def _accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
+        """Accept on one socket; a failed accept is retried with backoff, never raised."""
+        failures, delay = 0, ACCEPT_RETRY
+        while True:
+            try:
+                stream = await listener.accept()
+            except Exception as exc:  # EMFILE, ENFILE, ENOBUFS, ECONNABORTED, ...
+                if failures == 0:
+                    logger.warning(
+                        "health server: cannot accept a connection (%s: %s); the worker goes"
+                        " on, the server retries",
+                        type(exc).__name__,
+                        exc,
+                    )
+                failures += 1
+                await anyio.sleep(delay)
+                delay = min(delay * 2, ACCEPT_RETRY_MAX)
+                continue
+            if failures:
+                logger.warning("health server: accepting again (%d failed accepts)", failures)
+                failures, delay = 0, ACCEPT_RETRY
+            if self.active >= MAX_CONNECTIONS:
+                await self._refuse(stream)
+                continue
+            self.active += 1
+            tg.start_soon(self._answer, stream)
+
+    async def _refuse(self, stream: Stream) -> None:
+        """Close a connection past the cap at once (its descriptor is back before the next)."""
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await stream.aclose()  # a client that went away meanwhile: nothing to do
+        self.excess += 1
+        now = time.monotonic()
+        if now - self.excess_logged >= EXCESS_LOG_EVERY:
+            logger.warning(
+                "health server: %d connections closed at once: %d were already open (the cap)",
+                self.excess,
+                MAX_CONNECTIONS,
             )
-            await stream.send(head.encode("ascii") + body)
+            self.excess, self.excess_logged = 0, now
+
+    async def _answer(self, stream: Stream) -> None:
+        try:
+            async with stream:
+                with anyio.fail_after(REQUEST_TIMEOUT):
+                    request = await _read_head(stream)
+                    status, body = _respond(request, self.health)
+                    head = (
+                        f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+                        "Connection: close\r\n\r\n"
+                    )
+                    await stream.send(head.encode("ascii") + body)
         except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-            return  # a client that went away or never finished its request
+            pass  # a client that went away, never finished its request or did not read
+        except Exception:  # never the worker's end: a probe that fails is answer enough
+            logger.exception("health server: a request failed")
+        finally:
+            self.active -= 1
 
 
-async def _read_head(stream: anyio.abc.SocketStream) -> bytes:
+async def _read_head(stream: Stream) -> bytes:
     data = b""
     while b"\r\n\r\n" not in data and b"\n\n" not in data and len(data) < MAX_REQUEST:
         data += await stream.receive(MAX_REQUEST)

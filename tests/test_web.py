@@ -334,6 +334,96 @@ def test_authorize_hook_guards_every_route(dsn: str, asynchronous: bool) -> None
     assert status_of(dsn, job) == "pending"
 
 
+PAGES = ("/", "/live", "/jobs", "/workflows", "/throughput", "/static/app.js", "/nowhere")
+
+
+def test_a_foreign_host_name_is_refused_before_any_page_token_or_action(
+    dsn: str, client: TestClient
+) -> None:
+    """DNS rebinding: a page on evil.example, its name re-pointed at the dashboard's address,
+    reaches it with `Host: evil.example`. Without `authorize` the dashboard answers its own
+    names only: a 400 before any page, token or action."""
+    (dead,) = add_jobs(dsn, "mail", 1)
+    bury(dsn, [dead], "boom")
+    token = CSRF.search(client.get("/jobs").text)  # the server's own name (TestClient's)
+    assert token
+    evil = {"host": "evil.example:8080"}
+    for path in (*PAGES, f"/jobs/{dead}"):
+        refused = client.get(path, headers=evil)
+        assert refused.status_code == 400, path
+        assert refused.text.startswith("refused: 'evil.example:8080' is not a host name this")
+        assert "--allowed-host" in refused.text
+        assert CSRF.search(refused.text) is None
+        assert "set-cookie" not in refused.headers
+    form = {"csrf": token[1], "action": "delete", "ids": str(dead)}
+    deleted = client.post("/actions", data=form, headers=evil, follow_redirects=False)
+    assert deleted.status_code == 400
+    assert status_of(dsn, dead) == "dead"
+    for odd in ("evil.example", "127.0.0.1.evil.example", "localhost.evil.example", "a b"):
+        assert client.get("/", headers={"host": odd}).status_code == 400, odd
+    # The same form under the dashboard's own name works.
+    assert client.post("/actions", data=form, follow_redirects=False).status_code == 303
+    assert status_of(dsn, dead) is None
+
+
+def test_allowed_hosts_name_the_hosts_a_proxy_forwards(dsn: str) -> None:
+    allowed = ["queue.example.com", ".corp.example", "10.1.2.3", "::1"]
+    with TestClient(aioq.web.app(dsn=dsn, allowed_hosts=allowed)) as client:
+        for host in ("queue.example.com", "QUEUE.example.com.:443", "corp.example",
+                     "a.b.corp.example:80", "10.1.2.3:8080", "[::1]", "testserver"):  # fmt: skip
+            assert client.get("/", headers={"host": host}).status_code == 200, host
+        for host in ("example.com", "xcorp.example", "queue.example.com.evil", "10.1.2.4"):
+            assert client.get("/", headers={"host": host}).status_code == 400, host
+    with TestClient(aioq.web.app(dsn=dsn, allowed_hosts=["*"])) as client:
+        assert client.get("/", headers={"host": "anything.example"}).status_code == 200
+    # With authorize, the host app checks its hosts (unless allowed_hosts is given too).
+    with TestClient(aioq.web.app(dsn=dsn, authorize=lambda request: True)) as client:
+        assert client.get("/", headers={"host": "queue.example.com"}).status_code == 200
+    both = aioq.web.app(dsn=dsn, authorize=lambda request: True, allowed_hosts=["a.example"])
+    with TestClient(both) as client:
+        assert client.get("/", headers={"host": "a.example"}).status_code == 200
+        assert client.get("/", headers={"host": "b.example"}).status_code == 400
+    for bad in ("http://queue.example.com", "queue.example.com:443", "a/b", "", "*.example"):
+        with pytest.raises(ConfigError, match="allowed_hosts"):
+            aioq.web.app(dsn=dsn, allowed_hosts=[bad])
+    with pytest.raises(ConfigError, match="a list of host names"):
+        aioq.web.app(dsn=dsn, allowed_hosts="queue.example.com")
+
+
+def test_aioq_web_answers_its_own_names_only(dsn: str, tmp_path: Path) -> None:
+    """`aioq web --actions` on 127.0.0.1: its address and localhost, and the names given with
+    --allowed-host; a page reached through any other name gets a 400, actions included."""
+    (dead,) = add_jobs(dsn, "mail", 1)
+    bury(dsn, [dead], "boom")
+    port = free_port()
+    with spawner(dsn) as start, httpx2.Client() as http:
+        start("web", "--port", str(port), "--actions", "--allowed-host", "queue.example",
+              cwd=tmp_path)  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+
+        def answers() -> bool:
+            try:
+                return http.get(f"{url}/jobs").status_code == 200
+            except httpx2.TransportError:
+                return False
+
+        wait_for(answers, "aioq web")
+        token = CSRF.search(http.get(f"{url}/jobs/{dead}").text)
+        assert token
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.nip.io:{port}"):
+            page = http.get(f"{url}/jobs/{dead}", headers={"host": host})
+            assert page.status_code == 400, host
+            assert "is not a host name this dashboard answers to" in page.text
+            form = {"csrf": token[1], "action": "delete", "ids": str(dead)}
+            post = http.post(f"{url}/actions", data=form, headers={"host": host})
+            assert post.status_code == 400, host
+        assert status_of(dsn, dead) == "dead"
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "queue.example"):
+            assert http.get(f"{url}/jobs", headers={"host": host}).status_code == 200, host
+    bad = aioq_cli(dsn, "web", "--allowed-host", "http://queue.example/")
+    assert_one_line_error(bad, "--allowed-host: 'http://queue.example/' is not a host name")
+
+
 def test_mounted_in_a_host_app_with_a_pool(dsn: str) -> None:
     async def make_pool() -> asyncpg.Pool:
         return await asyncpg.create_pool(dsn, min_size=1, max_size=2)

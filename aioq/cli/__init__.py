@@ -394,6 +394,14 @@ def _web_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
         "--actions", action="store_true", help="allow retry, cancel and delete from the page"
     )
     web.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a host name the dashboard answers to, beyond --host and (on a loopback address)"
+        " localhost: the name a proxy forwards; '.example.com' for a domain and its"
+        " subdomains, '*' for any; repeat for more (other names get a 400: DNS rebinding)",
+    )
+    web.add_argument(
         "--refresh", type=duration, default=5.0, help="overview refresh, 0 = off (default: 5s)"
     )
     web.set_defaults(handler=cmd_web)

@@ -14,6 +14,8 @@ from aioq.errors import ConfigError
 
 log = logging.getLogger("aioq.cli")
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")  # --host values that bind every address
+
 SECRET_VARIABLE = "AIOQ_WEB_SECRET"
 """The secret that signs the dashboard's CSRF tokens: the same in every ``aioq web`` serving
 one address (behind a load balancer); unset, each process makes a random one."""
@@ -26,11 +28,19 @@ def cmd_web(args: argparse.Namespace) -> int:
         import uvicorn
 
         import aioq.web
+        from aioq.web.hosts import AllowedHosts
     except ImportError as exc:
         raise UsageError(
             f"aioq web needs the web extra ({exc.name} is missing): pip install 'aioq-pg[web]'"
         ) from None
     secret = os.environ.get(SECRET_VARIABLE) or None
+    # The dashboard answers its server's address (and localhost on a loopback one); the name
+    # --host gives is its own too, unless it binds every address.
+    named = [] if args.host in WILDCARD_HOSTS else [args.host]
+    try:
+        AllowedHosts.of(args.allowed_host or ())
+    except ConfigError as exc:
+        raise UsageError(f"argument --allowed-host: {exc.problem}") from None
     try:
         dashboard = aioq.web.app(
             dsn=dsn,
@@ -38,10 +48,13 @@ def cmd_web(args: argparse.Namespace) -> int:
             actions=args.actions,
             refresh=args.refresh,
             secret=secret,
+            allowed_hosts=[*named, *(args.allowed_host or ())],
         )
     except ConfigError as exc:
         if exc.field == "secret":
             raise UsageError(f"{SECRET_VARIABLE}: {exc.problem}") from None
+        if exc.field == "allowed_hosts":
+            raise UsageError(f"argument --host: {exc.problem}") from None
         raise
     log.info(
         "aioq dashboard on http://%s:%d/ (%s)",

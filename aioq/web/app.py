@@ -5,8 +5,10 @@ it is served at, the ASGI ``root_path`` of its requests (a Starlette ``Mount``'s
 prefix, what a Django project's router sets): never a route of the host app, so it works
 mounted at any path, named or not, several times in one app, behind a proxy.
 
-Safety: ``authorize(request)`` is asked before anything answers, static files and unknown
-paths included; read-only unless built with ``actions=True``. An action is a POST carrying a
+Safety: a dashboard without ``authorize`` answers only the host names that are its own
+(:mod:`aioq.web.hosts`: against DNS rebinding) and ``allowed_hosts``; ``authorize(request)`` is
+asked before anything answers, static files and unknown paths included; read-only unless built
+with ``actions=True``. An action is a POST carrying a
 CSRF token: the HMAC, under the dashboard's secret, of its path and of a random value the
 browser keeps in a cookie (HttpOnly, SameSite=Strict; over HTTPS named ``__Host-`` and
 Secure), compared in constant time. A cookie planted by a neighbouring site is no key without
@@ -26,7 +28,7 @@ import math
 import re
 import secrets
 import shlex
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -51,6 +53,7 @@ from aioq.sql import DEFAULT_SCHEMA, quote_schema
 from aioq.sql.history import ROLLUP_STEP
 from aioq.web import data
 from aioq.web.filters import environment
+from aioq.web.hosts import AllowedHosts
 from aioq.web.sql import SET_STATEMENT_TIMEOUT
 from aioq.worker.history import DEFAULT_STATS_INTERVAL
 from aioq.workflows import workflow as get_workflow
@@ -110,9 +113,16 @@ class DashboardConfig:
     # Signs the CSRF tokens. None: a random one per app, which is right for one process; every
     # process serving one dashboard behind one address needs the same (at least 16 bytes).
     secret: str | bytes | None = field(default=None, repr=False)
+    # Host names answered beyond the server's own address (aioq.web.hosts): the names a proxy
+    # forwards, ".example.com" for a domain and its subdomains, "*" for any. None: with
+    # `authorize`, no check (the host app's); without it, the server's own address only.
+    allowed_hosts: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         quote_schema(self.schema)
+        if self.allowed_hosts is not None:
+            AllowedHosts.of(self.allowed_hosts)  # a ConfigError names a bad one
+            object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         if self.secret is not None and (
             not isinstance(self.secret, str | bytes) or len(_key(self.secret)) < MIN_SECRET
         ):
@@ -191,8 +201,11 @@ def app(
 
     ``actions=True`` allows retry, cancel and delete; ``authorize(request)`` (sync or async)
     is asked before anything answers a request (before routing: no path parameters yet) and
-    a false answer is a 403. ``options`` are the fields of :class:`DashboardConfig`. Mount it
-    at any path: ``app.mount("/aioq", aioq.web.app(dsn=DSN))``.
+    a false answer is a 403. Without ``authorize``, a request whose ``Host`` is not the
+    server's own address (and, on a loopback one, localhost) nor one of ``allowed_hosts`` gets a
+    400 (DNS rebinding); behind a proxy, name the host it forwards:
+    ``allowed_hosts=["queue.example.com"]``. ``options`` are the fields of
+    :class:`DashboardConfig`. Mount it at any path: ``app.mount("/aioq", aioq.web.app(dsn=DSN))``.
     """
     if (dsn is None) == (pool is None):
         raise ConfigError("dsn", "give the dashboard either dsn= or pool=, not both nor neither")
@@ -206,9 +219,11 @@ def app(
         yield
         await database.close()
 
+    checked = config.allowed_hosts is not None or authorize is None
+    hosts = AllowedHosts.of(config.allowed_hosts or ()) if checked else None
     web = Starlette(
         routes=pages.routes,
-        middleware=[Middleware(_Authorized, authorize=authorize)],
+        middleware=[Middleware(_Authorized, authorize=authorize, hosts=hosts)],
         lifespan=lifespan,
     )
     web.state.aioq_database = database  # `await app.state.aioq_database.close()` when mounted
@@ -216,12 +231,20 @@ def app(
 
 
 class _Authorized:
-    """Asks ``authorize`` before anything of the dashboard answers a request (ASGI middleware)."""
+    """Checks the request's ``Host``, then asks ``authorize``, before anything of the dashboard
+    answers a request (ASGI middleware)."""
 
-    def __init__(self, app: ASGIApp, authorize: Authorize | None) -> None:
-        self.app, self.authorize = app, authorize
+    def __init__(self, app: ASGIApp, authorize: Authorize | None, hosts: AllowedHosts | None):
+        self.app, self.authorize, self.hosts = app, authorize, hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.hosts is not None:
+            refused = self.hosts.refusal(scope.get("headers", ()), scope.get("server"))
+            if refused is not None:
+                logger.info("aioq web: %s", refused.split(" (", 1)[0])
+                response = PlainTextResponse(refused, status_code=400, headers=SECURITY_HEADERS)
+                await response(scope, receive, send)
+                return
         if scope["type"] == "http" and self.authorize is not None:
             answer = self.authorize(Request(scope))
             if inspect.isawaitable(answer):

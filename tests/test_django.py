@@ -391,12 +391,68 @@ def test_a_django_worker_runs_every_kind_of_task_and_reports_through_get_result(
     assert got["async"].return_value == 2
     assert got["emails"].return_value is None
     dead = dict(sql(dsn, "SELECT task, last_error FROM aioq.jobs WHERE status = 'dead'"))
-    assert "not a Django task" in dead["shop.tasks.not_a_task"]
-    assert "cannot import 'shop.missing.task'" in dead["shop.missing.task"]
+    for unknown in ("shop.tasks.not_a_task", "shop.missing.task"):  # not tasks it knows
+        assert dead[unknown].startswith(f"UnknownTaskError: no task named {unknown!r}")
+    assert "'shop.tasks.not_a_task' is a function, not a Django task" in log.read_text()
     assert set(dead) == {"shop.tasks.not_a_task", "shop.missing.task", "shop.tasks.charge"}
     # The native aioq task (autodiscovered in shop.tasks) ran in the same worker.
     assert t.Order.objects.get(id=1).notified == 1
     assert sql(dsn, "SELECT id FROM aioq.jobs WHERE id = $1", native) == []
+
+
+POISON = (
+    ".x.y",  # import_string raised TypeError: the worker stopped
+    ".",  # ValueError, likewise
+    "os.system",  # importable, callable, no task
+    "shop.tasks.not_a_task",  # a function of a task module, not a task
+    "shop.boom.cleanup",  # its module calls sys.exit on import
+    "shop.missing.task",
+    "no_dots",
+    "shop.tasks." + "x" * 5000,
+)
+
+
+def test_a_job_naming_no_declared_task_never_stops_the_worker_nor_imports(
+    project: dict[str, str], tmp_path: Path
+) -> None:
+    """Rows whose task is no Django task the project declared: malformed paths, a module the
+    project never imported (one that would sys.exit on import), os.system, a plain function.
+    The worker imports nothing a row names, fails each as a task it does not know, says why in
+    its log, and goes on running real tasks."""
+    dsn = project["AIOQ_TEST_DJANGO_DSN"]
+    marker = tmp_path / "boom-imported"
+    insert = (
+        "INSERT INTO aioq.jobs (queue, task, max_attempts) VALUES ('default', $1, 1) RETURNING id"
+    )
+    poison = {task: sql(dsn, insert, task)[0][0] for task in POISON}
+    after = tasks().add.enqueue(20, b=22)  # claimed after every poisoned row
+    log = tmp_path / "worker.log"
+    env = {**project, "AIOQ_TEST_BOOM_MARKER": str(marker)}
+    with worker(env, log, "--concurrency", "2") as proc:
+        wait_for(
+            lambda: (
+                after.task.get_result(after.id).is_finished
+                and sql(dsn, "SELECT count(*) FROM aioq.jobs WHERE status = 'dead'")
+                == [(len(POISON),)]
+            ),
+            "every job to end",
+            on_timeout=log_tail(log),
+        )
+        assert proc.poll() is None, log.read_text()
+    assert after.task.get_result(after.id).return_value == 42
+    assert not marker.exists(), "a job made the worker import shop.boom"
+    dead = dict(sql(dsn, "SELECT id, last_error FROM aioq.jobs WHERE status = 'dead'"))
+    for task, job_id in poison.items():
+        said = f"UnknownTaskError: no task named {task!r}"[:300]  # the long one's is cut
+        assert dead[job_id].startswith(said), task[:40]
+    text = log.read_text()
+    assert "no Django task '.x.y' in this worker: '.x.y' is not a module path" in text
+    assert (
+        "no Django task 'shop.boom.cleanup' in this worker: module 'shop.boom' is not loaded"
+        in text
+    )
+    assert "'os.system' is a builtin_function_or_method, not a Django task" in text
+    assert "Traceback" not in text
 
 
 def test_priority_decides_the_order_on_one_queue(project: dict[str, str], tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ options are aioq's own.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -197,8 +198,17 @@ def task_is_async(task: DjangoTask) -> bool:
     return iscoroutinefunction(task.func)
 
 
+_MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
 def django_task(path: str) -> DjangoTask | str:
-    """The Django task at a module path, or why there is none (a message for the job)."""
+    """The Django task at a module path, or why there is none (``get_result``'s message).
+
+    Imports the task's module if this process has not, as Django's own backends do: the caller
+    asked for this job's result. A name that is no module path is none, never an exception.
+    """
+    if not _MODULE_PATH.fullmatch(path):
+        return f"{path!r} is not a module path"
     try:
         found = import_string(path)
     except ImportError as exc:
@@ -206,6 +216,34 @@ def django_task(path: str) -> DjangoTask | str:
     if not isinstance(found, Task):
         return f"{path!r} is a {type(found).__name__}, not a Django task (decorate it with @task)"
     return found
+
+
+def declared(path: str) -> tuple[object, str | None]:
+    """What a job's task path names among what the project declared, importing nothing: the
+    object at ``path`` in a module this process has already imported (each installed app's
+    ``tasks`` module and what it imports, the worker's MODULE) and None; or None and why not.
+
+    Never imports (a module's import runs its code: a job must not choose what runs) and never
+    raises, whatever the name.
+    """
+    if not _MODULE_PATH.fullmatch(path):
+        return None, f"{path[:200]!r} is not a module path"
+    module_name, _, name = path.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is None:
+        return None, (
+            f"module {module_name!r} is not loaded: the worker runs the tasks of each installed"
+            " app's tasks module (and what it imports) and of its MODULE, and imports no module"
+            " a job names"
+        )
+    try:
+        namespace = vars(module)  # not getattr: a module's __getattr__ would run its code
+    except TypeError:
+        return None, f"{module_name!r} is not a module"
+    found = namespace.get(name)
+    if found is None:
+        return None, f"module {module_name!r} has no {name!r}"
+    return found, None
 
 
 def as_enqueued(task: DjangoTask, **changes: Any) -> DjangoTask:
@@ -226,10 +264,11 @@ def as_enqueued(task: DjangoTask, **changes: Any) -> DjangoTask:
 
 
 def _current(path: str, backend: str) -> DjangoTask:
-    """The Django task to run for the current job, as it was enqueued."""
-    task = django_task(path)
-    if isinstance(task, str):
-        raise aioq.Fail(task)
+    """The Django task to run for the current job, as it was enqueued (the worker found it
+    declared before it made this runner: never imported here)."""
+    task, why = declared(path)
+    if not isinstance(task, Task):
+        raise aioq.Fail(why or f"{path!r} is not a Django task")
     return as_enqueued(task, backend=backend, queue_name=aioq.current_job().queue)
 
 

@@ -4,11 +4,13 @@
 module (as Django's admin discovers ``admin`` modules), and reads from the settings what every
 command needs: the DSN of the jobs' database (``DATABASES[OPTIONS["DATABASE"]]``), aioq's
 schema and the queues of the ``TASKS`` backends that are aioq's. The worker's registry
-(:class:`DjangoTasks`) finds each Django task by the module path its jobs carry.
+(:class:`DjangoTasks`) finds each Django task by the module path its jobs carry, among the
+modules the project imported: it never imports one because a job names it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,9 +19,10 @@ from urllib.parse import quote, urlencode
 
 import aioq
 from aioq.errors import ConfigError
-from aioq.options import JobOptions
 
 __all__ = ("DjangoTasks", "Project", "dsn_of", "setup")
+
+logger = logging.getLogger(__name__)
 
 # What asyncpg takes from Django's OPTIONS (libpq's names); the rest stays Django's.
 _DSN_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "target_session_attrs")
@@ -104,12 +107,17 @@ def setup(settings_module: str, backend: str | None = None) -> Project:
 
 
 class DjangoTasks(aioq.Registry):
-    """A worker's registry: a registry's own tasks, and any task its jobs name by module path.
+    """A worker's registry: a registry's own tasks, and the Django tasks its jobs name by module
+    path.
 
-    A job's task name is found here first; else it is imported: a Django task runs through the
-    runner of the worker's aioq backend (its options: result TTL, timeout), an aioq task under
-    that name runs itself. Anything else fails the job at once (``aioq.Fail``) saying what the
-    path is.
+    A job's task name is found here first; else among the tasks the project declared: the
+    Django task (run through the runner of the worker's aioq backend: its options, result TTL,
+    timeout) or aioq task of that name at that module path, in a module this process has
+    already imported (each installed app's ``tasks`` module and what it imports, the worker's
+    MODULE). Nothing is imported because a job names it: an import runs a module's code, which a
+    job must not choose. Any other name is not found (None: the worker's rule for a task it does
+    not know applies, as in a deploy where a newer worker knows it), and the first job of each
+    says why in the log.
     """
 
     def __init__(self, base: aioq.Registry, *, backend: str) -> None:
@@ -125,49 +133,51 @@ class DjangoTasks(aioq.Registry):
             assert task is not None
             self.add(task)
         self.schedules = base.schedules
+        self._told: set[str] = set()  # the names whose absence the log has explained
 
     def get(self, name: str) -> aioq.Task[..., Any] | None:
-        """Return the task of this name, found by its module path if no registered one."""
+        """Return the task of this name: registered, or declared at that module path; None if
+        there is none. Never raises, whatever the name."""
         found = super().get(name)
-        if found is not None or "." not in name:
+        if found is not None:
             return found
-        resolved = self._resolve(name)
-        return self.add(resolved) if resolved.registry is not _REFUSED else resolved
+        try:
+            resolved, why = self._resolve(name)
+            if resolved is not None:
+                return self.add(resolved)
+        except Exception as exc:  # a declared object that breaks on inspection
+            why = f"{type(exc).__name__}: {exc}"
+        self._tell(name, why)
+        return None
 
-    def _resolve(self, path: str) -> aioq.Task[..., Any]:
-        from django.utils.module_loading import import_string
-
+    def _resolve(self, path: str) -> tuple[aioq.Task[..., Any] | None, str]:
+        """The task a job's path names among the declared ones, or None and why not."""
+        from aioq.contrib.django.backend import declared
         from aioq.contrib.django.tasks import Task
 
-        try:
-            found: object = import_string(path)
-        except ImportError as exc:
-            return _refusal(path, f"cannot import {path!r}: {exc}")
+        found, why = declared(path)
+        if why is not None:
+            return None, why
         if isinstance(found, aioq.Task) and found.name == path:
-            return found
-        if not isinstance(found, Task):
-            kind = type(found).__name__
-            return _refusal(
-                path, f"{path!r} is a {kind}, not a Django task (decorate it with @task)"
-            )
-        return self.backend.runner(found)
+            return found, ""
+        if isinstance(found, Task) and found.module_path == path:
+            return self.backend.runner(found), ""
+        if isinstance(found, Task):
+            return None, f"{path!r} names the Django task {found.module_path!r}"
+        kind = type(found).__name__
+        return None, f"{path!r} is a {kind}, not a Django task (decorate it with @task)"
+
+    def _tell(self, name: str, why: str) -> None:
+        """Log why a task name is not found, once per name (a bounded memory of names)."""
+        if name in self._told:
+            return
+        if len(self._told) >= MAX_TOLD:
+            self._told.clear()
+        self._told.add(name)
+        logger.warning("no Django task %r in this worker: %s", name[:200], why)
 
 
-_REFUSED = aioq.Registry()  # the registry of the tasks that refuse a job (never served)
-
-
-def _refusal(path: str, why: str) -> aioq.Task[..., Any]:
-    def refuse(**arguments: object) -> None:
-        raise aioq.Fail(why)
-
-    return aioq.Task(
-        refuse,
-        name=path,
-        registry=_REFUSED,
-        options=JobOptions(),
-        timeout=None,
-        retry=aioq.Backoff(),
-    )
+MAX_TOLD = 1000  # names whose absence a worker remembers having logged
 
 
 def served(project: Project, registry: aioq.Registry, given: Sequence[str] | None) -> list[str]:

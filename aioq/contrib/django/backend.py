@@ -198,7 +198,7 @@ def task_is_async(task: DjangoTask) -> bool:
     return iscoroutinefunction(task.func)
 
 
-_MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+_MODULE_PATH = re.compile(r"(?!\d)\w+(\.(?!\d)\w+)+")  # dotted identifiers
 
 
 def django_task(path: str) -> DjangoTask | str:

@@ -8,13 +8,12 @@ mounted at any path, named or not, several times in one app, behind a proxy.
 Safety: a dashboard without ``authorize`` answers only the host names that are its own
 (:mod:`aioq.web.hosts`: against DNS rebinding) and ``allowed_hosts``; ``authorize(request)`` is
 asked before anything answers, static files and unknown paths included; read-only unless built
-with ``actions=True``. An action is a POST carrying a
-CSRF token: the HMAC, under the dashboard's secret, of its path and of a random value the
-browser keeps in a cookie (HttpOnly, SameSite=Strict; over HTTPS named ``__Host-`` and
-Secure), compared in constant time. A cookie planted by a neighbouring site is no key without
-the secret, and a POST the browser says came from another site is refused whatever it
-carries. Every statement runs in a transaction whose ``statement_timeout`` bounds it, and
-reads in a read-only one.
+with ``actions=True``. An action is a POST carrying a CSRF token: the HMAC, under the
+dashboard's secret, of its path and of a random value the browser keeps in a cookie (HttpOnly,
+SameSite=Strict; over HTTPS named ``__Host-`` and Secure), compared in constant time. A cookie
+planted by a neighbouring site is no key without the secret, and a POST the browser says came
+from another site is refused whatever it carries. Every statement runs in a transaction whose
+``statement_timeout`` bounds it, and reads in a read-only one.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class DjangoTasks(aioq.Registry):
         if len(self._told) >= MAX_TOLD:
             self._told.clear()
         self._told.add(name)
-        logger.warning("no Django task %r in this worker: %s", name[:200], why)
+        logger.warning("no Django task %r in this worker: %s", name[:200], why[:500])
 
 
 MAX_TOLD = 1000  # names whose absence a worker remembers having logged

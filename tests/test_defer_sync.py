@@ -617,7 +617,7 @@ with Session(engine) as session, session.begin():
 with engine.connect() as conn, conn.begin():
     in_connection = send.defer_sync(conn, order_id=2)
 with Session(engine) as session:
-    shown = aioq.get_job_sync(session, in_session)
+    shown = aioq.admin.get_job_sync(session, in_session)
     assert shown is not None and shown.queue == "mail", shown
     session.rollback()
 loaded = [m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED)]

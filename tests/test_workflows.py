@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import asyncpg
+import psycopg
 import pytest
 import statements
 from procs import aioq_cli
@@ -244,13 +245,17 @@ async def test_ids_no_run_can_have_name_nothing(
         pass
 
     run = await aioq.chain(step.call(n=1), step.call(n=2)).defer(conn)
+    sync = psycopg.connect(dsn, autocommit=True)
     for absent in (2**63, 2**64 + 5, -(2**63) - 1, 10**20):
         assert await aioq.workflow(conn, absent) is None
-        assert await aioq.cancel_workflow(conn, absent) == {}
+        assert await aioq.admin.cancel_workflow(conn, absent) == {}
+        assert aioq.workflow_sync(sync, absent) is None
+        assert aioq.admin.cancel_workflow_sync(sync, absent) == {}
         for verb in ("show", "cancel"):
             found = aioq_cli(dsn, "workflows", verb, str(absent))
             assert found.returncode == 1, found
             assert found.stderr == f"aioq: workflow {absent} not found (pruned, or never existed)\n"
+    sync.close()
     # The run itself was left alone.
     assert set((await statuses(conn, run.id)).values()) == {"pending", "waiting"}
 

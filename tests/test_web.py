@@ -344,7 +344,7 @@ def test_a_foreign_host_name_is_refused_before_any_page_token_or_action(
     reaches it with `Host: evil.example`. Without `authorize` the dashboard answers its own
     names only: a 400 before any page, token or action."""
     (dead,) = add_jobs(dsn, "mail", 1)
-    bury(dsn, [dead], "boom")
+    make_dead(dsn, [dead], "boom")
     token = CSRF.search(client.get("/jobs").text)  # the server's own name (TestClient's)
     assert token
     evil = {"host": "evil.example:8080"}
@@ -394,7 +394,7 @@ def test_aioq_web_answers_its_own_names_only(dsn: str, tmp_path: Path) -> None:
     """`aioq web --actions` on 127.0.0.1: its address and localhost, and the names given with
     --allowed-host; a page reached through any other name gets a 400, actions included."""
     (dead,) = add_jobs(dsn, "mail", 1)
-    bury(dsn, [dead], "boom")
+    make_dead(dsn, [dead], "boom")
     port = free_port()
     with spawner(dsn) as start, httpx2.Client() as http:
         start("web", "--port", str(port), "--actions", "--allowed-host", "queue.example",

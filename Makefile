@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint typecheck pytest django6 docs schema chaos bench dev clean pgbouncer chromium sql-golden
+.PHONY: demo test lint typecheck pytest django6 docs schema chaos bench bench-soak dev clean pgbouncer chromium sql-golden
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -104,6 +104,18 @@ $(BENCH_VENV)/.installed: benchmarks/requirements.txt pyproject.toml
 
 bench: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
+
+# The soak (not part of `make bench`): the capacity of one `aioq worker --concurrency 50`
+# measured first, then SOAK_MINUTES (default 60) at 70 % of it with a realistic mix, deferred by
+# a process of its own, on a throwaway stock PostgreSQL; a sample every 10 s; charts into
+# benchmarks/charts/, samples and verdicts (each series flat over the last 40 minutes, or the
+# last two thirds of a shorter run) into benchmarks/soak-out/. `make bench-soak SOAK_MINUTES=10`
+# for a developer's run; SOAK_ARGS="--autovacuum off" for a server without autovacuum.
+SOAK_MINUTES ?= 60
+SOAK_ARGS ?=
+bench-soak: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/soak.py run --minutes $(SOAK_MINUTES) --sample 10 \
+		--charts benchmarks/charts --out benchmarks/soak-out $(SOAK_ARGS)
 
 # PgBouncer for the transaction-mode chaos scenario: installed with apt-get when missing and we
 # are root. Never fails the build: without it that one scenario skips and says why.

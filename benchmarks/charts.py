@@ -194,3 +194,81 @@ def _soak(r: Result, outdir: str) -> str:
     fig.savefig(os.path.join(outdir, name), dpi=100)
     plt.close(fig)
     return name
+
+
+def soak_hour(summary: Result, series: list[Result], outdir: str) -> str:
+    """The soak of benchmarks/soak.py: latencies, backlog and dead tuples, the size of every
+    aioq table and index, vacuums, the worker's RSS and the server's CPU per job, against
+    time; the window of the verdicts shaded. Returns the file name."""
+    import soak  # the harness's own series (one definition of what is charted and judged)
+
+    points = soak.series_of(series)
+    minutes = {k: ([t / 60 for t, _ in v], [y for _, y in v]) for k, v in points.items()}
+    fig, axes = plt.subplots(5, 1, figsize=(9, 17), sharex=True)
+    start = (summary["seconds"] - summary["window_s"]) / 60
+    for ax in axes:
+        ax.axvspan(start, summary["seconds"] / 60, color="0.93", zorder=0)
+        ax.grid(True, alpha=0.3)
+
+    def line(ax: Any, key: str, label: str, **kw: Any) -> None:
+        if key in minutes:
+            verdict = summary["verdicts"].get(key, {}).get("flat")
+            mark = "" if verdict is None else (" (flat)" if verdict else " (NOT flat)")
+            ax.plot(*minutes[key], label=label + mark, linewidth=0.9, **kw)
+
+    a = axes[0]
+    line(a, "claim_p50_ms", "claim p50")
+    line(a, "claim_p99_ms", "claim p99")
+    line(a, "pickup_p50_ms", "pickup p50 (insert to start)")
+    line(a, "pickup_p99_ms", "pickup p99")
+    a.set_yscale("log")
+    a.set_ylabel("ms, per sample")
+    a.legend(fontsize=7, loc="upper left")
+    a = axes[1]
+    line(a, "backlog", "backlog (jobs enqueued, not started)")
+    line(a, "dead:jobs", "dead tuples, jobs")
+    line(a, "dead:results", "dead tuples, results")
+    line(a, "dead:workflow_steps", "dead tuples, workflow_steps")
+    a.set_ylabel("rows")
+    a.legend(fontsize=7, loc="upper left")
+    a = axes[2]
+    last = series[-1]["sizes"]
+    big = sorted(
+        (k for k in points if k.startswith("size:") and max(y for _, y in points[k]) >= 0.1),
+        key=lambda k: -last.get(k[5:], 0),
+    )
+    for k in big:
+        line(a, k, k[5:])
+    a.set_yscale("log")
+    a.set_ylabel("MB (pg_relation_size)")
+    a.legend(fontsize=6, loc="upper left", ncol=2)
+    a = axes[3]
+    line(a, "jobs_vacuums_per_min", "vacuums of jobs per minute (autovacuum + aioq's)", color="C3")
+    a.set_ylabel("per minute")
+    a.legend(fontsize=7, loc="upper left")
+    a = axes[4]
+    line(a, "worker_rss_mb", "worker RSS, MiB", color="g")
+    a.set_ylabel("MiB")
+    a.set_ylim(bottom=0)
+    b = a.twinx()
+    line(b, "server_cpu_ms_per_job", "server CPU per job, ms", color="C1")
+    b.set_ylabel("server CPU ms / job")
+    b.set_ylim(bottom=0)
+    a.legend(fontsize=7, loc="lower left")
+    b.legend(fontsize=7, loc="lower right")
+    axes[-1].set_xlabel("minutes (shaded: the window of the verdicts)")
+    rate = summary["rate"]
+    cap = summary.get("capacity")
+    share = f" ({rate / cap:.0%} of {cap:,.0f}/s)" if cap else ""
+    verdict = "every series flat" if summary.get("all_flat") else "NOT every series flat"
+    fig.suptitle(
+        f"soak: aioq worker c50, {rate:,.0f} jobs/s{share}, {summary['mix']} mix,"
+        f" autovacuum {summary['autovacuum']}: {verdict}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    name = f"soak_{summary['minutes']:.0f}min_{summary['mix']}_av{summary['autovacuum']}.png"
+    os.makedirs(outdir, exist_ok=True)
+    fig.savefig(os.path.join(outdir, name), dpi=90)
+    plt.close(fig)
+    return name

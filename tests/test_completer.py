@@ -9,6 +9,7 @@ import anyio
 import asyncpg
 import pytest
 import statements
+from waits import until_sql
 
 import aioq
 from aioq.job import Claim, OutcomeKind
@@ -286,3 +287,54 @@ async def test_an_outcome_whose_reply_was_lost_is_not_reported_as_a_lost_lease(
     assert "found already gone on retry" in caplog.text
     assert completer.pending == []
     assert len(completer.claims) == 0
+
+
+# A heartbeat of the same worker (another connection) may update a held row after the outcome's
+# statement took its snapshot and before it locks the row: the lock then finds the newer
+# version, still held under the fence, and every write of the statement must reach that
+# version. A write that found the row by the locked version's address (its ctid) read it with
+# the statement's snapshot, saw nothing, and left the row running (the retry) or deleted it
+# without its result (the success).
+@pytest.mark.parametrize("kind", [OutcomeKind.RETRIED, OutcomeKind.SUCCEEDED])
+async def test_an_outcome_racing_a_heartbeat_of_its_rows_is_written(
+    conn: asyncpg.Connection, dsn: str, registry: aioq.Registry, kind: OutcomeKind
+) -> None:
+    claims = await claim_jobs(conn, registry, 3)
+    heartbeat = await asyncpg.connect(dsn)
+    writer = await asyncpg.connect(dsn)
+    try:
+        tx = heartbeat.transaction()
+        await tx.start()
+        await heartbeat.execute(
+            "UPDATE aioq.jobs SET lease_expires_at = now() + interval '1 minute'"
+            " WHERE id = ANY($1::bigint[])",
+            [c.id for c in claims],
+        )
+        pid = await writer.fetchval("SELECT pg_backend_pid()")
+        completer = completer_for(writer, claims)
+        for claim in claims:  # a result kept (the success) or an error (the retry) per job
+            if kind is OutcomeKind.SUCCEEDED:
+                completer.put(Outcome(claim, kind, result="42", result_ttl=60.0))
+            else:
+                completer.put(Outcome(claim, kind, error="E: again", delay=0.0))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(completer.run_once)
+            # The outcome's statement has its snapshot and waits for the heartbeat's locks.
+            await until_sql(
+                conn,
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                pid,
+            )
+            await tx.commit()
+        rows = await conn.fetch("SELECT id, status, last_error FROM aioq.jobs ORDER BY id")
+        if kind is OutcomeKind.SUCCEEDED:
+            assert rows == []
+            kept = await conn.fetch("SELECT id, result FROM aioq.results ORDER BY id")
+            assert [(r["id"], r["result"]) for r in kept] == [(c.id, "42") for c in claims]
+        else:
+            assert [(r["status"], r["last_error"]) for r in rows] == [
+                ("pending", "E: again")
+            ] * len(claims)
+    finally:
+        await heartbeat.close()
+        await writer.close()

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import asyncpg
+import orjson
 import pytest
 import statements
 from waits import until_sql
 
 import aioq
 from aioq.job import OutcomeKind
+from aioq.sql.jobs import CLAIM_ONE_QUEUE
 from aioq.worker.maintenance import Pruner, Vacuumer
 
 pytestmark = pytest.mark.anyio
@@ -245,3 +248,59 @@ async def test_the_vacuumer_leaves_a_table_it_does_not_own_to_autovacuum(
         await conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA aioq FROM {role}")
         await conn.execute(f"REVOKE ALL ON SCHEMA aioq FROM {role}")
         await conn.execute(f"DROP ROLE {role}")
+
+
+async def test_the_vacuumer_analyses_the_jobs_table_when_the_planner_believes_it_empty(
+    conn: asyncpg.Connection,
+) -> None:
+    # A worker prepares its statements at start, on a table never vacuumed nor analysed (a new
+    # install, or autovacuum off): their generic plans believe it empty. Then a backlog builds
+    # up, too few jobs finish for the dead tuples to reach the threshold, and no autovacuum
+    # renews the statistics.
+    await conn.execute("ALTER TABLE aioq.jobs SET (autovacuum_enabled = false)")
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute(f"PREPARE claim(text, integer, text) AS {CLAIM_ONE_QUEUE.text('aioq')}")
+    await conn.execute("EXECUTE claim('default', 10, 'w1')")  # planned now, the table empty
+    await conn.execute("INSERT INTO aioq.jobs (task) SELECT 'work' FROM generate_series(1, 20000)")
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await until_sql(
+        conn,
+        "SELECT n_live_tup >= 20000 FROM pg_stat_user_tables WHERE relid = 'aioq.jobs'::regclass",
+    )
+
+    async def rows_read_by_a_claim() -> int:
+        """The most rows any scan of aioq.jobs read in one claim of 10 (rolled back)."""
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            explained = await conn.fetchval(
+                "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim('default', 10, 'w1')"
+            )
+        finally:
+            await tx.rollback()
+        [root] = orjson.loads(explained)
+        scans = [
+            n
+            for n in nodes(root["Plan"])
+            if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
+        ]
+        return max(
+            n["Actual Rows"] * n["Actual Loops"] + n.get("Rows Removed by Filter", 0) for n in scans
+        )
+
+    assert await rows_read_by_a_claim() >= 20000  # the precondition: the claim scans it all
+    vacuumer = Vacuumer(schema="aioq", db=conn, threshold=10**9, interval=3600)
+    assert await vacuumer.run_once() is True  # far below the threshold: analysed
+    stats = await conn.fetchrow(
+        "SELECT reltuples, relpages FROM pg_class WHERE oid = 'aioq.jobs'::regclass"
+    )
+    assert stats["reltuples"] > 0, stats
+    assert await rows_read_by_a_claim() <= 10  # the same prepared claim, planned anew
+    assert await vacuumer.run_once() is False  # the statistics are fresh now
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan tree."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)

@@ -63,6 +63,15 @@ MINE = """mine AS (
 (``:claims``, the claim numbers) under the fence, locked in id order, so that the fenced writes
 never wait on each other in opposite orders (a deadlock)."""
 
+HELD = "j.id = ANY(ARRAY(SELECT id FROM mine))"
+"""Row ``j`` is one of the rows the ``mine`` CTE locked (their ids read once into an array),
+looked up in the primary key whatever the statistics say: the write of a fenced statement
+(``DELETE ... WHERE @held``). Not a join with ``mine``: a VACUUM that found the table empty (a
+queue that keeps up) records no live row over the pages it kept, the planner then prices the
+whole table at one row however large it grows, and a join was planned as a walk of the whole
+primary key with ``mine`` rescanned for each row: a batch took longer the longer the backlog,
+seconds at 350 000 jobs, and the worker stopped (docs/architecture.md, "The fence")."""
+
 CLEAR_CLAIM = """last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
 lease_expires_at = NULL"""
 """The columns that end a claim without deleting the row (retried, snoozed, released, dead,
@@ -81,6 +90,11 @@ pending, unless a cancel was requested; then it is cancelled and never runs agai
 # locked and `done` deletes. Reading them there rather than from `done`'s RETURNING keeps a
 # plain completion from copying every row's arguments. `changed` writes the others; `told`
 # rings the results channel for every awaited job that ended (succeeded, dead or cancelled).
+# No join of the table with the batch is left to the planner (see HELD): `done` and `changed`
+# find their rows by id, `succeeded` looks each row up by id in a lateral subquery, and
+# `changed` finds each row's outcome by key in `outcomes`, one jsonb object built once. (A join
+# on the locked rows' ctid lost writes: a heartbeat that updated a held row after the
+# statement's snapshot left the newer version invisible to it.)
 OUTCOME_WRITES = """mine AS (
     SELECT j.id, f.kind, f.delay, f.error, f.result, f.ttl
     FROM (SELECT * FROM unnest(:ids::bigint[], :claims::integer[], :kinds::text[],
@@ -95,15 +109,20 @@ OUTCOME_WRITES = """mine AS (
 ),
 done AS (
     DELETE FROM @schema.jobs AS j
-    USING mine AS m
-    WHERE j.id = m.id AND m.kind = 'succeeded'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind = 'succeeded'))
     RETURNING j.id
 ),
 succeeded AS (
     SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
            j.locked_at, j.created_at, j.progress, j.progress_note, m.result, m.ttl
     FROM mine AS m
-    JOIN @schema.jobs AS j ON j.id = m.id
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts,
+               j.locked_by, j.locked_at, j.created_at, j.progress, j.progress_note
+        FROM @schema.jobs AS j
+        WHERE j.id = m.id
+        OFFSET 0
+    ) AS j
     WHERE m.kind = 'succeeded' AND (m.ttl IS NOT NULL OR :archive::boolean)
 ),
 kept AS (
@@ -123,23 +142,33 @@ archived AS (
            created_at, locked_at, clock_timestamp()
     FROM succeeded WHERE :archive::boolean
 ),
+outcomes AS (
+    SELECT coalesce(jsonb_object_agg(id::text, jsonb_build_object(
+               'kind', kind, 'delay', delay, 'error', error, 'ttl', ttl)), '{}') AS by_id
+    FROM mine
+    WHERE kind <> 'succeeded'
+),
 changed AS (
     UPDATE @schema.jobs AS j
-    SET status = CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
-                 ELSE @pending_unless_cancel_requested END,
-        run_at = now() + make_interval(secs => m.delay),
-        last_error = CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
-                     ELSE j.last_error END,
-        attempts = j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
-        max_attempts = j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
-        snoozes = j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
-        cancel_requested_at = CASE WHEN m.kind = 'cancelled'
-                              THEN coalesce(j.cancel_requested_at, now())
-                              ELSE j.cancel_requested_at END,
+    SET (status, run_at, last_error, attempts, max_attempts, snoozes, cancel_requested_at) = (
+        SELECT CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
+                    ELSE @pending_unless_cancel_requested END,
+               now() + make_interval(secs => m.delay),
+               CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
+                    ELSE j.last_error END,
+               j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+               j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+               j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+               CASE WHEN m.kind = 'cancelled' THEN coalesce(j.cancel_requested_at, now())
+                    ELSE j.cancel_requested_at END
+        FROM jsonb_to_record(o.by_id -> j.id::text)
+             AS m(kind text, delay float8, error text, ttl float8)
+    ),
         @clear_claim
-    FROM mine AS m
-    WHERE j.id = m.id AND m.kind <> 'succeeded'
-    RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
+    FROM outcomes AS o
+    WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind <> 'succeeded'))
+    RETURNING j.id, j.queue, j.status, (o.by_id -> j.id::text ->> 'delay')::float8 AS delay,
+              o.by_id -> j.id::text ->> 'ttl' IS NOT NULL AS awaited
 ),
 told AS (
     SELECT pg_notify(:results_channel, id::text) FROM kept

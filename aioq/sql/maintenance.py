@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aioq.sql import Statement, columns, integer, nothing
 
 __all__ = (
+    "ANALYZE_JOBS",
     "JOBS_DEAD_TUPLES",
     "PRUNE_ARCHIVE",
     "PRUNE_ENDED",
@@ -115,15 +116,24 @@ SELECT count(*)::integer FROM deleted
 
 @dataclass(frozen=True, slots=True)
 class DeadTuples:
-    """The jobs table's dead tuples, and whether this role may vacuum it (owner or member)."""
+    """The jobs table's dead tuples, and whether this role may vacuum it (owner or member);
+    what the planner believes of its size (``reltuples``, -1 before any VACUUM or ANALYZE;
+    ``relpages``) against what it holds now (``live`` rows, ``pages``)."""
 
     dead: int
     owner: bool
+    reltuples: float = 0.0
+    relpages: int = 0
+    live: int = 0
+    pages: int = 0
 
 
 JOBS_DEAD_TUPLES = Statement(
     """
-SELECT coalesce(s.n_dead_tup, 0) AS dead, pg_has_role(c.relowner, 'USAGE') AS owner
+SELECT coalesce(s.n_dead_tup, 0) AS dead, pg_has_role(c.relowner, 'USAGE') AS owner,
+       c.reltuples::float8 AS reltuples, c.relpages AS relpages,
+       coalesce(s.n_live_tup, 0) AS live,
+       (pg_relation_size(c.oid) / current_setting('block_size')::integer)::integer AS pages
 FROM pg_class AS c
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 WHERE c.oid = '@schema.jobs'::regclass
@@ -133,3 +143,6 @@ WHERE c.oid = '@schema.jobs'::regclass
 
 # SKIP_LOCKED: when another worker (or autovacuum) is vacuuming the table, skip it at once.
 VACUUM_JOBS = Statement("VACUUM (SKIP_LOCKED) @schema.jobs", nothing)
+
+# The planner's statistics of the jobs table, renewed (docs/architecture.md, "Cleanup").
+ANALYZE_JOBS = Statement("ANALYZE (SKIP_LOCKED) @schema.jobs", nothing)

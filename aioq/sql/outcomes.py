@@ -157,8 +157,7 @@ COMPLETE = Statement(
     """
 WITH @mine
 DELETE FROM @schema.jobs AS j
-USING mine
-WHERE j.id = mine.id
+WHERE @held
 RETURNING j.id
 """,
     integer,
@@ -179,8 +178,7 @@ HEARTBEAT = Statement(
 WITH @mine
 UPDATE @schema.jobs AS j
 SET lease_expires_at = now() + j.lease
-FROM mine
-WHERE j.id = mine.id
+WHERE @held
 RETURNING j.id, j.claims
 """,
     claim_key,
@@ -204,8 +202,7 @@ changed AS (
     SET status = @pending_unless_cancel_requested, run_at = now(),
         attempts = greatest(j.attempts - 1, 0),
         @clear_claim
-    FROM mine
-    WHERE j.id = mine.id
+    WHERE @held
     RETURNING j.id, j.queue, j.status
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),
@@ -252,8 +249,7 @@ changed AS (
                           ELSE format('LeaseExpired: worker %s held attempt %s past its lease',
                                       j.locked_by, j.attempts) END,
         @clear_claim
-    FROM expired
-    WHERE j.id = expired.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM expired))
     RETURNING j.id, j.queue, j.status
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),

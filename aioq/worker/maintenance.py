@@ -102,6 +102,21 @@ async def _count(statement: Statement[int], db: Executor, schema: str, *args: ob
     return await statement.row(db, schema, *args) or 0
 
 
+# The planner's statistics of the jobs table are stale when they were taken of an empty table
+# (or never) and it now holds at least STALE_ROWS rows, or when it has grown past STALE_GROWTH
+# times the pages they saw (and past STALE_MIN_PAGES): see Vacuumer.
+STALE_ROWS = 10_000
+STALE_GROWTH = 4
+STALE_MIN_PAGES = 1_000
+
+
+def stale(tuples: sql.DeadTuples) -> bool:
+    """Whether the planner's idea of the jobs table is far from what it holds now."""
+    if tuples.reltuples <= 0 and tuples.live >= STALE_ROWS:
+        return True
+    return tuples.pages >= STALE_MIN_PAGES and tuples.pages > STALE_GROWTH * tuples.relpages
+
+
 class Vacuumer(Service[bool]):
     """Vacuums the jobs table once its dead tuples pass a threshold, without waiting for autovacuum.
 
@@ -112,6 +127,14 @@ class Vacuumer(Service[bool]):
     grows. A cheap statistics read every ``interval`` decides; ``VACUUM (SKIP_LOCKED)`` lets one
     session vacuum at a time with no coordination. Only the table's owner may vacuum it: for
     any other role the vacuumer says so once and leaves the table to autovacuum.
+
+    Below the threshold, it analyses the table when the planner's statistics of it are stale
+    (:func:`stale`): taken of an empty table, or never, while a backlog has built up. A
+    prepared statement's generic plan made then (the table believed empty) found the claimed
+    rows by a sequential scan of the whole table, on every claim, until something renewed the
+    statistics: the claims slowed down as the backlog grew, the jobs done (and so the dead
+    tuples) came in slower, and the threshold was reached later and later
+    (docs/architecture.md, "Cleanup").
     """
 
     name = "vacuumer"
@@ -125,7 +148,8 @@ class Vacuumer(Service[bool]):
         self.allowed = True
 
     async def run_once(self) -> bool:
-        """Vacuum the jobs table if it holds more dead tuples than the threshold; say if it did."""
+        """Vacuum the jobs table if it holds more dead tuples than the threshold, else analyse
+        it if its statistics are stale; say if it did either."""
         tuples = await sql.JOBS_DEAD_TUPLES.row(self.db, self.schema)
         assert tuples is not None  # one row: the table exists
         dead = tuples.dead
@@ -138,7 +162,22 @@ class Vacuumer(Service[bool]):
             self.allowed = False
             return False
         if dead < self.threshold:
-            return False
+            if not stale(tuples):
+                return False
+            started = time.monotonic()
+            await sql.ANALYZE_JOBS.run(self.db, self.schema, within=sql.VACUUM_TIMEOUT)
+            logger.info(
+                "vacuumer: analysed %s.jobs (%d rows; the planner saw %.0f in %d pages, it has"
+                " %d) in %.2fs",
+                self.schema,
+                tuples.live,
+                tuples.reltuples,
+                tuples.relpages,
+                tuples.pages,
+                time.monotonic() - started,
+                extra={"live_tuples": tuples.live},
+            )
+            return True
         started = time.monotonic()
         # Not the pool's command timeout (meant for statements on a silent connection): a big
         # table's VACUUM may take longer, and cancelled it would never finish.

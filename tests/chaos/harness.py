@@ -136,12 +136,14 @@ TASKS = textwrap.dedent(
 
 
     @registry.task(name="sticky", lease=2.0)
-    async def sticky(release: str) -> None:
+    async def sticky(release: str, second: str = "") -> None:
         """The first attempt does its work, then holds on until the file ``release`` exists
-        (and then returns without another round trip); later attempts just do the work."""
+        (and then returns without another round trip); with ``second``, the second attempt
+        holds on until that file exists (heartbeated); later attempts just do the work."""
         await _record(time.time())
-        if aioq.current_job().attempt == 1:
-            while not os.path.exists(release):
+        hold = {1: release, 2: second}.get(aioq.current_job().attempt)
+        if hold:
+            while not os.path.exists(hold):
                 await asyncio.sleep(0.05)
     '''
 )
@@ -276,14 +278,17 @@ def defer(
     return [r["id"] for r in rows]
 
 
-def defer_sticky(sql: Sql, release: Path) -> int:
-    """Defer one sticky job (short lease; its first attempt waits for ``release`` to exist)."""
+def defer_sticky(sql: Sql, release: Path, second: Path | None = None) -> int:
+    """Defer one sticky job (short lease; its first attempt waits for ``release`` to exist,
+    its second for ``second`` when given)."""
     job_id: int = sql.value(
         "INSERT INTO aioq.jobs (task, args, lease)"
-        " VALUES ('sticky', jsonb_build_object('release', $1::text), make_interval(secs => $2))"
+        " VALUES ('sticky', jsonb_build_object('release', $1::text, 'second', $3::text),"
+        " make_interval(secs => $2))"
         " RETURNING id",
         str(release),
         STICKY_LEASE,
+        "" if second is None else str(second),
     )
     return job_id
 

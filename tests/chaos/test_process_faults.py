@@ -206,3 +206,99 @@ def test_lease_theft_stale_completion_is_fenced(
         wall,
         notes={"recover": "SIGSTOP -> rescuer completed the job (lease 2 s, reaper every 5 s)"},
     ).report()
+
+
+def test_stale_outcome_while_the_rescuer_runs_the_job_is_fenced(
+    dsn: str,
+    workdir: Path,
+    open_sql: Callable[[str], Sql],
+    fleets: Callable[..., WorkerProcess],
+) -> None:
+    """SIGSTOP the holder of a short-lease job past its lease; another worker rescues it and
+    runs it again, and holds it. On SIGCONT the stale worker's outcome (and its heartbeat)
+    arrives while the row is the rescuer's, running: it must change nothing. A write that
+    found its rows by anything but the fenced lookup would delete the rescuer's row."""
+    sql = open_sql(dsn)
+    fleet = fleets(workdir, dsn, processes=2, concurrency=4)
+    pids = wait_serving(fleet, sql)
+    background = defer(sql, 150, max_sleep=0.01)
+    jobs = list(background)
+    faults: list[Fault] = []
+    started = time.monotonic()
+    for round_ in range(THEFTS):
+        release, second = workdir / f"stale-{round_}", workdir / f"rescuer-{round_}"
+        job = defer_sticky(sql, release, second)
+        jobs.append(job)
+
+        def attempt_pid(n: int, job: int = job) -> int | None:
+            pid: int | None = sql.value(
+                "SELECT pid FROM chaos_runs WHERE job_id = $1 AND attempt = $2", job, n
+            )
+            return pid
+
+        wait_for(lambda: attempt_pid(1) is not None, f"job {job}'s first attempt running", 60)
+        stale = attempt_pid(1)
+        assert stale is not None
+        os.kill(stale, signal.SIGSTOP)
+        fleet.stopped.add(stale)
+        at = time.time()
+        wait_for(lambda stale=stale: busy_backends_of(sql, stale) == 0, "its statements", 30)
+        faults.append(Fault(at, at, running_ids(sql, stale), note=f"SIGSTOP {stale}"))
+        # Rescued by the other worker's reaper, claimed again, and held by its second attempt.
+        wait_for(lambda: attempt_pid(2) is not None, f"job {job} rescued and running again", 60)
+        rescuer = attempt_pid(2)
+        assert rescuer is not None
+        assert rescuer != stale
+        held = sql.fetch("SELECT status, claims, locked_by FROM aioq.jobs WHERE id = $1", job)
+
+        release.touch()  # the stale first attempt ends as soon as it runs again
+        os.kill(stale, signal.SIGCONT)
+        fleet.stopped.discard(stale)
+        fenced = f"job {job} sticky: lease lost before its outcome (succeeded) was written"
+        wait_for(
+            lambda stale=stale, fenced=fenced: any(
+                m.startswith(fenced) for m in fleet.messages(stale)
+            ),
+            "the stale worker's lease-lost warning",
+            60,
+        )
+        # The rescuer's claim stands: the same row, running under the same claim.
+        assert held[0]["status"] == "running"
+        assert pid_of(held[0]["locked_by"]) == rescuer
+        assert (
+            sql.fetch("SELECT status, claims, locked_by FROM aioq.jobs WHERE id = $1", job) == held
+        )
+        assert sql.value("SELECT count(*) FROM aioq.archive WHERE id = $1", job) == 0
+
+        second.touch()  # now the rescuer completes it
+        wait_for(
+            lambda job=job: (
+                sql.value("SELECT worker FROM aioq.archive WHERE id = $1", job) is not None
+            ),
+            f"job {job} completed by the rescuer",
+            60,
+        )
+        worker, attempts = sql.fetch(
+            "SELECT worker, attempts FROM aioq.archive WHERE id = $1", job
+        )[0]
+        assert (pid_of(worker), attempts) == (rescuer, 2)
+
+    wait_for(lambda: archived(sql) == len(jobs), f"{len(jobs)} jobs archived", HANG_GUARD)
+    assert fleet.children() == pids, "a worker exited or was replaced"
+    wall = time.monotonic() - started
+    assert fleet.stop() == 0
+    lost, duplicates, bound = check_drained(sql, jobs, faults, fleet)
+    assert duplicates >= THEFTS
+    Result(
+        "4b stale outcome while the rescuer runs",
+        len(jobs),
+        2,
+        4,
+        len(faults),
+        lost,
+        duplicates,
+        bound,
+        [],
+        wall,
+        notes={"fence": "the stale success arrived while the rescuer held the row: no change"},
+    ).report()

@@ -15,6 +15,5 @@ WITH mine AS (
     WHERE j.claims = f.claim AND j.locked_by = $3 AND j.status = 'running'
 )
 DELETE FROM "aioq".jobs AS j
-USING mine
-WHERE j.id = mine.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
 RETURNING j.id

@@ -16,6 +16,5 @@ WITH mine AS (
 )
 UPDATE "aioq".jobs AS j
 SET lease_expires_at = now() + j.lease
-FROM mine
-WHERE j.id = mine.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
 RETURNING j.id, j.claims

@@ -12,8 +12,7 @@ changed AS (
         attempts = greatest(j.attempts - 1, 0),
         last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
         lease_expires_at = NULL
-    FROM mine
-    WHERE j.id = mine.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
     RETURNING j.id, j.queue, j.status
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),

@@ -19,8 +19,7 @@ changed AS (
                                       j.locked_by, j.attempts) END,
         last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
         lease_expires_at = NULL
-    FROM expired
-    WHERE j.id = expired.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM expired))
     RETURNING j.id, j.queue, j.status
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),

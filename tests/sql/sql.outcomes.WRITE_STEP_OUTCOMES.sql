@@ -18,15 +18,20 @@ WITH mine AS (
 ),
 done AS (
     DELETE FROM "aioq".jobs AS j
-    USING mine AS m
-    WHERE j.id = m.id AND m.kind = 'succeeded'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind = 'succeeded'))
     RETURNING j.id
 ),
 succeeded AS (
     SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
            j.locked_at, j.created_at, j.progress, j.progress_note, m.result, m.ttl
     FROM mine AS m
-    JOIN "aioq".jobs AS j ON j.id = m.id
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts,
+               j.locked_by, j.locked_at, j.created_at, j.progress, j.progress_note
+        FROM "aioq".jobs AS j
+        WHERE j.id = m.id
+        OFFSET 0
+    ) AS j
     WHERE m.kind = 'succeeded' AND (m.ttl IS NOT NULL OR $9::boolean)
 ),
 kept AS (
@@ -46,24 +51,34 @@ archived AS (
            created_at, locked_at, clock_timestamp()
     FROM succeeded WHERE $9::boolean
 ),
+outcomes AS (
+    SELECT coalesce(jsonb_object_agg(id::text, jsonb_build_object(
+               'kind', kind, 'delay', delay, 'error', error, 'ttl', ttl)), '{}') AS by_id
+    FROM mine
+    WHERE kind <> 'succeeded'
+),
 changed AS (
     UPDATE "aioq".jobs AS j
-    SET status = CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
-                 ELSE CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END END,
-        run_at = now() + make_interval(secs => m.delay),
-        last_error = CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
-                     ELSE j.last_error END,
-        attempts = j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
-        max_attempts = j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
-        snoozes = j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
-        cancel_requested_at = CASE WHEN m.kind = 'cancelled'
-                              THEN coalesce(j.cancel_requested_at, now())
-                              ELSE j.cancel_requested_at END,
+    SET (status, run_at, last_error, attempts, max_attempts, snoozes, cancel_requested_at) = (
+        SELECT CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
+                    ELSE CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END END,
+               now() + make_interval(secs => m.delay),
+               CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
+                    ELSE j.last_error END,
+               j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+               j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+               j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
+               CASE WHEN m.kind = 'cancelled' THEN coalesce(j.cancel_requested_at, now())
+                    ELSE j.cancel_requested_at END
+        FROM jsonb_to_record(o.by_id -> j.id::text)
+             AS m(kind text, delay float8, error text, ttl float8)
+    ),
         last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
         lease_expires_at = NULL
-    FROM mine AS m
-    WHERE j.id = m.id AND m.kind <> 'succeeded'
-    RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
+    FROM outcomes AS o
+    WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind <> 'succeeded'))
+    RETURNING j.id, j.queue, j.status, (o.by_id -> j.id::text ->> 'delay')::float8 AS delay,
+              o.by_id -> j.id::text ->> 'ttl' IS NOT NULL AS awaited
 ),
 told AS (
     SELECT pg_notify($10, id::text) FROM kept

@@ -57,9 +57,12 @@ def test_every_ddl_file_names_the_schema_by_the_one_placeholder() -> None:
     for path in files:
         text = path.read_text()
         assert token in text, f"{path.name} never names the schema"
-        rest = text.replace(token, "")
-        assert "{{" not in rest, f"{path.name}: a misspelt placeholder"
-        assert "}}" not in rest, f"{path.name}: a misspelt placeholder"
+        rest = re.sub(re.escape(token) + r"\b", "", text)
+        # The statements' marker syntax (aioq.sql), and nothing else: no other @name, no
+        # brace placeholder.
+        assert not re.search(r"@[A-Za-z_]", rest), f"{path.name}: a misspelt placeholder"
+        assert "{{" not in rest, f"{path.name}: a placeholder of another syntax"
+        assert "}}" not in rest, f"{path.name}: a placeholder of another syntax"
 
 
 def test_schema_sql_is_a_file_at_the_latest_version() -> None:

@@ -256,7 +256,7 @@ def test_build_errors(registry: aioq.Registry) -> None:
         flow.add(step.call(n=1), on_failure="ignore")
 
 
-async def test_large_run_defers_in_few_round_trips(
+async def test_a_large_run_is_written_by_one_statement(
     conn: asyncpg.Connection, registry: aioq.Registry
 ) -> None:
     @registry.task
@@ -271,8 +271,10 @@ async def test_large_run_defers_in_few_round_trips(
     conn.add_query_logger(lambda q: statements.append(q.query))
     async with conn.transaction():
         run = await flow.defer(conn)
-    steps = [q for q in statements if "workflow" in q]
-    assert len(steps) == 1 + -(-9_002 // 4000), steps  # the run, then one per batch
+    # The steps' ids, then the run and every step in one statement (asyncpg's own type
+    # introspection and the transaction's aside).
+    ours = [q for q in statements if '"aioq".' in q]
+    assert len(ours) == 2, ours
     assert len(run.jobs) == 9_002
     assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_deps") == 18_000
     assert (
@@ -1106,3 +1108,160 @@ async def test_the_workflows_list_counts_a_huge_run_within_a_bound(
     assert listed.returncode == 0, listed.stderr
     [row] = [line.split() for line in listed.stdout.splitlines() if " huge " in line]
     assert row[-6:] == ["0", "5000", "0", "12000", "3000", "1"], listed.stdout
+
+
+# --- a run is written whole, whatever the connection's state ------------------------------
+
+
+def _autocommit_deferrers(dsn: str) -> dict[str, Callable[[aioq.Workflow], Any]]:
+    """Each kind of connection aioq defers a run on, in autocommit (no transaction open: each
+    statement the caller runs commits on its own): an async ``flow.defer`` or a sync
+    ``flow.defer_sync`` (run in a thread), each returning the WorkflowRun."""
+    import psycopg
+    import sqlalchemy
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def on_asyncpg(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert not conn.is_in_transaction()
+            return await flow.defer(conn)
+        finally:
+            await conn.close()
+
+    async def on_sqlalchemy_async(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        url = dsn.replace("postgresql://", "postgresql+asyncpg://", 1)
+        engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as conn:
+                return await flow.defer(conn)
+        finally:
+            await engine.dispose()
+
+    def psycopg_sync(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return flow.defer_sync(conn)
+
+    def sqlalchemy_sync(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                return flow.defer_sync(conn)
+        finally:
+            engine.dispose()
+
+    def in_thread(defer: Callable[[aioq.Workflow], Any]) -> Callable[[aioq.Workflow], Any]:
+        async def run(flow: aioq.Workflow) -> Any:
+            return await anyio.to_thread.run_sync(defer, flow)
+
+        return run
+
+    return {
+        "asyncpg": on_asyncpg,
+        "sqlalchemy-async": on_sqlalchemy_async,
+        "psycopg-sync": in_thread(psycopg_sync),
+        "sqlalchemy-sync": in_thread(sqlalchemy_sync),
+    }
+
+
+@pytest.mark.parametrize("kind", ["asyncpg", "sqlalchemy-async", "psycopg-sync", "sqlalchemy-sync"])
+async def test_a_run_deferred_in_autocommit_is_written_whole_while_workers_run(
+    kind: str,
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """A run of 8 002 steps deferred on a connection in autocommit (as the docs'
+    ``aioq.chain(...).defer(conn)`` calls it) is written whole, in one transaction: its root
+    cannot run and succeed before the edge to its last step exists, which would strand that
+    step for ever (docs/architecture.md, "Workflows").
+
+    A third transaction holds the edge root -> last (its uncommitted insert of the same key),
+    so the write of that edge waits; meanwhile a worker runs whatever of the run is visible.
+    Written in pieces, the root was visible, ran and succeeded first, and the last step waited
+    for it for ever."""
+    root_ran, last_ran = anyio.Event(), anyio.Event()
+
+    @registry.task(queue="flow")
+    async def root() -> None:
+        root_ran.set()
+
+    @registry.task(queue="flow")
+    async def last() -> None:
+        last_ran.set()
+
+    @registry.task(queue="idle")  # no worker serves it
+    async def filler(n: int) -> None:
+        pass
+
+    flow = aioq.Workflow("autocommit")
+    first = flow.add(root.call())
+    for i in range(8_000):
+        flow.add(filler.call(n=i))
+    flow.add(last.call(), after=[first], name="last")
+    # The ids the run's steps take: the next values of the jobs' identity sequence.
+    next_id = await conn.fetchval(
+        "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM aioq.jobs_id_seq"
+    )
+    root_id, last_id = next_id, next_id + 8_001
+    defer = _autocommit_deferrers(dsn)[kind]
+    ran: list[aioq.workflows.WorkflowRun] = []
+    deferred = anyio.Event()
+    worker = make_worker(queues=["flow"])
+    blocker = await asyncpg.connect(dsn)
+    try:
+        blocking = blocker.transaction()
+        await blocking.start()
+        await blocker.execute(
+            "INSERT INTO aioq.workflow_deps (parent_id, job_id) VALUES ($1, $2)", root_id, last_id
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+
+            async def deferring() -> None:
+                ran.append(await defer(flow))
+                deferred.set()
+
+            tg.start_soon(deferring)
+            try:
+                # The defer waits for the blocker's edge ...
+                await until_sql(
+                    conn,
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity"
+                    " WHERE $1 = ANY(pg_blocking_pids(pid)))",
+                    blocker.get_server_pid(),
+                    guard=30,
+                )
+                # ... while a worker runs the root, if a part of the run was committed already.
+                await until_sql(
+                    conn,
+                    "SELECT coalesce((SELECT succeeded_at IS NOT NULL FROM aioq.workflow_steps"
+                    " WHERE job_id = $1), true)",
+                    root_id,
+                    guard=30,
+                )
+                seen_while_writing = await conn.fetchval("SELECT count(*) FROM aioq.jobs")
+            finally:
+                await blocking.rollback()
+            with anyio.fail_after(30):
+                await deferred.wait()
+                await root_ran.wait()
+            await until_sql(
+                conn,
+                "SELECT succeeded_at IS NOT NULL FROM aioq.workflow_steps WHERE job_id = $1",
+                root_id,
+                guard=30,
+            )
+            # The root's success is recorded: the statement that recorded it released its
+            # dependent, or nothing ever will.
+            status = await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", last_id)
+            worker.stop()
+            assert status != "waiting", "the last step waits for a root that succeeded already"
+            with anyio.fail_after(30):
+                await last_ran.wait()
+    finally:
+        await blocker.close()
+    assert [run.jobs["last"] for run in ran] == [last_id]
+    assert seen_while_writing == 0  # no step of the run was visible before its commit

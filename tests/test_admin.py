@@ -187,10 +187,10 @@ async def test_replay_delete_and_purge_sync_answer_as_the_async_forms(
     replayed = admin.replay_sync(sync_conn, job_id=[keyed[0], second, one])
     sync_conn.commit()
     assert replayed == admin.Replay(
-        retried=[second, one],
+        replayed=[second, one],
         skipped={keyed[0]: f"unique_key 'k' went to dead job {second}, the newest with that key"},
     )
-    assert await admin.replay(conn, job_id=two) == admin.Replay(retried=[two], skipped={})
+    assert await admin.replay(conn, job_id=two) == admin.Replay(replayed=[two], skipped={})
     with pytest.raises(ValueError, match="replay needs job_id, task, queue or all=True"):
         admin.replay_sync(sync_conn)
 
@@ -244,7 +244,7 @@ async def test_replay_sync_keeps_the_caller_s_transaction_usable_when_it_loses_a
     finally:
         await other.close()
     held = f"unique_key 'k' is held by live job {rival}"
-    assert result == [admin.Replay(retried=[], skipped={dead_id: held})]
+    assert result == [admin.Replay(replayed=[], skipped={dead_id: held})]
 
 
 async def test_stats_queues_and_set_queue_sync_answer_as_the_async_forms(

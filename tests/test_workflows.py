@@ -177,7 +177,7 @@ async def test_dead_step_cancels_dependents_and_replay_resumes(
 
     broken["yes"] = False
     replay = await aioq.admin.replay(conn, job_id=run.jobs["fragile"])
-    assert replay.retried == [run.jobs["fragile"]]
+    assert replay.replayed == [run.jobs["fragile"]]
     assert replay.revived == {run.jobs["after"]: "after", run.jobs["end"]: "end"}
     now = await statuses(conn, run.id)
     assert now["after"] == "waiting"
@@ -455,29 +455,31 @@ async def test_cli_shortens_a_fan_in_and_says_which_step_to_replay(
     assert "part,part-2,part-3 +3 more" in row, shown.stdout
     assert max(map(len, shown.stdout.splitlines())) < 150, shown.stdout  # not 6 names wide
     # A new user's first try: replay the step that was cancelled, not the one that died.
-    retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["merge"]))
-    assert retried.returncode == 1
+    replayed = aioq_cli(dsn, "jobs", "replay", str(run.jobs["merge"]))
+    assert replayed.returncode == 1
     assert (
-        f"skipped job {run.jobs['merge']}: cancelled as a step it needs failed"
-        f" (DependencyFailed: step 'part' (job {run.jobs['part']}) ended dead):"
-        f" retry job {run.jobs['part']} instead"
-    ) in retried.stdout, retried.stdout
+        f"skipped job {run.jobs['merge']}: cancelled because step 'part' (job"
+        f" {run.jobs['part']}), which it needs, ended dead: replay job {run.jobs['part']}"
+        " instead, and the steps it cancelled wait again"
+    ) in replayed.stdout, replayed.stdout
     assert (await statuses(conn, run.id))["merge"] == "cancelled"
     stopped = await aioq.chain(part.call(n=1), merge.call()).defer(conn)
     await aioq.admin.cancel_jobs(conn, [stopped.jobs["part"]])
-    retried = aioq_cli(dsn, "jobs", "retry", str(stopped.jobs["merge"]))
-    assert retried.returncode == 1
-    assert "ended cancelled): a cancelled step is not replayed" in retried.stdout, retried.stdout
-    # The step that died: its dependent waits again, and the retry says so.
-    retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["part"]))
-    assert retried.returncode == 0, retried.stderr
-    assert retried.stdout == (
-        f"retried 1 job: {run.jobs['part']}\n"
+    replayed = aioq_cli(dsn, "jobs", "replay", str(stopped.jobs["merge"]))
+    assert replayed.returncode == 1
+    assert "which it needs, was cancelled: a cancelled job is not replayed" in replayed.stdout, (
+        replayed.stdout
+    )
+    # The step that died: its dependent waits again, and the replay says so.
+    replayed = aioq_cli(dsn, "jobs", "replay", str(run.jobs["part"]))
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout == (
+        f"replayed 1 job: {run.jobs['part']}\n"
         f"revived 1 dependent step, waiting again: {run.jobs['merge']} (merge)\n"
     )
     assert (await statuses(conn, run.id))["merge"] == "waiting"
     await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", run.jobs["part"])
-    as_json = aioq_cli(dsn, "jobs", "retry", "--dead", "--task", "app.part", "--json")
+    as_json = aioq_cli(dsn, "jobs", "replay", "--dead", "--task", "app.part", "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["revived"] == {str(run.jobs["merge"]): "merge"}
 
@@ -662,7 +664,7 @@ async def test_a_long_chain_cascades_and_revives_in_one_statement(
     tail = await aioq.admin.get_job(conn, run.jobs["link-1500"])
     assert tail is not None
     assert tail.last_error == f"DependencyFailed: step 'link' (job {head}) ended dead"
-    assert (await aioq.admin.replay(conn, job_id=head)).retried == [head]
+    assert (await aioq.admin.replay(conn, job_id=head)).replayed == [head]
     assert dict(await conn.fetch(counts, run.id)) == {"pending": 1, "waiting": 1499}
 
 
@@ -735,7 +737,7 @@ async def test_a_diamond_cascades_through_steps_that_run_anyway_and_resumes(
     assert sorted(ran[1:]) == ["a", "b", "c"]
 
 
-async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
+async def test_dashboard_actions_replay_a_runs_dead_steps_and_cancel_the_run(
     dsn: str,
     conn: asyncpg.Connection,
     registry: aioq.Registry,
@@ -774,15 +776,15 @@ async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
         # The charge died and its dependent was cancelled: nothing live to cancel.
         page = client.get(f"/workflows/{run.id}").text
         assert "Cancel run" not in page
-        retried = act(client, r"Retry dead steps \(1\)")
-        assert retried.startswith(f"/workflows/{run.id}?done=")
-        flash = client.get(retried).text
-        assert f"retried 1 of 1 job (1 dependent step revived: {run.jobs['ship']})" in flash
+        replayed = act(client, r"Replay dead steps \(1\)")
+        assert replayed.startswith(f"/workflows/{run.id}?done=")
+        flash = client.get(replayed).text
+        assert f"replayed 1 of 1 job (1 dependent step revived: {run.jobs['ship']})" in flash
         info = await aioq.workflow(conn, run.id)
         assert info is not None
         assert {s.name: s.status for s in info.steps} == {"charge": "pending", "ship": "waiting"}
         # Both steps are live again: cancel the run from its page.
-        assert "Retry dead steps" not in client.get(f"/workflows/{run.id}").text
+        assert "Replay dead steps" not in client.get(f"/workflows/{run.id}").text
         act(client, "Cancel run")
     info = await aioq.workflow(conn, run.id)
     assert info is not None
@@ -855,10 +857,10 @@ async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_t
         assert f'<pre class="error" id="last-error">{reason}</pre>' in page
 
 
-async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_workers(
+async def test_a_replay_names_the_steps_it_revives_and_the_run_resumes_across_workers(
     conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
 ) -> None:
-    """A step dies while its siblings run on three workers with short leases; its retry
+    """A step dies while its siblings run on three workers with short leases; its replay
     (while one worker is hard-cancelled) names exactly the steps its death cancelled, and the
     fan-in after it runs once."""
     broken = True
@@ -903,7 +905,7 @@ async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_wor
             broken = False
             replay = await aioq.admin.replay(conn, job_id=run.jobs["part"])
             doomed.cancel()  # one worker is cut off mid-flight, claims and all
-            assert replay.retried == [run.jobs["part"]]
+            assert replay.replayed == [run.jobs["part"]]
             assert replay.revived == {run.jobs["merge"]: "merge", run.jobs["notify"]: "notify"}
             await eventually(succeeded, "the run to resume and succeed")
     assert merged == [40]
@@ -1265,3 +1267,69 @@ async def test_a_run_deferred_in_autocommit_is_written_whole_while_workers_run(
         await blocker.close()
     assert [run.jobs["last"] for run in ran] == [last_id]
     assert seen_while_writing == 0  # no step of the run was visible before its commit
+
+
+# --- state decides, never the text of an error ----------------------------------------------
+
+
+class DependencyFailed(Exception):
+    """An application's own error whose name reads like the workflow trigger's reason."""
+
+
+async def test_a_cancel_whose_reason_reads_like_the_cascade_still_cascades(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """The workflow trigger tells the steps it cancels apart by their state (``blocked_by``),
+    not by a ``last_error`` starting with ``DependencyFailed:``: a step cancelled with such a
+    reason cancels its dependents (they waited for ever), and a step that died of an error of
+    that name cancels its dependents and revives them when replayed."""
+    broken = {"yes": True}
+    ran: list[str] = []
+
+    @registry.task(max_attempts=1)
+    async def step(name: str) -> None:
+        if name == "x" and broken["yes"]:
+            raise DependencyFailed("x is broken")
+        ran.append(name)
+
+    spoofed = await aioq.chain(*(step.call(name=n) for n in "abcd")).defer(conn)
+    _, b, c, d = (spoofed.jobs[n] for n in ("step", "step-2", "step-3", "step-4"))
+    states = await aioq.admin.cancel_jobs(conn, [b], reason="DependencyFailed: spoof")
+    assert states == {b: "cancelled"}
+    assert await statuses(conn, spoofed.id) == {
+        "step": "pending",
+        "step-2": "cancelled",
+        "step-3": "cancelled",
+        "step-4": "cancelled",
+    }
+    rows = await conn.fetch(
+        "SELECT id, blocked_by, last_error FROM aioq.jobs WHERE id = ANY($1) ORDER BY id",
+        [b, c, d],
+    )
+    because = f"DependencyFailed: step 'step-2' (job {b}) ended cancelled"
+    assert [tuple(r) for r in rows] == [
+        (b, None, "DependencyFailed: spoof"),
+        (c, b, because),
+        (d, c, because),
+    ]
+    # A step whose own error is named so: a real death, cascading; its replay revives.
+    failing = await aioq.chain(*(step.call(name=n) for n in "xyz")).defer(conn)
+    await make_worker().run_until_idle()
+    assert ran == ["a"]
+    assert await statuses(conn, failing.id) == {
+        "step": "dead",
+        "step-2": "cancelled",
+        "step-3": "cancelled",
+    }
+    x = failing.jobs["step"]
+    dead = await aioq.admin.get_job(conn, x)
+    assert dead is not None
+    assert dead.last_error is not None
+    assert dead.last_error.startswith("DependencyFailed: x is broken\n")
+    broken["yes"] = False
+    replay = await aioq.admin.replay(conn, job_id=x)
+    assert replay.revived == {failing.jobs["step-2"]: "step-2", failing.jobs["step-3"]: "step-3"}
+    await make_worker().run_until_idle()
+    assert ran == ["a", "x", "y", "z"]
+    blocked = await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE blocked_by IS NOT NULL")
+    assert blocked == 2  # the spoofed run's: c and d, cancelled for good with b

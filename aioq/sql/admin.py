@@ -16,6 +16,7 @@ from aioq.sql import Statement, boolean, columns, integer, nothing, text
 __all__ = (
     "ARCHIVE_IN_USE",
     "ARCHIVE_STATS",
+    "BLOCKED_STEPS",
     "DELETE_JOBS",
     "GET_ARCHIVED_JOB",
     "GET_JOB",
@@ -32,6 +33,7 @@ __all__ = (
     "ROLLBACK_TO_SAVEPOINT",
     "SAVEPOINT",
     "TABLE_STATS",
+    "BlockedStep",
     "PendingJob",
     "QueueCompleted",
     "QueueCounts",
@@ -170,11 +172,11 @@ changed AS (
 revived(root, job_id) AS (
     SELECT id, id FROM changed WHERE workflow_id IS NOT NULL
     UNION
-    SELECT r.root, w.job_id
+    SELECT r.root, b.id
     FROM revived AS r
     JOIN @schema.workflow_deps AS d ON d.parent_id = r.job_id
-    JOIN @schema.workflow_steps AS w ON w.job_id = d.job_id AND w.blocked_by = r.job_id
-    JOIN @schema.jobs AS b ON b.id = w.job_id AND b.status = 'cancelled'
+    JOIN @schema.jobs AS b ON b.id = d.job_id AND b.blocked_by = r.job_id
+                              AND b.status = 'cancelled'
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),
 @rang
@@ -191,6 +193,43 @@ ORDER BY m.id
 """,
     columns(Replayed),
     ("ids", "task", "queue"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedStep:
+    """A workflow step cancelled because a dependency ended dead or cancelled, with the step
+    whose end did it (its job id, status, and name; status ``deleted`` once its row is gone)."""
+
+    id: int
+    failed: int
+    status: str
+    name: str | None
+
+
+# The cancelled workflow steps among :ids that the workflow trigger cancelled (blocked_by set,
+# docs/architecture.md, "Workflows"), each with the step whose end cancelled it: blocked_by
+# followed up to a step that was not itself cancelled so (ids decrease along the way: it ends).
+# A replay does not take them (dead jobs only); their failed step's replay revives them.
+BLOCKED_STEPS = Statement(
+    """
+WITH RECURSIVE up(id, failed, depth) AS (
+    SELECT j.id, j.blocked_by, 1 FROM @schema.jobs AS j
+    WHERE j.id = ANY(:ids::bigint[]) AND j.status = 'cancelled' AND j.blocked_by IS NOT NULL
+    UNION ALL
+    SELECT u.id, j.blocked_by, u.depth + 1
+    FROM up AS u
+    JOIN @schema.jobs AS j ON j.id = u.failed
+    WHERE j.blocked_by IS NOT NULL
+)
+SELECT DISTINCT ON (u.id) u.id, u.failed, coalesce(j.status, 'deleted') AS status, s.name
+FROM up AS u
+LEFT JOIN @schema.jobs AS j ON j.id = u.failed
+LEFT JOIN @schema.workflow_steps AS s ON s.job_id = u.failed
+ORDER BY u.id, u.depth DESC
+""",
+    columns(BlockedStep),
+    ("ids",),
 )
 
 # Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it

@@ -26,11 +26,11 @@ changed AS (
 revived(root, job_id) AS (
     SELECT id, id FROM changed WHERE workflow_id IS NOT NULL
     UNION
-    SELECT r.root, w.job_id
+    SELECT r.root, b.id
     FROM revived AS r
     JOIN "aioq".workflow_deps AS d ON d.parent_id = r.job_id
-    JOIN "aioq".workflow_steps AS w ON w.job_id = d.job_id AND w.blocked_by = r.job_id
-    JOIN "aioq".jobs AS b ON b.id = w.job_id AND b.status = 'cancelled'
+    JOIN "aioq".jobs AS b ON b.id = d.job_id AND b.blocked_by = r.job_id
+                              AND b.status = 'cancelled'
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),
 rang AS (

@@ -137,6 +137,9 @@ def test_defer_list_show(dsn: str) -> None:
     assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", "[1]"), "must be a JSON object")
     assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", "{nope"), "not valid JSON")
     assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", '{"x": "\\u0000"}'), "NUL")
+    assert_one_line_error(
+        aioq_cli(dsn, "defer", "t", "--unique-key", "k" * 8000), "unique_key", "at most 512"
+    )
 
     table = aioq_cli(dsn, "jobs", "list")
     assert table.returncode == 0

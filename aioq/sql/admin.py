@@ -146,12 +146,13 @@ class Replayed:
 # statement, which still reads them as they were (blocked_by set), so it can name them.
 REPLAY = Statement(
     """
-WITH RECURSIVE locked AS (
+WITH RECURSIVE locked AS (  -- in id order, as cancel and the fenced writes: never a deadlock
     SELECT j.id, j.queue, j.unique_key FROM @schema.jobs AS j
     WHERE j.status = 'dead'
       AND (:ids::bigint[] IS NULL OR j.id = ANY(:ids))
       AND (:task::text IS NULL OR j.task = :task)
       AND (:queue::text IS NULL OR j.queue = :queue)
+    ORDER BY j.id
     FOR UPDATE
 ),
 matching AS (
@@ -234,13 +235,22 @@ ORDER BY u.id, u.depth DESC
 
 # Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it
 # first); return the ids. A pending workflow step is kept: its dependents would wait for it
-# for ever (cancel it: they are cancelled with it).
+# for ever (cancel it: they are cancelled with it). The rows are locked first, in id order,
+# whatever order the plan reads them in, as REPLAY and cancel lock theirs: two overlapping
+# calls wait for each other, never deadlock.
 DELETE_JOBS = Statement(
     """
-DELETE FROM @schema.jobs
-WHERE id = ANY(:ids::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
-  AND NOT (status = 'pending' AND workflow_id IS NOT NULL)
-RETURNING id
+WITH locked AS (
+    SELECT j.id FROM @schema.jobs AS j
+    WHERE j.id = ANY(:ids::bigint[]) AND j.status IN ('pending', 'dead', 'cancelled')
+      AND NOT (j.status = 'pending' AND j.workflow_id IS NOT NULL)
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+DELETE FROM @schema.jobs AS j
+USING locked
+WHERE j.id = locked.id
+RETURNING j.id
 """,
     integer,
     ("ids",),

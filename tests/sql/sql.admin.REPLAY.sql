@@ -1,11 +1,12 @@
 -- aioq.sql.admin.REPLAY, rendered for the schema 'aioq' (make sql-golden writes it)
 -- parameters: $1 :ids, $2 :task, $3 :queue
-WITH RECURSIVE locked AS (
+WITH RECURSIVE locked AS (  -- in id order, as cancel and the fenced writes: never a deadlock
     SELECT j.id, j.queue, j.unique_key FROM "aioq".jobs AS j
     WHERE j.status = 'dead'
       AND ($1::bigint[] IS NULL OR j.id = ANY($1))
       AND ($2::text IS NULL OR j.task = $2)
       AND ($3::text IS NULL OR j.queue = $3)
+    ORDER BY j.id
     FOR UPDATE
 ),
 matching AS (

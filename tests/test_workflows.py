@@ -117,11 +117,12 @@ async def test_rolled_back_transaction_leaves_no_step(
     async def step(n: int) -> None:
         pass
 
-    flow = aioq.chain(*(step.call(n=i) for i in range(5)))
+    flow = aioq.chain(*(step.call(n=i) for i in range(8_002)))  # once two batches and more
     tx = conn.transaction()
     await tx.start()
     run = await flow.defer(conn)
-    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 5
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 8_002
+    assert conn.is_in_transaction()  # the caller's, never committed by the defer
     await tx.rollback()
     for table in ("jobs", "workflows", "workflow_steps", "workflow_deps"):
         assert await conn.fetchval(f"SELECT count(*) FROM aioq.{table}") == 0

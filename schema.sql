@@ -1,5 +1,5 @@
 -- aioq's schema as it is: every table, index, function and trigger at the latest migration
--- (version 16), in the default schema `aioq`, with what each part is for. Read it to review
+-- (version 17), in the default schema `aioq`, with what each part is for. Read it to review
 -- the schema, to plan grants or capacity, or to see what a column holds.
 --
 -- A database gets the schema from the migrations, not from this file: `aioq schema apply`
@@ -11,7 +11,7 @@
 -- prints what differs; a new migration updates this file in the same commit.
 --
 -- Run on a database without the schema (psql -v ON_ERROR_STOP=1 --single-transaction -f
--- schema.sql), it creates the schema at version 16, recorded as an install records it; where
+-- schema.sql), it creates the schema at version 17, recorded as an install records it; where
 -- `aioq` exists, it stops at CREATE SCHEMA. It leaves out the opt-in doorbell trigger for
 -- raw-SQL inserts (aioq/sql/ring_trigger.sql, `aioq schema apply --ring-trigger`).
 -- docs/architecture.md, "Tables", tells how the tables serve the worker.
@@ -91,6 +91,10 @@ CREATE TABLE aioq.jobs (
     concurrency_key text,
     -- The workflow run of a step (docs/architecture.md, "Workflows"); NULL for plain jobs.
     workflow_id bigint,
+    -- A workflow step cancelled because a dependency failed: that dependency's job id (the
+    -- workflow trigger sets it with the cancel and clears it when a replay revives the step).
+    -- The trigger tells its own cascade apart by it, never by the text of last_error.
+    blocked_by bigint,
     -- A running job always has an owner and a lease: the fence needs both.
     CONSTRAINT jobs_running_locked CHECK (
         status <> 'running' OR (locked_by IS NOT NULL AND lease_expires_at IS NOT NULL)
@@ -352,8 +356,6 @@ CREATE TABLE aioq.workflow_steps (
     remaining integer NOT NULL,
     on_failure text NOT NULL DEFAULT 'cancel'
         CONSTRAINT workflow_steps_on_failure_check CHECK (on_failure IN ('cancel', 'run')),
-    -- The dependency whose failure cancelled this step (a replay of it revives this).
-    blocked_by bigint,
     -- Written by the statement that recorded its success.
     succeeded_at timestamptz,
     result jsonb,
@@ -409,7 +411,7 @@ $$;
 -- cancelled run): the waiting steps that need it, directly or through others, are cancelled in
 -- one statement (a recursive query over the edges, never a recursion of triggers: the steps it
 -- cancels do not fire this again, their WHEN is false), each naming the step that failed and
--- remembering the dependency that blocked it; the steps that run anyway (on_failure 'run')
+-- remembering the dependency that blocked it (jobs.blocked_by); the steps that run anyway (on_failure 'run')
 -- count each of these as ended. A step replayed (dead to pending or waiting) revives the steps
 -- it blocked the same way. Every step row it writes is locked first, in one pass in id order,
 -- then their job rows: as WRITE_STEP_OUTCOMES does.
@@ -456,16 +458,13 @@ BEGIN
         SELECT name INTO step_name FROM aioq.workflow_steps WHERE job_id = NEW.id;
         reason := format('DependencyFailed: step %L (job %s) ended %s', step_name, NEW.id,
                          NEW.status);
-        WITH blocked AS (
-            UPDATE aioq.workflow_steps AS w
-            SET blocked_by = (SELECT min(d.parent_id) FROM aioq.workflow_deps AS d
-                              WHERE d.job_id = w.job_id AND d.parent_id = ANY(chain))
-            WHERE w.job_id = ANY(array_remove(chain, NEW.id))
-            RETURNING w.job_id
-        )
+        -- Each remembers the dependency that blocked it (in the chain): a replay of that one
+        -- revives it.
         UPDATE aioq.jobs AS j
-        SET status = 'cancelled', last_error = reason, run_at = now()
-        WHERE j.id = ANY(ARRAY(SELECT job_id FROM blocked)) AND j.status = 'waiting';
+        SET status = 'cancelled', last_error = reason, run_at = now(),
+            blocked_by = (SELECT min(d.parent_id) FROM aioq.workflow_deps AS d
+                          WHERE d.job_id = j.id AND d.parent_id = ANY(chain))
+        WHERE j.id = ANY(array_remove(chain, NEW.id)) AND j.status = 'waiting';
         -- One dependency fewer to wait for, per edge from the failed steps.
         WITH edges AS (
             SELECT d.job_id, count(*)::integer AS n
@@ -502,14 +501,14 @@ BEGIN
         WITH RECURSIVE revived(job_id) AS (
             SELECT NEW.id
             UNION
-            SELECT w.job_id
+            SELECT j.id
             FROM revived AS x
             CROSS JOIN LATERAL (
                 SELECT ARRAY(SELECT d.job_id FROM aioq.workflow_deps AS d
                              WHERE d.parent_id = x.job_id) AS ids
             ) AS c
-            JOIN aioq.workflow_steps AS w ON w.job_id = ANY(c.ids)
-            WHERE w.blocked_by = x.job_id
+            JOIN aioq.jobs AS j ON j.id = ANY(c.ids)
+            WHERE j.blocked_by = x.job_id
         )
         SELECT array_agg(job_id) INTO chain FROM revived;
         runners := ARRAY(
@@ -521,14 +520,11 @@ BEGIN
         PERFORM 1 FROM aioq.workflow_steps AS w
         WHERE w.job_id = ANY(array_remove(chain, NEW.id) || runners)
         ORDER BY w.job_id FOR UPDATE;
-        WITH unblocked AS (
-            UPDATE aioq.workflow_steps AS w SET blocked_by = NULL
-            WHERE w.job_id = ANY(array_remove(chain, NEW.id))
-            RETURNING w.job_id
-        )
         UPDATE aioq.jobs AS j
-        SET status = 'waiting', last_error = NULL, cancel_requested_at = NULL, run_at = now()
-        WHERE j.id = ANY(ARRAY(SELECT job_id FROM unblocked)) AND j.status = 'cancelled';
+        SET status = 'waiting', blocked_by = NULL, last_error = NULL, cancel_requested_at = NULL,
+            run_at = now()
+        WHERE j.id = ANY(array_remove(chain, NEW.id)) AND j.status = 'cancelled'
+          AND j.blocked_by IS NOT NULL;
         -- The steps that run anyway wait for them again, per edge.
         WITH edges AS (
             SELECT d.job_id, count(*)::integer AS n
@@ -566,17 +562,17 @@ CREATE TRIGGER jobs_workflow_step_replayed
           AND OLD.status IN ('dead', 'cancelled'))
     EXECUTE FUNCTION aioq.workflow_step_replayed();
 
--- Not for the steps the function itself cancels (waiting, now DependencyFailed) or revives
--- (cancelled as DependencyFailed, now waiting): it handled them in the statement that did.
+-- Not for the steps the function itself cancels (waiting to cancelled, blocked_by set) or
+-- revives (cancelled with blocked_by set, to waiting): it handled them in the statement that
+-- did. A step cancelled by a cancel (blocked_by NULL), whatever its reason says, cascades.
 CREATE TRIGGER jobs_workflow_step_changed
     AFTER UPDATE OF status ON aioq.jobs
     FOR EACH ROW
     WHEN (NEW.workflow_id IS NOT NULL AND (
         (NEW.status IN ('dead', 'cancelled') AND OLD.status NOT IN ('dead', 'cancelled')
-         AND NOT (OLD.status = 'waiting' AND NEW.last_error LIKE 'DependencyFailed:%'))
+         AND NEW.blocked_by IS NULL)
         OR (OLD.status IN ('dead', 'cancelled') AND NEW.status IN ('pending', 'waiting')
-            AND NOT (OLD.status = 'cancelled' AND NEW.status = 'waiting'
-                     AND OLD.last_error LIKE 'DependencyFailed:%'))))
+            AND OLD.blocked_by IS NULL)))
     EXECUTE FUNCTION aioq.workflow_step_changed();
 
 -- ---------------------------------------------------------------------------------------------
@@ -584,4 +580,4 @@ CREATE TRIGGER jobs_workflow_step_changed
 -- ---------------------------------------------------------------------------------------------
 
 -- The migrations this file adds up to, recorded: `aioq schema status` reports it up to date.
-INSERT INTO aioq.migrations (version) SELECT generate_series(1, 16);
+INSERT INTO aioq.migrations (version) SELECT generate_series(1, 17);

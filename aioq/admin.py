@@ -24,6 +24,7 @@ top level: :func:`aioq.result` and :func:`aioq.workflow`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -276,13 +277,21 @@ def cancelled_reason(workflow_id: int) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Replay:
-    """What :func:`replay` did: the jobs made pending again, and those left dead, with why."""
+    """What :func:`replay` did: the jobs made pending again, and those not replayed, with why."""
 
-    retried: list[int]
-    skipped: dict[int, str]  # job id -> why it stays dead (its unique_key is taken)
+    replayed: list[int]
+    # Job id -> why it was not replayed: a dead job whose unique_key is taken, or (asked for by
+    # id) a workflow step cancelled because a step it needs ended dead or cancelled.
+    skipped: dict[int, str]
     # Workflow steps that a replayed step's death had cancelled and that wait again (job id ->
     # step name): the run resumes.
     revived: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def retried(self) -> list[int]:
+        """The jobs made pending again: :attr:`replayed`'s old name, kept for one release."""
+        warnings.warn("Replay.retried is now Replay.replayed", DeprecationWarning, stacklevel=2)
+        return self.replayed
 
 
 REPLAY_TRIES = 10
@@ -306,7 +315,9 @@ async def replay(
     A ``unique_key`` belongs to at most one live job: of several dead jobs sharing a key only the
     newest is replayed, and none while a live job holds it. Those are reported in ``skipped``;
     they never make the whole call fail. A workflow step brings back the steps its death
-    cancelled (they wait for it again): ``revived`` names them.
+    cancelled (they wait for it again): ``revived`` names them. A cancelled job is not
+    replayed (a cancel says it never runs); a workflow step asked for by id that was cancelled
+    because a step it needs failed is in ``skipped``, naming the step whose replay revives it.
     """
     ids = _replay_ids(job_id, task, queue, all)
     db = await executor(conn)
@@ -329,7 +340,9 @@ async def _replay(
             # A job with one of the keys became live after this statement's snapshot (a defer
             # or another replay committed meanwhile); the next try sees it and skips that key.
             continue
-        return _replayed(rows)
+        others = _not_matched(ids, rows)
+        blocked = await sql.BLOCKED_STEPS.rows(conn, schema, others) if others else []
+        return _replayed(rows, blocked)
     raise _replay_kept_losing()
 
 
@@ -363,7 +376,9 @@ def replay_sync(
             continue
         if savepoint:
             sql.RELEASE_SAVEPOINT.rows_sync(db, schema)
-        return _replayed(rows)
+        others = _not_matched(ids, rows)
+        blocked = sql.BLOCKED_STEPS.rows_sync(db, schema, others) if others else []
+        return _replayed(rows, blocked)
     if savepoint:
         sql.RELEASE_SAVEPOINT.rows_sync(db, schema)
     raise _replay_kept_losing()
@@ -392,15 +407,43 @@ def _replay_ids(
     return [i for i in ids if possible_id(i)]
 
 
-def _replayed(rows: list[sql.Replayed]) -> Replay:
-    retried = [row.id for row in rows if row.replayed]
+def _not_matched(ids: list[int] | None, rows: list[sql.Replayed]) -> list[int]:
+    """The ids asked for that matched no dead job: a cancelled step among them may say why."""
+    matched = {row.id for row in rows}
+    return sorted({i for i in ids or () if i not in matched})
+
+
+def _replayed(rows: list[sql.Replayed], blocked: list[sql.BlockedStep]) -> Replay:
+    replayed = [row.id for row in rows if row.replayed]
     skipped = {row.id: _why_skipped(row) for row in rows if not row.replayed}
+    skipped |= {step.id: _why_blocked(step) for step in blocked}
     revived = {
         job_id: name
         for row in rows
         for job_id, name in zip(row.revived, row.revived_names, strict=True)
     }
-    return Replay(retried=retried, skipped=skipped, revived=dict(sorted(revived.items())))
+    return Replay(
+        replayed=replayed,
+        skipped=dict(sorted(skipped.items())),
+        revived=dict(sorted(revived.items())),
+    )
+
+
+def _why_blocked(step: sql.BlockedStep) -> str:
+    """Why a workflow step that a failed dependency cancelled is not replayed, from its state
+    (never from its last_error's text): what brings it back, if anything."""
+    failed = f"step {step.name!r} (job {step.failed})" if step.name else f"job {step.failed}"
+    if step.status == "dead":
+        return (
+            f"cancelled because {failed}, which it needs, ended dead: replay job {step.failed}"
+            " instead, and the steps it cancelled wait again"
+        )
+    if step.status == "cancelled":
+        return (
+            f"cancelled because {failed}, which it needs, was cancelled: a cancelled job is not"
+            " replayed, nor the steps its cancel cancelled"
+        )
+    return f"cancelled because {failed}, which it needs, ended and is {step.status} now"
 
 
 def _replay_kept_losing() -> AioqError:

@@ -3,7 +3,8 @@
 The DDL lives in files (docs/architecture.md, "Tables"): ``aioq/sql/migrations/prologue.sql``
 runs every time (the schema and its ``migrations`` table, idempotent), each
 ``aioq/sql/migrations/NNN_name.sql`` is migration NNN, and ``aioq/sql/ring_trigger.sql`` is the
-opt-in doorbell trigger. In every file ``{{schema}}`` stands for the quoted schema name. The
+opt-in doorbell trigger. In every file ``@schema`` stands for the quoted schema name, as in the
+statements of :mod:`aioq.sql` (one placeholder syntax for all of aioq's SQL). The
 repository's top-level ``schema.sql`` is the schema they build, for reading; a test holds it
 equal to a fresh install.
 
@@ -52,9 +53,12 @@ __all__ = (
     "status",
 )
 
-SCHEMA_TOKEN = "{{schema}}"
+SCHEMA_TOKEN = "@schema"
 """The placeholder for the schema name in the DDL files, replaced by the quoted, validated
-name (never Python format syntax: the files are SQL with this one token)."""
+name: the statements' own marker (aioq.sql), never Python format syntax. The files are SQL with
+this one token; a ``@`` followed by a letter is nothing else in them."""
+
+_TOKEN = re.compile(re.escape(SCHEMA_TOKEN) + r"\b")
 
 MIGRATIONS: Traversable = resources.files("aioq") / "sql" / "migrations"
 """The directory of the migration files (and of the prologue), inside the installed package."""
@@ -129,7 +133,8 @@ def _templates() -> tuple[str, tuple[Migration, ...]]:
 
 
 def _render(template: str, schema: str) -> str:
-    return template.replace(SCHEMA_TOKEN, q.quote_schema(schema))
+    quoted = q.quote_schema(schema)
+    return _TOKEN.sub(lambda _: quoted, template)
 
 
 def _split(schema: str) -> tuple[str, list[Migration]]:

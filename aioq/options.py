@@ -22,6 +22,7 @@ __all__ = (
     "MAX_CONCURRENCY_KEY",
     "MAX_DURATION",
     "MAX_QUEUE_NAME",
+    "MAX_UNIQUE_KEY",
     "MIN_LEASE",
     "ON_CONFLICT",
     "JobOptions",
@@ -32,6 +33,7 @@ __all__ = (
     "check_queue",
     "check_text",
     "check_time",
+    "check_unique_key",
     "to_seconds",
 )
 
@@ -153,7 +155,7 @@ class JobOptions:
     def __post_init__(self) -> None:
         check_queue("queue", self.queue)
         if self.unique_key is not None:
-            check_text("unique_key", self.unique_key)
+            check_unique_key(self.unique_key)
         if self.unique_for is not None:
             check_duration("unique_for", self.unique_for, minimum=MIN_UNIQUE_FOR)
             if self.unique_key is None:
@@ -190,6 +192,29 @@ class JobOptions:
         )
         at_defaults = lean and (self.priority, self.max_attempts, self.lease) == sql.TABLE_DEFAULTS
         object.__setattr__(self, "at_defaults", at_defaults)  # frozen: set once, here
+
+
+MAX_UNIQUE_KEY = 512
+"""The longest unique key, in characters: at most 2 048 bytes of UTF-8, so that a key fits the
+btree entries of the indexes that hold it (jobs_unique_key_idx and the uniques table's primary
+key, a key alone in each), which take at most 2 692 bytes of text on 8 kB pages; past it the
+insert fails and aborts the caller's transaction. A longer key is hashed first."""
+
+
+def check_unique_key(value: object) -> str:
+    """Return a unique key, or raise ConfigError unless it is storable text of at most
+    MAX_UNIQUE_KEY characters (the index that keeps it unique holds no longer one)."""
+    if not isinstance(value, str):
+        raise ConfigError("unique_key", f"must be text, got {type(value).__name__}")
+    if len(value) > MAX_UNIQUE_KEY:
+        raise ConfigError(
+            "unique_key",
+            f"must be at most {MAX_UNIQUE_KEY} characters (the unique index's entries hold"
+            f" no more), got {len(value)}: use a hash of a longer key, e.g."
+            " hashlib.sha256(key.encode()).hexdigest()",
+        )
+    check_text("unique_key", value)
+    return value
 
 
 ON_CONFLICT = ("keep", "replace")

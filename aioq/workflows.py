@@ -10,16 +10,14 @@ they were added with ``on_failure="run"``; replaying it brings them back.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from aioq import hooks
 from aioq.codec import decode_result
-from aioq.db import Executor, Target, executor
+from aioq.db import Target, executor
 from aioq.dbapi import SyncTarget
 from aioq.dbapi import executor as sync_executor
 from aioq.errors import ConfigError
@@ -46,9 +44,6 @@ __all__ = (
 
 ON_FAILURE = ("cancel", "run")
 """What a step does when a dependency ends dead or cancelled: be cancelled, or run anyway."""
-
-STEP_BATCH = 4000
-"""Steps inserted per statement: a run of 10 000 steps takes four round trips."""
 
 _NO_HOOK = contextlib.nullcontext()
 
@@ -146,89 +141,75 @@ class Workflow:
         return Step(self, len(self._steps) - 1, name)
 
     async def defer(self, conn: Target, /) -> WorkflowRun:
-        """Enqueue every step inside the caller's transaction (a pool: a transaction of its
-        own).
+        """Enqueue every step inside the caller's transaction; return the run.
 
-        One round trip for the run, then one per :data:`STEP_BATCH` steps. Rolled back: no
-        step, no run.
+        Two round trips: one takes the steps' job ids, then one statement writes the run and
+        all its steps, so the run is written whole or not at all whatever the connection's
+        state: inside the caller's transaction (rolled back: no step, no run; it never
+        commits), or on a connection in autocommit or a pool, where it commits on its own.
         """
         if not self._steps:
             raise ConfigError("steps", f"workflow {self.name!r} has no step")
         db = await executor(conn)
-        if isinstance(db, asyncpg.Pool):  # a transaction of its own: all the steps, or none
-            async with db.acquire() as own, own.transaction():
-                return await self._defer(own)
-        return await self._defer(db)
-
-    async def _defer(self, db: Executor) -> WorkflowRun:
         schema = self._steps[0].call.task.registry.schema
         deferral = self._deferral()
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            created = await sql.CREATE_WORKFLOW.row(db, schema, self.name, len(self._steps))
-            assert created is not None  # an INSERT ... RETURNING returns its row
-            ids = created.ids
-            for start in range(0, len(self._steps), STEP_BATCH):
-                batch = self._steps[start : start + STEP_BATCH]
-                steps = _batch(created.id, batch, ids, start, deferral.traceparent)
-                await sql.INSERT_STEPS.row(db, schema, steps)
+            ids = await sql.NEW_JOB_IDS.row(db, schema, len(self._steps))
+            assert ids is not None  # a SELECT without FROM returns its row
+            run_id = await sql.INSERT_WORKFLOW.row(db, schema, self._insert(ids, deferral))
+            assert run_id is not None  # an INSERT ... RETURNING returns its row
             deferral.ids = ids
-        jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
-        return WorkflowRun(created.id, self.name, jobs)
-
-    def _deferral(self) -> hooks.Deferral:
-        """The run's defer as observers see it (one span for the run, tracing every step)."""
-        first = self._steps[0].call
-        return hooks.Deferral(f"workflow {self.name}", first.opts.queue, len(self._steps))
+        return self._run(run_id, ids)
 
     def defer_sync(self, conn: SyncTarget, /) -> WorkflowRun:
         """Enqueue every step from synchronous code, inside the transaction of ``conn``
-        (psycopg, Django's connection, a SQLAlchemy Session or Connection), as :meth:`defer`."""
+        (psycopg, Django's connection, a SQLAlchemy Session or Connection), as :meth:`defer`:
+        one statement writes the run, so it is whole also on a connection in autocommit."""
         if not self._steps:
             raise ConfigError("steps", f"workflow {self.name!r} has no step")
         schema = self._steps[0].call.task.registry.schema
         db = sync_executor(conn)
         deferral = self._deferral()
         with hooks.deferring(deferral) if hooks.observers else _NO_HOOK:
-            created = sql.CREATE_WORKFLOW.row_sync(db, schema, self.name, len(self._steps))
-            assert created is not None  # an INSERT ... RETURNING returns its row
-            ids = created.ids
-            for start in range(0, len(self._steps), STEP_BATCH):
-                batch = self._steps[start : start + STEP_BATCH]
-                steps = _batch(created.id, batch, ids, start, deferral.traceparent)
-                sql.INSERT_STEPS.row_sync(db, schema, steps)
+            ids = sql.NEW_JOB_IDS.row_sync(db, schema, len(self._steps))
+            assert ids is not None  # a SELECT without FROM returns its row
+            run_id = sql.INSERT_WORKFLOW.row_sync(db, schema, self._insert(ids, deferral))
+            assert run_id is not None  # an INSERT ... RETURNING returns its row
             deferral.ids = ids
+        return self._run(run_id, ids)
+
+    def _deferral(self) -> hooks.Deferral:
+        """The run's defer as observers see it (one span for the run, tracing every step)."""
+        first = self._steps[0].call
+        return hooks.Deferral(f"workflow {self.name}", first.opts.queue, len(self._steps))
+
+    def _insert(self, ids: list[int], deferral: hooks.Deferral) -> sql.InsertWorkflow:
+        """INSERT_WORKFLOW's values: the run, its steps in order (with their job ids), the
+        edges between them."""
+        steps = self._steps
+        return sql.InsertWorkflow(
+            name=self.name,
+            ids=ids,
+            queues=[s.call.opts.queue for s in steps],
+            tasks=[s.call.task.name for s in steps],
+            args=[s.call.args for s in steps],
+            priorities=[s.call.opts.priority for s in steps],
+            run_ats=[s.call.opts.run_at for s in steps],
+            delays=[s.call.opts.delay for s in steps],
+            max_attempts=[s.call.opts.max_attempts for s in steps],
+            leases=[s.call.opts.lease for s in steps],
+            concurrency_keys=[s.call.concurrency_key for s in steps],
+            names=[s.name for s in steps],
+            remaining=[len(s.after) for s in steps],
+            on_failure=[s.on_failure for s in steps],
+            edge_steps=[ids[n] for n, s in enumerate(steps) for _ in s.after],
+            edge_parents=[ids[parent] for s in steps for parent in s.after],
+            traceparent=deferral.traceparent,
+        )
+
+    def _run(self, run_id: int, ids: list[int]) -> WorkflowRun:
         jobs = {s.name: ids[i] for i, s in enumerate(self._steps)}
-        return WorkflowRun(created.id, self.name, jobs)
-
-
-def _batch(
-    workflow: int,
-    batch: Sequence[_Planned],
-    ids: Sequence[int],
-    start: int,
-    traceparent: str | None,
-) -> sql.InsertSteps:
-    """INSERT_STEPS' values for one batch of steps of run ``workflow``."""
-    steps = list(enumerate(batch, start))
-    return sql.InsertSteps(
-        workflow=workflow,
-        ids=[ids[n] for n, _ in steps],
-        queues=[s.call.opts.queue for _, s in steps],
-        tasks=[s.call.task.name for _, s in steps],
-        args=[s.call.args for _, s in steps],
-        priorities=[s.call.opts.priority for _, s in steps],
-        run_ats=[s.call.opts.run_at for _, s in steps],
-        delays=[s.call.opts.delay for _, s in steps],
-        max_attempts=[s.call.opts.max_attempts for _, s in steps],
-        leases=[s.call.opts.lease for _, s in steps],
-        concurrency_keys=[s.call.concurrency_key for _, s in steps],
-        names=[s.name for _, s in steps],
-        remaining=[len(s.after) for _, s in steps],
-        on_failure=[s.on_failure for _, s in steps],
-        edge_steps=[ids[n] for n, s in steps for _ in s.after],
-        edge_parents=[ids[parent] for _, s in steps for parent in s.after],
-        traceparent=traceparent,
-    )
+        return WorkflowRun(run_id, self.name, jobs)
 
 
 def chain(*calls: Call, name: str = "chain") -> Workflow:

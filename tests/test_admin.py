@@ -187,10 +187,10 @@ async def test_replay_delete_and_purge_sync_answer_as_the_async_forms(
     replayed = admin.replay_sync(sync_conn, job_id=[keyed[0], second, one])
     sync_conn.commit()
     assert replayed == admin.Replay(
-        retried=[second, one],
+        replayed=[second, one],
         skipped={keyed[0]: f"unique_key 'k' went to dead job {second}, the newest with that key"},
     )
-    assert await admin.replay(conn, job_id=two) == admin.Replay(retried=[two], skipped={})
+    assert await admin.replay(conn, job_id=two) == admin.Replay(replayed=[two], skipped={})
     with pytest.raises(ValueError, match="replay needs job_id, task, queue or all=True"):
         admin.replay_sync(sync_conn)
 
@@ -244,7 +244,7 @@ async def test_replay_sync_keeps_the_caller_s_transaction_usable_when_it_loses_a
     finally:
         await other.close()
     held = f"unique_key 'k' is held by live job {rival}"
-    assert result == [admin.Replay(retried=[], skipped={dead_id: held})]
+    assert result == [admin.Replay(replayed=[], skipped={dead_id: held})]
 
 
 async def test_stats_queues_and_set_queue_sync_answer_as_the_async_forms(
@@ -304,3 +304,87 @@ async def test_workflow_reads_and_cancel_sync_answer_as_the_async_forms(
     info = aioq.workflow_sync(sync_conn, run.id)
     assert info is not None
     assert {s.last_error for s in info.steps} == {f"cancelled: workflow run {run.id} cancelled"}
+
+
+# --- overlapping replays and deletes lock in one order --------------------------------------
+
+INDEX_ORDER = ("SET enable_seqscan = off", "SET enable_bitmapscan = off")
+TABLE_ORDER = ("SET enable_indexscan = off", "SET enable_indexonlyscan = off",
+               "SET enable_bitmapscan = off")  # fmt: skip
+
+
+async def _replay_ids(conn: asyncpg.Connection, ids: list[int]) -> None:
+    await admin.replay(conn, job_id=ids)
+
+
+async def _delete_ids(conn: asyncpg.Connection, ids: list[int]) -> None:
+    await admin.delete_jobs(conn, ids)
+
+
+CALLS = {"replay": _replay_ids, "delete": _delete_ids}
+
+
+async def _call(
+    name: str, db: asyncpg.Connection, ids: list[int], errors: list[BaseException]
+) -> None:
+    try:
+        await CALLS[name](db, ids)
+    except asyncpg.DeadlockDetectedError as exc:
+        errors.append(exc)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("replay", "delete"), ("delete", "replay"), ("replay", "replay"), ("delete", "delete")],
+)
+async def test_overlapping_replays_and_deletes_never_deadlock(
+    dsn: str, conn: asyncpg.Connection, first: str, second: str
+) -> None:
+    """Two admin calls on the same dead jobs, given in opposite orders and read by plans that
+    visit the rows in opposite orders (the id index, the table's physical order: a row updated
+    since its insert sits after the rows inserted after it), lock the rows in id order, as the
+    cancel and the fenced writes do: they wait for each other, never deadlock.
+
+    The interleaving is forced by a third transaction holding the middle row: the first call
+    locks the lowest id and waits for it, the second reaches it from the other end. Locking in
+    the order each plan met the rows, the two then held one end each and waited for the
+    other's: a deadlock, and PostgreSQL aborted one of them."""
+    for rounds in range(3):
+        low, middle, high = await conn.fetchval(
+            "WITH j AS (INSERT INTO aioq.jobs (queue, task, args, status, last_error)"
+            " SELECT 'q', 't', '{}', 'dead', 'boom' FROM generate_series(1, 3) RETURNING id)"
+            " SELECT array_agg(id ORDER BY id) FROM j"
+        )
+        # The middle row rewritten, then the low one: the table holds them high, middle, low.
+        for job_id in (middle, low):
+            await conn.execute("UPDATE aioq.jobs SET last_error = 'again' WHERE id = $1", job_id)
+        physical = "SELECT array_agg(id ORDER BY ctid) FROM aioq.jobs WHERE id >= $1"
+        assert await conn.fetchval(physical, low) == [high, middle, low]
+        holder, one, two = [await asyncpg.connect(dsn) for _ in range(3)]
+        errors: list[BaseException] = []
+        try:
+            for statement in INDEX_ORDER:
+                await one.execute(statement)
+            for statement in TABLE_ORDER:
+                await two.execute(statement)
+            holding = holder.transaction()
+            await holding.start()
+            await holder.execute("SELECT FROM aioq.jobs WHERE id = $1 FOR UPDATE", middle)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call, first, one, [low, middle, high], errors)
+                await until_sql(
+                    conn,
+                    "SELECT $1 = ANY(pg_blocking_pids($2))",
+                    holder.get_server_pid(),
+                    one.get_server_pid(),
+                )
+                tg.start_soon(_call, second, two, [high, middle, low], errors)
+                await until_sql(
+                    conn, "SELECT cardinality(pg_blocking_pids($1)) > 0", two.get_server_pid()
+                )
+                await holding.rollback()
+        finally:
+            for db in (holder, one, two):
+                await db.close()
+        assert errors == [], f"round {rounds}: {errors}"

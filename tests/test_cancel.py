@@ -92,7 +92,7 @@ async def test_ids_no_job_can_have_are_missing(
             job_id: "cancelled",
         }
         assert await aioq.admin.get_job(conn, absent) is None
-        assert (await aioq.admin.replay(conn, job_id=absent)).retried == []
+        assert (await aioq.admin.replay(conn, job_id=absent)).replayed == []
         assert await aioq.admin.delete_jobs(conn, [absent]) == []
         with pytest.raises(aioq.ResultMissing):
             await aioq.result(conn, absent, timeout=0)
@@ -378,7 +378,7 @@ async def test_cancel_racing_a_lease_rescue_is_fenced(
     [mine] = await statements.claim(conn, ["default"], 1, "w")
     await aioq.admin.cancel_jobs(conn, [fifth])
     assert await statements.write(conn, "w", [mine], OutcomeKind.DEAD, error="boom") == {fifth}
-    assert (await aioq.admin.replay(conn, job_id=fifth)).retried == [fifth]
+    assert (await aioq.admin.replay(conn, job_id=fifth)).replayed == [fifth]
     assert await conn.fetchval(
         "SELECT cancel_requested_at IS NULL FROM aioq.jobs WHERE id = $1", fifth
     )

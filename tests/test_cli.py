@@ -137,6 +137,9 @@ def test_defer_list_show(dsn: str) -> None:
     assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", "[1]"), "must be a JSON object")
     assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", "{nope"), "not valid JSON")
     assert_one_line_error(aioq_cli(dsn, "defer", "t", "--args", '{"x": "\\u0000"}'), "NUL")
+    assert_one_line_error(
+        aioq_cli(dsn, "defer", "t", "--unique-key", "k" * 8000), "unique_key", "at most 512"
+    )
 
     table = aioq_cli(dsn, "jobs", "list")
     assert table.returncode == 0
@@ -172,7 +175,7 @@ def test_defer_list_show(dsn: str) -> None:
     assert "not found" in missing.stderr
 
 
-def test_retry_cancel_purge(dsn: str) -> None:
+def test_replay_cancel_purge(dsn: str) -> None:
     ids = [int(aioq_cli(dsn, "defer", f"t{i % 2}").stdout) for i in range(4)]
     fetch(
         dsn,
@@ -183,14 +186,14 @@ def test_retry_cancel_purge(dsn: str) -> None:
     table = aioq_cli(dsn, "jobs", "list", "--status", "dead")
     assert table.stdout.splitlines()[1].split()[3:] == ["dead", "5/5", *table.stdout.splitlines()[1].split()[5:7], "boom"]  # fmt: skip
 
-    retried = aioq_cli(dsn, "jobs", "retry", str(ids[0]))
-    assert (retried.returncode, retried.stdout.strip()) == (0, f"retried 1 job: {ids[0]}")
-    again = aioq_cli(dsn, "jobs", "retry", str(ids[0]), "--json")
+    replayed = aioq_cli(dsn, "jobs", "replay", str(ids[0]))
+    assert (replayed.returncode, replayed.stdout.strip()) == (0, f"replayed 1 job: {ids[0]}")
+    again = aioq_cli(dsn, "jobs", "replay", str(ids[0]), "--json")
     assert again.returncode == 1
-    assert json.loads(again.stdout) == {"retried": [], "missing": [ids[0]]}
-    by_task = aioq_cli(dsn, "jobs", "retry", "--dead", "--task", "t1", "--json")
-    assert json.loads(by_task.stdout) == {"retried": [ids[1]], "missing": []}
-    assert aioq_cli(dsn, "jobs", "retry", "1", "--dead").returncode == 2
+    assert json.loads(again.stdout) == {"replayed": [], "missing": [ids[0]]}
+    by_task = aioq_cli(dsn, "jobs", "replay", "--dead", "--task", "t1", "--json")
+    assert json.loads(by_task.stdout) == {"replayed": [ids[1]], "missing": []}
+    assert aioq_cli(dsn, "jobs", "replay", "1", "--dead").returncode == 2
 
     cancelled = aioq_cli(dsn, "jobs", "cancel", str(ids[3]), str(ids[2]))
     assert cancelled.returncode == 1  # ids[2] is dead, not pending
@@ -301,9 +304,39 @@ def test_ids_past_bigint_are_absent_jobs(dsn: str) -> None:
         assert cancelled.returncode == 1, cancelled
         states = json.loads(cancelled.stdout)
         assert (states["missing"], states["cancelled"]) == ([int(absent)], [job_id])
-        retried = aioq_cli(dsn, "jobs", "retry", absent, "--json")
-        assert retried.returncode == 1, retried
-        assert json.loads(retried.stdout) == {"retried": [], "missing": [int(absent)]}
+        replayed = aioq_cli(dsn, "jobs", "replay", absent, "--json")
+        assert replayed.returncode == 1, replayed
+        assert json.loads(replayed.stdout) == {"replayed": [], "missing": [int(absent)]}
+
+
+def test_jobs_retry_is_replays_hidden_old_spelling_for_one_release(dsn: str) -> None:
+    """`aioq jobs retry` still works, out of the help, saying on stderr that it is deprecated,
+    and prints what it printed before (the "retried" text and JSON key) for scripts that read
+    it; `aioq jobs replay` says "replayed"."""
+    ids = [int(aioq_cli(dsn, "defer", "t").stdout) for _ in range(2)]
+    fetch(dsn, "UPDATE aioq.jobs SET status = 'dead' WHERE id = ANY($1)", ids)
+    old = aioq_cli(dsn, "jobs", "retry", str(ids[0]), "--json")
+    assert old.returncode == 0, old
+    assert json.loads(old.stdout) == {"retried": [ids[0]], "missing": []}
+    assert old.stderr == (
+        "aioq: 'aioq jobs retry' is deprecated and will be removed in the next release: use"
+        ' \'aioq jobs replay\' (its --json says "replayed" instead of "retried")\n'
+    )
+    text = aioq_cli(dsn, "jobs", "retry", "--dead")
+    assert (text.returncode, text.stdout) == (0, f"retried 1 job: {ids[1]}\n")
+    assert "deprecated" in text.stderr
+    new = aioq_cli(dsn, "jobs", "replay", "--dead", "--json")
+    assert (new.returncode, json.loads(new.stdout), new.stderr) == (
+        0,
+        {"replayed": [], "missing": []},
+        "",
+    )
+    helped = aioq_cli(dsn, "jobs", "--help")
+    assert "replay" in helped.stdout
+    assert "retry" not in helped.stdout
+    assert aioq_cli(dsn, "jobs", "retry", "1", "--dead").stderr.endswith(
+        "aioq: error: jobs retry: give job ids or --dead (not both)\n"
+    )
 
 
 def test_limits_and_ports_out_of_range_are_usage_errors(dsn: str, task_dir: Path) -> None:

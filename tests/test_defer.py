@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -395,6 +396,57 @@ async def test_defer_many_refuses_a_unique_key(
         await send.options(unique_key="k").defer_many(conn, [{"order_id": 1}])
     assert info.value.task_name == send.name
     assert await count_jobs(conn) == 0
+
+
+def incompressible_key(length: int) -> str:
+    """A key of ``length`` random characters of four UTF-8 bytes each: the longest text of that
+    many characters, which no compression shortens (the index stores it as it is)."""
+    return "".join(chr(0x10000 + secrets.randbelow(0xF0000)) for _ in range(length))
+
+
+async def test_a_unique_key_longer_than_its_index_holds_is_refused_before_any_sql(
+    conn: asyncpg.Connection, send: aioq.Task[[int, str], None]
+) -> None:
+    """A unique_key of 8 000 characters reached the database, whose unique index refused it
+    (an entry holds at most 2 692 bytes of text) and aborted the caller's transaction. Keys are
+    bounded like queue names: MAX_UNIQUE_KEY characters, whatever their bytes, fit; one more is
+    refused by options(), on every path, before any SQL."""
+    from aioq.options import MAX_UNIQUE_KEY
+
+    async with conn.transaction():
+        longest = incompressible_key(MAX_UNIQUE_KEY)
+        first = await send.options(unique_key=longest).defer(conn, order_id=1)
+        assert await send.options(unique_key=longest).defer(conn, order_id=2) == first
+        windowed = incompressible_key(MAX_UNIQUE_KEY)  # also the uniques table's primary key
+        await send.options(unique_key=windowed, unique_for=60).defer(conn, order_id=3)
+    assert await count_jobs(conn) == 2
+
+    too_long = secrets.token_hex(4000)  # 8 000 characters
+    one_more = "k" * (MAX_UNIQUE_KEY + 1)
+    paths = {
+        "defer": lambda key: send.options(unique_key=key).defer(conn, order_id=1),
+        "replace": lambda key: send.options(unique_key=key, on_conflict="replace").defer(
+            conn, order_id=1
+        ),
+        "unique_for": lambda key: send.options(unique_key=key, unique_for=60).defer(
+            conn, order_id=1
+        ),
+        "defer_many": lambda key: send.options(unique_key=key).defer_many(conn, [{"order_id": 1}]),
+        "workflow step": lambda key: aioq.chain(
+            send.options(unique_key=key).call(order_id=1)
+        ).defer(conn),
+    }
+    async with conn.transaction():
+        for path, defer in paths.items():
+            for key in (too_long, one_more):
+                with pytest.raises(aioq.errors.OptionError) as info:
+                    await defer(key)
+                assert info.value.field == "unique_key", path
+                assert f"at most {MAX_UNIQUE_KEY} characters" in str(info.value), path
+                assert str(len(key)) in str(info.value), path
+                assert len(str(info.value)) < 400, path  # the key itself is not repeated
+                # The caller's transaction is still usable.
+                assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 2, path
 
 
 # --- bad input ----------------------------------------------------------------------------

@@ -349,6 +349,21 @@ def test_defer_many_refuses_a_unique_key(sync: Sync, send: aioq.Task[[int, str],
     assert sync.value("SELECT count(*) FROM aioq.jobs") == 0
 
 
+def test_a_unique_key_longer_than_its_index_holds_is_refused_before_any_sql(
+    sync: Sync, send: aioq.Task[[int, str], None]
+) -> None:
+    """As in tests/test_defer.py: refused by options(), and the caller's transaction goes on."""
+    from aioq.options import MAX_UNIQUE_KEY
+
+    sync.value("SELECT 1")  # the caller's transaction is open
+    for key in ("k" * 8000, "k" * (MAX_UNIQUE_KEY + 1)):
+        with pytest.raises(aioq.errors.OptionError, match=f"at most {MAX_UNIQUE_KEY} characters"):
+            send.options(unique_key=key).defer_sync(sync.target, order_id=1)
+    kept = send.options(unique_key="k" * MAX_UNIQUE_KEY).defer_sync(sync.target, order_id=1)
+    sync.commit()
+    assert sync.sql("SELECT id FROM aioq.jobs") == [(kept,)]
+
+
 # --- bad input ----------------------------------------------------------------------------
 
 

@@ -354,7 +354,7 @@ def test_the_sh_check_catches_unknown_flags_extras_targets_and_programs() -> Non
         return sh_problems(Block(ROOT / "README.md", 1, "sh", text, None))
 
     assert problems("aioq stats --watch 5  # fine\naioq queues set q --rate 100/60s\n") == []
-    assert problems("aioq jobs retry --dead \\\n    --task t\n") == []
+    assert problems("aioq jobs replay --dead \\\n    --task t\n") == []
     [unknown_flag] = problems("aioq stats --whatch 5\n")
     assert "unrecognized arguments: --whatch 5" in unknown_flag
     [bad_value] = problems("aioq queues set q --rate fast\n")
@@ -471,7 +471,7 @@ def test_commands_quoted_in_the_prose_exist() -> None:
         if (problem := cli_words_problem(words)) is not None
     ]
     assert problems == []
-    assert cli_words_problem(["jobs", "retry", "--dead", "--queue", "Q"]) is None
+    assert cli_words_problem(["jobs", "replay", "--dead", "--queue", "Q"]) is None
     assert cli_words_problem(["job", "list"]) == "aioq has no command 'job'"
     assert cli_words_problem(["worker", "--no-periodc"]) == "aioq worker has no option --no-periodc"
 

@@ -57,9 +57,12 @@ def test_every_ddl_file_names_the_schema_by_the_one_placeholder() -> None:
     for path in files:
         text = path.read_text()
         assert token in text, f"{path.name} never names the schema"
-        rest = text.replace(token, "")
-        assert "{{" not in rest, f"{path.name}: a misspelt placeholder"
-        assert "}}" not in rest, f"{path.name}: a misspelt placeholder"
+        rest = re.sub(re.escape(token) + r"\b", "", text)
+        # The statements' marker syntax (aioq.sql), and nothing else: no other @name, no
+        # brace placeholder.
+        assert not re.search(r"@[A-Za-z_]", rest), f"{path.name}: a misspelt placeholder"
+        assert "{{" not in rest, f"{path.name}: a placeholder of another syntax"
+        assert "}}" not in rest, f"{path.name}: a placeholder of another syntax"
 
 
 def test_schema_sql_is_a_file_at_the_latest_version() -> None:
@@ -332,3 +335,40 @@ async def test_the_comparison_sees_each_kind_of_difference(admin_dsn: str) -> No
         "+rows migrations: versions [1, 2, 4,",
     ):
         assert changed in diff, f"{changed!r} not in\n{diff}"
+
+
+# --- one migration's data -------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_migration_17_keeps_the_steps_a_failed_dependency_cancelled(admin_dsn: str) -> None:
+    """Migration 17 moves what the workflow trigger's cascade records (the dependency that
+    cancelled a step) from the step row to the job row, where the trigger's WHEN reads it: steps
+    a dependency's death cancelled before the upgrade come back when it is replayed after."""
+    registry = aioq.Registry()
+
+    @registry.task
+    async def step(n: int) -> None:
+        pass
+
+    async with fresh_database(admin_dsn) as conn:
+        async with conn.transaction():
+            await conn.execute(migrate.schema_sql(to_version=16))
+        run = await aioq.chain(*(step.call(n=i) for i in range(3))).defer(conn)
+        root, second, third = run.jobs.values()
+        await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", root)
+        assert await aioq.install(conn) == [17]
+        rows = await conn.fetch("SELECT id, status, blocked_by FROM aioq.jobs ORDER BY id")
+        assert [tuple(r) for r in rows] == [
+            (root, "dead", None),
+            (second, "cancelled", root),
+            (third, "cancelled", second),
+        ]
+        replay = await aioq.admin.replay(conn, job_id=root)
+        assert replay.revived == {second: "step-2", third: "step-3"}
+        rows = await conn.fetch("SELECT id, status, blocked_by FROM aioq.jobs ORDER BY id")
+        assert [tuple(r) for r in rows] == [
+            (root, "pending", None),
+            (second, "waiting", None),
+            (third, "waiting", None),
+        ]

@@ -55,7 +55,7 @@ async def test_retry_dead_replays_one_job_per_unique_key_and_reports_the_rest(
         assert await conn.fetchval("SELECT 1") == 1
 
     older_k1, newer_k1 = dead["k1"]
-    assert replay.retried == sorted([newer_k1, dead["k2"][0], keyless])
+    assert replay.replayed == sorted([newer_k1, dead["k2"][0], keyless])
     assert replay.skipped == {
         older_k1: f"unique_key 'k1' went to dead job {newer_k1}, the newest with that key",
         dead["k3"][0]: f"unique_key 'k3' is held by live job {live}",
@@ -67,11 +67,13 @@ async def test_retry_dead_replays_one_job_per_unique_key_and_reports_the_rest(
     failing = False
     with anyio.fail_after(HANG_GUARD):
         await make_worker().run_until_idle()
-    assert sorted(ran) == replay.retried
+    assert sorted(ran) == replay.replayed
 
     # The key is free again once its replayed job finished: the older job can come back now.
     again = await aioq.admin.replay(conn, job_id=[older_k1, dead["k3"][0]])
-    assert again.retried == [older_k1]
+    assert again.replayed == [older_k1]
+    with pytest.warns(DeprecationWarning, match="Replay.retried is now Replay.replayed"):
+        assert again.retried == [older_k1]  # the old name, for one release
     assert again.skipped == {dead["k3"][0]: f"unique_key 'k3' is held by live job {live}"}
 
 
@@ -106,30 +108,30 @@ async def test_retry_dead_skips_a_key_taken_by_a_defer_that_commits_during_the_r
                 await tx.commit()
     finally:
         await other.close()
-    assert result == [aioq.admin.Replay(retried=[], skipped={dead_id: f"unique_key 'k' is held by live job {rival}"})]  # fmt: skip
+    assert result == [aioq.admin.Replay(replayed=[], skipped={dead_id: f"unique_key 'k' is held by live job {rival}"})]  # fmt: skip
     assert (await _statuses(conn))[dead_id] == "dead"
 
 
-def test_cli_jobs_retry_dead_replays_one_job_per_key(dsn: str) -> None:
+def test_cli_jobs_replay_dead_replays_one_job_per_key(dsn: str) -> None:
     ids = [int(aioq_cli(dsn, "defer", "t").stdout) for _ in range(3)]
     run_sql(
         dsn,
         f"UPDATE aioq.jobs SET status = 'dead', unique_key = 'same' WHERE id IN ({ids[0]}, {ids[1]})",
         f"UPDATE aioq.jobs SET status = 'dead' WHERE id = {ids[2]}",
     )
-    table = aioq_cli(dsn, "jobs", "retry", "--dead", "--json")
+    table = aioq_cli(dsn, "jobs", "replay", "--dead", "--json")
     assert table.returncode == 0, table
     assert json.loads(table.stdout) == {
-        "retried": [ids[1], ids[2]],
+        "replayed": [ids[1], ids[2]],
         "missing": [],
         "skipped": {
             str(ids[0]): f"unique_key 'same' went to dead job {ids[1]}, the newest with that key"
         },
     }
     # By id, the skipped job is reported, and the exit status says it was not replayed.
-    by_id = aioq_cli(dsn, "jobs", "retry", str(ids[0]))
+    by_id = aioq_cli(dsn, "jobs", "replay", str(ids[0]))
     assert by_id.returncode == 1, by_id
     assert by_id.stdout.splitlines() == [
-        "retried 0 jobs",
+        "replayed 0 jobs",
         f"skipped job {ids[0]}: unique_key 'same' is held by live job {ids[1]}",
     ]

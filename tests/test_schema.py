@@ -152,7 +152,7 @@ async def test_invalid_schema_names_are_refused(conn: asyncpg.Connection, schema
 def test_schema_sql_is_rendered_for_the_schema() -> None:
     sql = aioq.admin.schema_sql("q2")
     assert '"q2".jobs' in sql
-    assert "{{schema}}" not in sql
+    assert "@schema" not in sql
     assert '"aioq"' not in sql
 
 

@@ -55,7 +55,7 @@ STATEMENTS: dict[str, set[Event]] = {
     "sql.jobs.INSERT_KEYED_JOBS": {Event.DEFERRED},
     "sql.jobs.INSERT_UNIQUE_JOB_FOR": {Event.DEFERRED},
     "sql.schedules.SCHEDULE_TICK": {Event.DEFERRED},
-    "sql.workflows.INSERT_STEPS": {Event.DEFERRED},
+    "sql.workflows.INSERT_WORKFLOW": {Event.DEFERRED},
     "sql.jobs.CLAIM_ONE_QUEUE": {Event.CLAIM},
     "sql.jobs.CLAIM_QUEUES": {Event.CLAIM},
     "sql.limits.CLAIM_LIMITED": {Event.CLAIM},
@@ -282,17 +282,18 @@ async def defer_everything(m: Machine, registry: aioq.Registry) -> None:
     )  # fmt: skip
     await m.run("sql.schedules.SCHEDULE_TICK", lambda: schedules.SCHEDULE_TICK.rows(conn, S, tick))
 
-    created = await workflows.CREATE_WORKFLOW.row(conn, S, "flow", 2)
-    assert created is not None
-    first, second = created.ids
-    steps = workflows.InsertSteps(
-        workflow=created.id, ids=[first, second], queues=["q", "q"], tasks=["s", "s"],
-        args=["{}", "{}"], priorities=[0, 0], run_ats=[None, None], delays=[0.0, 0.0],
-        max_attempts=[5, 5], leases=[30.0, 30.0], concurrency_keys=[None, None],
-        names=["a", "b"], remaining=[0, 1], on_failure=["cancel", "cancel"],
-        edge_steps=[second], edge_parents=[first], traceparent=None,
+    ids = await workflows.NEW_JOB_IDS.row(conn, S, 2)
+    assert ids is not None
+    run = workflows.InsertWorkflow(
+        name="flow", ids=ids, queues=["q", "q"], tasks=["s", "s"], args=["{}", "{}"], priorities=[0, 0],
+        run_ats=[None, None], delays=[0.0, 0.0], max_attempts=[5, 5], leases=[30.0, 30.0],
+        concurrency_keys=[None, None], names=["a", "b"], remaining=[0, 1],
+        on_failure=["cancel", "cancel"], edge_steps=[ids[1]], edge_parents=[ids[0]],
+        traceparent=None,
     )  # fmt: skip
-    await m.run("sql.workflows.INSERT_STEPS", lambda: workflows.INSERT_STEPS.row(conn, S, steps))
+    await m.run(
+        "sql.workflows.INSERT_WORKFLOW", lambda: workflows.INSERT_WORKFLOW.row(conn, S, run)
+    )
 
 
 async def claim_everything(m: Machine) -> None:

@@ -200,7 +200,7 @@ def test_job_detail_shows_args_error_and_worker(dsn: str, client: TestClient) ->
     assert "a@example.com" in page.text
     assert "KeyError: &#34;&lt;to&gt;&#34;" in page.text  # escaped, whole
     assert 'File "tasks.py", line 3'.replace('"', "&#34;") in page.text
-    assert 'value="retry"' in page.text
+    assert 'value="replay"' in page.text
     assert 'value="delete"' in page.text
     assert 'value="cancel"' not in page.text  # a dead job is not cancelled
 
@@ -230,16 +230,21 @@ def post(client: TestClient, action: str, ids: list[int], **extra: str) -> Any:
     return client.post("/actions", data=data, follow_redirects=False)
 
 
-def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
+def test_actions_replay_cancel_delete(dsn: str, client: TestClient) -> None:
     dead = add_jobs(dsn, "mail", 3)
     make_dead(dsn, dead, "boom")
     pending = add_jobs(dsn, "mail", 3)
 
-    done = post(client, "retry", [dead[0], pending[0]], next="/jobs?status=dead")
+    done = post(client, "replay", [dead[0], pending[0]], next="/jobs?status=dead")
     assert done.status_code == 303
-    assert done.headers["location"].startswith("/jobs?status=dead&done=retried+1+of+2")
+    assert done.headers["location"].startswith("/jobs?status=dead&done=replayed+1+of+2")
     assert status_of(dsn, dead[0]) == "pending"
     assert status_of(dsn, pending[0]) == "pending"
+    # The button's old value, from a page loaded before an upgrade, replays too.
+    make_dead(dsn, [dead[0]], "boom")
+    old = post(client, "retry", [dead[0]])
+    assert "done=replayed+1+of+1+job" in old.headers["location"]
+    assert status_of(dsn, dead[0]) == "pending"
 
     cancelled = post(client, "cancel", [*pending[1:], dead[1]])
     assert cancelled.status_code == 303
@@ -260,7 +265,7 @@ def test_actions_retry_cancel_delete(dsn: str, client: TestClient) -> None:
     assert status_of(dsn, running[0]) == "running"  # its worker owns it
 
     shown = client.get(done.headers["location"])
-    assert "retried 1 of 2 jobs" in shown.text
+    assert "replayed 1 of 2 jobs" in shown.text
     assert "frame-ancestors 'none'" in shown.headers["content-security-policy"]
     assert shown.headers["x-frame-options"] == "DENY"
     spoofed = client.get("/jobs", params={"done": "Your session expired, call +1 555"})
@@ -271,22 +276,22 @@ def test_actions_refuse_forged_and_foreign_requests(dsn: str, client: TestClient
     dead = add_jobs(dsn, "mail", 1)
     make_dead(dsn, dead, "boom")
     client.get("/")  # the cookie
-    forged = client.post("/actions", data={"action": "retry", "ids": str(dead[0])})
+    forged = client.post("/actions", data={"action": "replay", "ids": str(dead[0])})
     assert forged.status_code == 403
     assert "CSRF" in forged.text
-    wrong = client.post("/actions", data={"csrf": "x" * 43, "action": "retry", "ids": dead})
+    wrong = client.post("/actions", data={"csrf": "x" * 43, "action": "replay", "ids": dead})
     assert wrong.status_code == 403
     client.cookies.clear()
     token = CSRF.search(client.get("/jobs").text)
     assert token
     client.cookies.clear()  # a token from the page without the cookie it goes with
-    stolen = client.post("/actions", data={"csrf": token[1], "action": "retry", "ids": dead})
+    stolen = client.post("/actions", data={"csrf": token[1], "action": "replay", "ids": dead})
     assert stolen.status_code == 403
     assert status_of(dsn, dead[0]) == "dead"
 
     bad = post(client, "explode", dead)
     assert bad.status_code == 400
-    away = post(client, "retry", dead, next="//evil.example/x")
+    away = post(client, "replay", dead, next="//evil.example/x")
     assert away.headers["location"].startswith("/?done=")  # never an open redirect
     assert client.get("/actions").status_code == 405
 
@@ -303,7 +308,7 @@ def test_read_only_shows_no_buttons_and_refuses_posts(dsn: str) -> None:
         page = client.get("/jobs")
         assert CSRF.search(page.text) is None
         assert "set-cookie" not in page.headers  # no token, no cookie
-        refused = client.post("/actions", data={"action": "retry", "ids": dead})
+        refused = client.post("/actions", data={"action": "replay", "ids": dead})
         assert refused.status_code == 403
         assert "read-only" in refused.text
     assert status_of(dsn, dead[0]) == "dead"
@@ -707,16 +712,16 @@ def test_the_jobs_page_says_what_its_buttons_act_on(dsn: str, client: TestClient
     page = client.get("/jobs", params={"status": "dead", "queue": "mail"}).text
     assert len(job_ids(page)) == 5  # one page of the seven
     assert "act on the jobs ticked on this page only" in page
-    assert "<code>aioq jobs retry --dead --queue mail</code>" in page
+    assert "<code>aioq jobs replay --dead --queue mail</code>" in page
     # The command is copied into a shell: a filter value is quoted for it.
     odd = client.get("/jobs", params={"status": "dead", "task": "a b;rm"}).text
-    assert "<code>aioq jobs retry --dead --task &#39;a b;rm&#39;</code>" in odd
-    # The CLI cannot filter by error text, and retries only dead jobs: no command then.
+    assert "<code>aioq jobs replay --dead --task &#39;a b;rm&#39;</code>" in odd
+    # The CLI cannot filter by error text, and replays only dead jobs: no command then.
     for params in ({"status": "dead", "q": "boom"}, {"status": "pending"}, {}):
-        assert "aioq jobs retry" not in client.get("/jobs", params=params).text
+        assert "aioq jobs replay" not in client.get("/jobs", params=params).text
     # What the command says is what the CLI does: every dead job of the queue, past the page.
-    retried = aioq_cli(dsn, "jobs", "retry", "--dead", "--queue", "mail")
-    assert retried.returncode == 0, retried
+    replayed = aioq_cli(dsn, "jobs", "replay", "--dead", "--queue", "mail")
+    assert replayed.returncode == 0, replayed
     assert {status_of(dsn, i) for i in dead} == {"pending"}
 
 
@@ -765,7 +770,7 @@ def test_the_csrf_cookie_over_https_is_host_only_secure_and_strict(dsn: str) -> 
         assert token
         done = client.post(
             "/aioq/actions",
-            data={"csrf": token[1], "action": "retry", "ids": str(dead)},
+            data={"csrf": token[1], "action": "replay", "ids": str(dead)},
             follow_redirects=False,
         )
         assert done.status_code == 303, done.text
@@ -789,7 +794,7 @@ def test_tokens_hold_across_processes_that_share_the_secret_and_nowhere_else(dsn
             token = CSRF.search(page.text)
             assert token
             two.cookies = one.cookies
-            form = {"csrf": token[1], "action": "retry", "ids": str(dead)}
+            form = {"csrf": token[1], "action": "replay", "ids": str(dead)}
             return int(two.post("/actions", data=form, follow_redirects=False).status_code)
 
     def process(**options: Any) -> Starlette:
@@ -806,7 +811,7 @@ def test_tokens_hold_across_processes_that_share_the_secret_and_nowhere_else(dsn
         assert token
         for name, value in one.cookies.items():
             two.cookies.set(name, value, path="/b")
-        form = {"csrf": token[1], "action": "retry", "ids": str(dead)}
+        form = {"csrf": token[1], "action": "replay", "ids": str(dead)}
         assert two.post("/b/actions", data=form, follow_redirects=False).status_code == 403
     assert status_of(dsn, dead) == "dead"
     assert retried_by(process(secret=secret), process(secret=secret)) == 303
@@ -821,7 +826,7 @@ def test_a_cross_site_post_is_refused_even_with_a_valid_token(dsn: str, client: 
     make_dead(dsn, [dead], "boom")
     token = CSRF.search(client.get("/jobs").text)
     assert token
-    form = {"csrf": token[1], "action": "retry", "ids": str(dead)}
+    form = {"csrf": token[1], "action": "replay", "ids": str(dead)}
     for site in ("cross-site", "same-site"):  # what the browser says of the page that posted
         refused = client.post("/actions", data=form, headers={"sec-fetch-site": site})
         assert refused.status_code == 403, site
@@ -859,7 +864,7 @@ def test_aioq_web_processes_given_one_secret_accept_each_others_tokens(
             assert token
             done = http.post(
                 f"http://127.0.0.1:{ports[1]}/actions",
-                data={"csrf": token[1], "action": "retry", "ids": str(dead)},
+                data={"csrf": token[1], "action": "replay", "ids": str(dead)},
             )
             assert done.status_code == 303, done.text
     assert status_of(dsn, dead) == "pending"
@@ -945,7 +950,7 @@ def test_a_read_only_dashboard_shows_the_command_that_retries_a_dead_filter(dsn:
     make_dead(dsn, add_jobs(dsn, "mail", 2), "boom")
     with TestClient(aioq.web.app(dsn=dsn)) as client:
         page = client.get("/jobs", params={"status": "dead", "queue": "mail"}).text
-    assert "<code>aioq jobs retry --dead --queue mail</code>" in page
+    assert "<code>aioq jobs replay --dead --queue mail</code>" in page
     assert "<button name=" not in page
 
 

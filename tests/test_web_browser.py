@@ -192,10 +192,10 @@ def test_an_operator_finds_a_dead_job_reads_its_error_and_retries_it(
     expect(page.locator("#last-error")).to_contain_text("ValueError: smtp refused message 1")
     expect(page.locator("#last-error")).to_contain_text("Traceback")
 
-    # Retry it; once the bug is fixed a worker completes it.
+    # Replay it; once the bug is fixed a worker completes it.
     broken["flaky"] = False
-    page.get_by_role("button", name="Retry").click()
-    expect(page.locator(".flash")).to_have_text("retried 1 of 1 job")
+    page.get_by_role("button", name="Replay").click()
+    expect(page.locator(".flash")).to_have_text("replayed 1 of 1 job")
     expect(page.locator("h2 .badge")).to_have_text("pending")
     drain(dsn)
     page.reload()
@@ -221,7 +221,7 @@ def test_read_only_and_forged_posts_are_refused(dsn: str, site: str, page: Any) 
     broken["flaky"] = True
     flaky_ids = off_thread(lambda: _defer(dsn))
     drain(dsn)
-    form = {"action": "retry", "ids": str(flaky_ids[0])}
+    form = {"action": "replay", "ids": str(flaky_ids[0])}
 
     page.goto(f"{site}/ro/jobs?status=dead")
     expect = playwright_sync.expect
@@ -239,7 +239,7 @@ def test_read_only_and_forged_posts_are_refused(dsn: str, site: str, page: Any) 
     assert "CSRF" in forged.text()
     from_script = page.evaluate(
         """async ([url, id]) => (await fetch(url, {method: "POST", body: new URLSearchParams(
-            {action: "retry", ids: id, csrf: "guessed"})})).status""",
+            {action: "replay", ids: id, csrf: "guessed"})})).status""",
         [f"{site}/rw/actions", str(flaky_ids[0])],
     )
     assert from_script == 403

@@ -84,7 +84,7 @@ def test_served_alone_behind_a_proxy_prefix(dsn: str, entry: str) -> None:
 
 def test_two_dashboards_in_one_app_keep_their_own_links_and_actions(dsn: str) -> None:
     """A read-only dashboard mounted first, one with actions after it: the second's links,
-    forms and redirects are its own, and its Retry works."""
+    forms and redirects are its own, and its Replay works."""
     ro = aioq.web.app(dsn=dsn)
     rw = aioq.web.app(dsn=dsn, actions=True)
     host = host_app([Mount("/ro", ro), Mount("/rw", rw, name="rw")], ro, rw)

@@ -135,7 +135,7 @@ async def test_failures_back_off_then_die_and_replay(
 
     # Replay: pending again with fresh attempts, and it runs.
     failing = False
-    assert (await aioq.admin.replay(conn, job_id=job_id)).retried == [job_id]
+    assert (await aioq.admin.replay(conn, job_id=job_id)).replayed == [job_id]
     replayed = await job_row(conn, job_id)
     assert replayed is not None
     assert (replayed["status"], replayed["attempts"]) == ("pending", 0)
@@ -174,11 +174,11 @@ async def test_retry_dead_by_task_and_by_queue_replays_only_matching_jobs(
     assert await count_rows(conn, "status = 'dead'") == 4
 
     failing = False
-    assert (await aioq.admin.replay(conn, task="t.a")).retried == sorted([a1, a2])
+    assert (await aioq.admin.replay(conn, task="t.a")).replayed == sorted([a1, a2])
     await run_until_idle(make_worker(queues=["q1", "q2"]))
     assert sorted(ran) == sorted([a1, a2])
 
-    assert (await aioq.admin.replay(conn, queue="q2")).retried == [b2]
+    assert (await aioq.admin.replay(conn, queue="q2")).replayed == [b2]
     await run_until_idle(make_worker(queues=["q1", "q2"]))
     assert sorted(ran) == sorted([a1, a2, b2])
 

@@ -118,11 +118,12 @@ async def test_rolled_back_transaction_leaves_no_step(
     async def step(n: int) -> None:
         pass
 
-    flow = aioq.chain(*(step.call(n=i) for i in range(5)))
+    flow = aioq.chain(*(step.call(n=i) for i in range(8_002)))  # once two batches and more
     tx = conn.transaction()
     await tx.start()
     run = await flow.defer(conn)
-    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 5
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 8_002
+    assert conn.is_in_transaction()  # the caller's, never committed by the defer
     await tx.rollback()
     for table in ("jobs", "workflows", "workflow_steps", "workflow_deps"):
         assert await conn.fetchval(f"SELECT count(*) FROM aioq.{table}") == 0
@@ -178,7 +179,7 @@ async def test_dead_step_cancels_dependents_and_replay_resumes(
 
     broken["yes"] = False
     replay = await aioq.admin.replay(conn, job_id=run.jobs["fragile"])
-    assert replay.retried == [run.jobs["fragile"]]
+    assert replay.replayed == [run.jobs["fragile"]]
     assert replay.revived == {run.jobs["after"]: "after", run.jobs["end"]: "end"}
     now = await statuses(conn, run.id)
     assert now["after"] == "waiting"
@@ -283,7 +284,7 @@ def test_build_errors(registry: aioq.Registry) -> None:
         flow.add(step.call(n=1), on_failure="ignore")
 
 
-async def test_large_run_defers_in_few_round_trips(
+async def test_a_large_run_is_written_by_one_statement(
     conn: asyncpg.Connection, registry: aioq.Registry
 ) -> None:
     @registry.task
@@ -298,8 +299,10 @@ async def test_large_run_defers_in_few_round_trips(
     conn.add_query_logger(lambda q: statements.append(q.query))
     async with conn.transaction():
         run = await flow.defer(conn)
-    steps = [q for q in statements if "workflow" in q]
-    assert len(steps) == 1 + -(-9_002 // 4000), steps  # the run, then one per batch
+    # The steps' ids, then the run and every step in one statement (asyncpg's own type
+    # introspection and the transaction's aside).
+    ours = [q for q in statements if '"aioq".' in q]
+    assert len(ours) == 2, ours
     assert len(run.jobs) == 9_002
     assert await conn.fetchval("SELECT count(*) FROM aioq.workflow_deps") == 18_000
     assert (
@@ -480,29 +483,31 @@ async def test_cli_shortens_a_fan_in_and_says_which_step_to_replay(
     assert "part,part-2,part-3 +3 more" in row, shown.stdout
     assert max(map(len, shown.stdout.splitlines())) < 150, shown.stdout  # not 6 names wide
     # A new user's first try: replay the step that was cancelled, not the one that died.
-    retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["merge"]))
-    assert retried.returncode == 1
+    replayed = aioq_cli(dsn, "jobs", "replay", str(run.jobs["merge"]))
+    assert replayed.returncode == 1
     assert (
-        f"skipped job {run.jobs['merge']}: cancelled as a step it needs failed"
-        f" (DependencyFailed: step 'part' (job {run.jobs['part']}) ended dead):"
-        f" retry job {run.jobs['part']} instead"
-    ) in retried.stdout, retried.stdout
+        f"skipped job {run.jobs['merge']}: cancelled because step 'part' (job"
+        f" {run.jobs['part']}), which it needs, ended dead: replay job {run.jobs['part']}"
+        " instead, and the steps it cancelled wait again"
+    ) in replayed.stdout, replayed.stdout
     assert (await statuses(conn, run.id))["merge"] == "cancelled"
     stopped = await aioq.chain(part.call(n=1), merge.call()).defer(conn)
     await aioq.admin.cancel_jobs(conn, [stopped.jobs["part"]])
-    retried = aioq_cli(dsn, "jobs", "retry", str(stopped.jobs["merge"]))
-    assert retried.returncode == 1
-    assert "ended cancelled): a cancelled step is not replayed" in retried.stdout, retried.stdout
-    # The step that died: its dependent waits again, and the retry says so.
-    retried = aioq_cli(dsn, "jobs", "retry", str(run.jobs["part"]))
-    assert retried.returncode == 0, retried.stderr
-    assert retried.stdout == (
-        f"retried 1 job: {run.jobs['part']}\n"
+    replayed = aioq_cli(dsn, "jobs", "replay", str(stopped.jobs["merge"]))
+    assert replayed.returncode == 1
+    assert "which it needs, was cancelled: a cancelled job is not replayed" in replayed.stdout, (
+        replayed.stdout
+    )
+    # The step that died: its dependent waits again, and the replay says so.
+    replayed = aioq_cli(dsn, "jobs", "replay", str(run.jobs["part"]))
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout == (
+        f"replayed 1 job: {run.jobs['part']}\n"
         f"revived 1 dependent step, waiting again: {run.jobs['merge']} (merge)\n"
     )
     assert (await statuses(conn, run.id))["merge"] == "waiting"
     await conn.execute("UPDATE aioq.jobs SET status = 'dead' WHERE id = $1", run.jobs["part"])
-    as_json = aioq_cli(dsn, "jobs", "retry", "--dead", "--task", "app.part", "--json")
+    as_json = aioq_cli(dsn, "jobs", "replay", "--dead", "--task", "app.part", "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["revived"] == {str(run.jobs["merge"]): "merge"}
 
@@ -687,7 +692,7 @@ async def test_a_long_chain_cascades_and_revives_in_one_statement(
     tail = await aioq.admin.get_job(conn, run.jobs["link-1500"])
     assert tail is not None
     assert tail.last_error == f"DependencyFailed: step 'link' (job {head}) ended dead"
-    assert (await aioq.admin.replay(conn, job_id=head)).retried == [head]
+    assert (await aioq.admin.replay(conn, job_id=head)).replayed == [head]
     assert dict(await conn.fetch(counts, run.id)) == {"pending": 1, "waiting": 1499}
 
 
@@ -760,7 +765,7 @@ async def test_a_diamond_cascades_through_steps_that_run_anyway_and_resumes(
     assert sorted(ran[1:]) == ["a", "b", "c"]
 
 
-async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
+async def test_dashboard_actions_replay_a_runs_dead_steps_and_cancel_the_run(
     dsn: str,
     conn: asyncpg.Connection,
     registry: aioq.Registry,
@@ -799,15 +804,15 @@ async def test_dashboard_actions_retry_a_runs_dead_steps_and_cancel_the_run(
         # The charge died and its dependent was cancelled: nothing live to cancel.
         page = client.get(f"/workflows/{run.id}").text
         assert "Cancel run" not in page
-        retried = act(client, r"Retry dead steps \(1\)")
-        assert retried.startswith(f"/workflows/{run.id}?done=")
-        flash = client.get(retried).text
-        assert f"retried 1 of 1 job (1 dependent step revived: {run.jobs['ship']})" in flash
+        replayed = act(client, r"Replay dead steps \(1\)")
+        assert replayed.startswith(f"/workflows/{run.id}?done=")
+        flash = client.get(replayed).text
+        assert f"replayed 1 of 1 job (1 dependent step revived: {run.jobs['ship']})" in flash
         info = await aioq.workflow(conn, run.id)
         assert info is not None
         assert {s.name: s.status for s in info.steps} == {"charge": "pending", "ship": "waiting"}
         # Both steps are live again: cancel the run from its page.
-        assert "Retry dead steps" not in client.get(f"/workflows/{run.id}").text
+        assert "Replay dead steps" not in client.get(f"/workflows/{run.id}").text
         act(client, "Cancel run")
     info = await aioq.workflow(conn, run.id)
     assert info is not None
@@ -880,10 +885,10 @@ async def test_a_cancelled_runs_steps_say_why_across_workers_a_hard_cancel_and_t
         assert f'<pre class="error" id="last-error">{reason}</pre>' in page
 
 
-async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_workers(
+async def test_a_replay_names_the_steps_it_revives_and_the_run_resumes_across_workers(
     conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
 ) -> None:
-    """A step dies while its siblings run on three workers with short leases; its retry
+    """A step dies while its siblings run on three workers with short leases; its replay
     (while one worker is hard-cancelled) names exactly the steps its death cancelled, and the
     fan-in after it runs once."""
     broken = True
@@ -928,7 +933,7 @@ async def test_a_retry_names_the_steps_it_revives_and_the_run_resumes_across_wor
             broken = False
             replay = await aioq.admin.replay(conn, job_id=run.jobs["part"])
             doomed.cancel()  # one worker is cut off mid-flight, claims and all
-            assert replay.retried == [run.jobs["part"]]
+            assert replay.replayed == [run.jobs["part"]]
             assert replay.revived == {run.jobs["merge"]: "merge", run.jobs["notify"]: "notify"}
             await eventually(succeeded, "the run to resume and succeed")
     assert merged == [40]
@@ -1133,3 +1138,226 @@ async def test_the_workflows_list_counts_a_huge_run_within_a_bound(
     assert listed.returncode == 0, listed.stderr
     [row] = [line.split() for line in listed.stdout.splitlines() if " huge " in line]
     assert row[-6:] == ["0", "5000", "0", "12000", "3000", "1"], listed.stdout
+
+
+# --- a run is written whole, whatever the connection's state ------------------------------
+
+
+def _autocommit_deferrers(dsn: str) -> dict[str, Callable[[aioq.Workflow], Any]]:
+    """Each kind of connection aioq defers a run on, in autocommit (no transaction open: each
+    statement the caller runs commits on its own): an async ``flow.defer`` or a sync
+    ``flow.defer_sync`` (run in a thread), each returning the WorkflowRun."""
+    import psycopg
+    import sqlalchemy
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def on_asyncpg(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert not conn.is_in_transaction()
+            return await flow.defer(conn)
+        finally:
+            await conn.close()
+
+    async def on_sqlalchemy_async(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        url = dsn.replace("postgresql://", "postgresql+asyncpg://", 1)
+        engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as conn:
+                return await flow.defer(conn)
+        finally:
+            await engine.dispose()
+
+    def psycopg_sync(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return flow.defer_sync(conn)
+
+    def sqlalchemy_sync(flow: aioq.Workflow) -> aioq.workflows.WorkflowRun:
+        url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                return flow.defer_sync(conn)
+        finally:
+            engine.dispose()
+
+    def in_thread(defer: Callable[[aioq.Workflow], Any]) -> Callable[[aioq.Workflow], Any]:
+        async def run(flow: aioq.Workflow) -> Any:
+            return await anyio.to_thread.run_sync(defer, flow)
+
+        return run
+
+    return {
+        "asyncpg": on_asyncpg,
+        "sqlalchemy-async": on_sqlalchemy_async,
+        "psycopg-sync": in_thread(psycopg_sync),
+        "sqlalchemy-sync": in_thread(sqlalchemy_sync),
+    }
+
+
+@pytest.mark.parametrize("kind", ["asyncpg", "sqlalchemy-async", "psycopg-sync", "sqlalchemy-sync"])
+async def test_a_run_deferred_in_autocommit_is_written_whole_while_workers_run(
+    kind: str,
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+) -> None:
+    """A run of 8 002 steps deferred on a connection in autocommit (as the docs'
+    ``aioq.chain(...).defer(conn)`` calls it) is written whole, in one transaction: its root
+    cannot run and succeed before the edge to its last step exists, which would strand that
+    step for ever (docs/architecture.md, "Workflows").
+
+    A third transaction holds the edge root -> last (its uncommitted insert of the same key),
+    so the write of that edge waits; meanwhile a worker runs whatever of the run is visible.
+    Written in pieces, the root was visible, ran and succeeded first, and the last step waited
+    for it for ever."""
+    root_ran, last_ran = anyio.Event(), anyio.Event()
+
+    @registry.task(queue="flow")
+    async def root() -> None:
+        root_ran.set()
+
+    @registry.task(queue="flow")
+    async def last() -> None:
+        last_ran.set()
+
+    @registry.task(queue="idle")  # no worker serves it
+    async def filler(n: int) -> None:
+        pass
+
+    flow = aioq.Workflow("autocommit")
+    first = flow.add(root.call())
+    for i in range(8_000):
+        flow.add(filler.call(n=i))
+    flow.add(last.call(), after=[first], name="last")
+    # The ids the run's steps take: the next values of the jobs' identity sequence.
+    next_id = await conn.fetchval(
+        "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM aioq.jobs_id_seq"
+    )
+    root_id, last_id = next_id, next_id + 8_001
+    defer = _autocommit_deferrers(dsn)[kind]
+    ran: list[aioq.workflows.WorkflowRun] = []
+    deferred = anyio.Event()
+    worker = make_worker(queues=["flow"])
+    blocker = await asyncpg.connect(dsn)
+    try:
+        blocking = blocker.transaction()
+        await blocking.start()
+        await blocker.execute(
+            "INSERT INTO aioq.workflow_deps (parent_id, job_id) VALUES ($1, $2)", root_id, last_id
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+
+            async def deferring() -> None:
+                ran.append(await defer(flow))
+                deferred.set()
+
+            tg.start_soon(deferring)
+            try:
+                # The defer waits for the blocker's edge ...
+                await until_sql(
+                    conn,
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity"
+                    " WHERE $1 = ANY(pg_blocking_pids(pid)))",
+                    blocker.get_server_pid(),
+                    guard=30,
+                )
+                # ... while a worker runs the root, if a part of the run was committed already.
+                await until_sql(
+                    conn,
+                    "SELECT coalesce((SELECT succeeded_at IS NOT NULL FROM aioq.workflow_steps"
+                    " WHERE job_id = $1), true)",
+                    root_id,
+                    guard=30,
+                )
+                seen_while_writing = await conn.fetchval("SELECT count(*) FROM aioq.jobs")
+            finally:
+                await blocking.rollback()
+            with anyio.fail_after(30):
+                await deferred.wait()
+                await root_ran.wait()
+            await until_sql(
+                conn,
+                "SELECT succeeded_at IS NOT NULL FROM aioq.workflow_steps WHERE job_id = $1",
+                root_id,
+                guard=30,
+            )
+            # The root's success is recorded: the statement that recorded it released its
+            # dependent, or nothing ever will.
+            status = await conn.fetchval("SELECT status FROM aioq.jobs WHERE id = $1", last_id)
+            worker.stop()
+            assert status != "waiting", "the last step waits for a root that succeeded already"
+            with anyio.fail_after(30):
+                await last_ran.wait()
+    finally:
+        await blocker.close()
+    assert [run.jobs["last"] for run in ran] == [last_id]
+    assert seen_while_writing == 0  # no step of the run was visible before its commit
+
+
+# --- state decides, never the text of an error ----------------------------------------------
+
+
+class DependencyFailed(Exception):
+    """An application's own error whose name reads like the workflow trigger's reason."""
+
+
+async def test_a_cancel_whose_reason_reads_like_the_cascade_still_cascades(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """The workflow trigger tells the steps it cancels apart by their state (``blocked_by``),
+    not by a ``last_error`` starting with ``DependencyFailed:``: a step cancelled with such a
+    reason cancels its dependents (they waited for ever), and a step that died of an error of
+    that name cancels its dependents and revives them when replayed."""
+    broken = {"yes": True}
+    ran: list[str] = []
+
+    @registry.task(max_attempts=1)
+    async def step(name: str) -> None:
+        if name == "x" and broken["yes"]:
+            raise DependencyFailed("x is broken")
+        ran.append(name)
+
+    spoofed = await aioq.chain(*(step.call(name=n) for n in "abcd")).defer(conn)
+    _, b, c, d = (spoofed.jobs[n] for n in ("step", "step-2", "step-3", "step-4"))
+    states = await aioq.admin.cancel_jobs(conn, [b], reason="DependencyFailed: spoof")
+    assert states == {b: "cancelled"}
+    assert await statuses(conn, spoofed.id) == {
+        "step": "pending",
+        "step-2": "cancelled",
+        "step-3": "cancelled",
+        "step-4": "cancelled",
+    }
+    rows = await conn.fetch(
+        "SELECT id, blocked_by, last_error FROM aioq.jobs WHERE id = ANY($1) ORDER BY id",
+        [b, c, d],
+    )
+    because = f"DependencyFailed: step 'step-2' (job {b}) ended cancelled"
+    assert [tuple(r) for r in rows] == [
+        (b, None, "DependencyFailed: spoof"),
+        (c, b, because),
+        (d, c, because),
+    ]
+    # A step whose own error is named so: a real death, cascading; its replay revives.
+    failing = await aioq.chain(*(step.call(name=n) for n in "xyz")).defer(conn)
+    await make_worker().run_until_idle()
+    assert ran == ["a"]
+    assert await statuses(conn, failing.id) == {
+        "step": "dead",
+        "step-2": "cancelled",
+        "step-3": "cancelled",
+    }
+    x = failing.jobs["step"]
+    dead = await aioq.admin.get_job(conn, x)
+    assert dead is not None
+    assert dead.last_error is not None
+    assert dead.last_error.startswith("DependencyFailed: x is broken\n")
+    broken["yes"] = False
+    replay = await aioq.admin.replay(conn, job_id=x)
+    assert replay.revived == {failing.jobs["step-2"]: "step-2", failing.jobs["step-3"]: "step-3"}
+    await make_worker().run_until_idle()
+    assert ran == ["a", "x", "y", "z"]
+    blocked = await conn.fetchval("SELECT count(*) FROM aioq.jobs WHERE blocked_by IS NOT NULL")
+    assert blocked == 2  # the spoofed run's: c and d, cancelled for good with b

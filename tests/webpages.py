@@ -116,7 +116,7 @@ def assert_served_under(client: Client, entry: str, base: str, dsn: str) -> None
 
     Every link, the script and the stylesheet, the forms and the redirects of every page point
     under ``base`` and answer; the static files are the dashboard's own. On a dashboard with
-    actions, Retry through the form of a dead job's page retries it.
+    actions, Replay through the form of a dead job's page replays it.
     """
     (dead,) = add_jobs(dsn, "mount", 1)
     make_dead(dsn, [dead], "boom")
@@ -159,7 +159,7 @@ def assert_served_under(client: Client, entry: str, base: str, dsn: str) -> None
     assert unescape(back[1]) == f"{base}/jobs/{dead}"
     done = client.post(
         action[1],
-        data={"csrf": token[1], "action": "retry", "ids": str(dead), "next": unescape(back[1])},
+        data={"csrf": token[1], "action": "replay", "ids": str(dead), "next": unescape(back[1])},
         follow_redirects=False,
     )
     assert done.status_code == 303, (done.status_code, done.text)
@@ -167,4 +167,4 @@ def assert_served_under(client: Client, entry: str, base: str, dsn: str) -> None
     assert location.path == f"{base}/jobs/{dead}", done.headers["location"]
     assert status_of(dsn, dead) == "pending"
     shown = client.get(done.headers["location"])
-    assert "retried 1 of 1 job" in shown.text
+    assert "replayed 1 of 1 job" in shown.text

@@ -5,7 +5,7 @@ servers and workers, ``aioq/cli/admin.py`` looks after the queue), declared with
 one builder (``_worker_command``, ...) that :func:`_build_parser` calls in ``--help`` order.
 Exit status: 0 ok, including an empty ``jobs list`` (a listing that found nothing answered its
 question, as ``ls`` and ``psql`` do); 1 a check failed or a job named on the command line was
-not found (``jobs show`` of an unknown id, ``jobs retry``/``cancel`` of ids that were not
+not found (``jobs show`` of an unknown id, ``jobs replay``/``cancel`` of ids that were not
 dead/pending, ``stats --check`` over a threshold, ``schema status`` with pending migrations);
 2 a usage, configuration, connection or database error, printed on one
 line (``--debug`` shows the traceback instead); 141 (128 + SIGPIPE), silently, when stdout's
@@ -32,6 +32,7 @@ from aioq.cli.admin import (
     cmd_jobs_cancel,
     cmd_jobs_list,
     cmd_jobs_purge,
+    cmd_jobs_replay,
     cmd_jobs_retry,
     cmd_jobs_show,
     cmd_schema_apply,
@@ -333,8 +334,12 @@ def _stats_command(commands: _Commands, parents: _Parents) -> None:
 
 
 def _jobs_command(commands: _Commands, parents: _Parents) -> None:
-    jobs = commands.add_parser("jobs", help="list, show, retry, cancel and purge jobs")
-    verbs = jobs.add_subparsers(title="actions", dest="action", required=True)
+    jobs = commands.add_parser("jobs", help="list, show, replay, cancel and purge jobs")
+    # `jobs retry`, replay's old spelling, is kept one release out of the help: no help= (no
+    # line in the list) and a metavar without it.
+    verbs = jobs.add_subparsers(
+        title="actions", dest="action", required=True, metavar="{list,show,replay,cancel,purge}"
+    )
     ls = verbs.add_parser("list", parents=parents, help="jobs in the table, oldest first")
     ls.add_argument("--status", choices=[s.value for s in JobStatus])
     ls.add_argument("--task")
@@ -344,12 +349,16 @@ def _jobs_command(commands: _Commands, parents: _Parents) -> None:
     show = verbs.add_parser("show", parents=parents, help="one job; exit 1 if not found")
     show.add_argument("id", type=int)
     show.set_defaults(handler=cmd_jobs_show)
-    retry = verbs.add_parser("retry", parents=parents, help="make dead jobs pending again")
-    retry.add_argument("ids", type=int, nargs="*", metavar="ID")
-    retry.add_argument("--dead", action="store_true", help="every dead job (or by task/queue)")
-    retry.add_argument("--task")
-    retry.add_argument("--queue")
-    retry.set_defaults(handler=cmd_jobs_retry)
+    replay = verbs.add_parser("replay", parents=parents, help="make dead jobs pending again")
+    retry = verbs.add_parser("retry", parents=parents, description="Deprecated: jobs replay.")
+    for spelling, handler in ((replay, cmd_jobs_replay), (retry, cmd_jobs_retry)):
+        spelling.add_argument("ids", type=int, nargs="*", metavar="ID")
+        spelling.add_argument(
+            "--dead", action="store_true", help="every dead job (or by task/queue)"
+        )
+        spelling.add_argument("--task")
+        spelling.add_argument("--queue")
+        spelling.set_defaults(handler=handler)
     cancel = verbs.add_parser(
         "cancel", parents=parents, help="cancel jobs: pending ones at once, running ones too"
     )
@@ -391,7 +400,7 @@ def _web_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     web.add_argument("--port", type=port_number, default=8080, help="port (default: %(default)s)")
     web.add_argument(
-        "--actions", action="store_true", help="allow retry, cancel and delete from the page"
+        "--actions", action="store_true", help="allow replay, cancel and delete from the page"
     )
     web.add_argument(
         "--allowed-host",

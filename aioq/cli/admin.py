@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -260,21 +259,27 @@ async def _why_not_found(conn: asyncpg.Connection, args: argparse.Namespace) -> 
     )
 
 
-_DEPENDENCY_FAILED = re.compile(
-    r"DependencyFailed: step .* \(job (?P<job>\d+)\) ended (?P<status>\w+)$"
-)
-"""The last_error of a step cancelled for a dependency (schema.sql, workflow_step_changed)."""
-
-_EXPLAINED = 20
-"""Ids not replayed that `jobs retry` looks up to say why (a step cancelled for a dependency)."""
+def cmd_jobs_replay(args: argparse.Namespace) -> int:
+    """Make dead jobs pending again; exit 1 if a given id was not a dead job."""
+    return _replay(args, "replayed")
 
 
 def cmd_jobs_retry(args: argparse.Namespace) -> int:
-    """Make dead jobs pending again; exit 1 if a given id was not a dead job."""
+    """``jobs replay``'s old spelling, kept one release: says so on stderr, and prints what it
+    always printed (``retried``, in the text and as the JSON key) for the scripts that read it."""
+    print(
+        "aioq: 'aioq jobs retry' is deprecated and will be removed in the next release: use"
+        ' \'aioq jobs replay\' (its --json says "replayed" instead of "retried")',
+        file=sys.stderr,
+    )
+    return _replay(args, "retried")
+
+
+def _replay(args: argparse.Namespace, verb: str) -> int:
     if bool(args.ids) == args.dead:
-        raise UsageError("jobs retry: give job ids or --dead (not both)")
+        raise UsageError(f"jobs {args.action}: give job ids or --dead (not both)")
     if args.ids and (args.task or args.queue):
-        raise UsageError("jobs retry: --task and --queue go with --dead")
+        raise UsageError(f"jobs {args.action}: --task and --queue go with --dead")
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         replay = await admin.replay(
@@ -285,26 +290,12 @@ def cmd_jobs_retry(args: argparse.Namespace) -> int:
             all=args.dead,
             schema=schema_from(args),
         )
-        skipped = dict(replay.skipped)
-        for job_id in sorted(set(args.ids) - set(replay.retried) - set(skipped))[:_EXPLAINED]:
-            job = await admin.get_job(conn, job_id, schema=schema_from(args))
-            if job is None or job.workflow_id is None or job.status != "cancelled":
-                continue
-            failed = _DEPENDENCY_FAILED.match(job.last_error or "")
-            if failed is None:
-                continue
-            # A step cancelled for its dependency comes back with it: say which to replay.
-            skipped[job_id] = f"cancelled as a step it needs failed ({job.last_error}): " + (
-                f"retry job {failed['job']} instead, and the steps it cancelled wait again"
-                if failed["status"] == "dead"
-                else "a cancelled step is not replayed, nor the steps it cancelled"
-            )
         return _report(
             args,
-            "retried",
-            replay.retried,
+            verb,
+            replay.replayed,
             "not dead jobs",
-            skipped=skipped,
+            skipped=replay.skipped,
             revived=replay.revived,
         )
 
@@ -354,7 +345,7 @@ def _report(
 ) -> int:
     """Print what was done; exit 1 if a job asked for by id was not done.
 
-    ``revived``: workflow steps a retry brought back to waiting (job id -> step name).
+    ``revived``: workflow steps a replay brought back to waiting (job id -> step name).
     """
     skipped = skipped or {}
     missing = sorted(set(args.ids) - set(done) - set(skipped))

@@ -16,6 +16,7 @@ from aioq.sql import Statement, boolean, columns, integer, nothing, text
 __all__ = (
     "ARCHIVE_IN_USE",
     "ARCHIVE_STATS",
+    "BLOCKED_STEPS",
     "DELETE_JOBS",
     "GET_ARCHIVED_JOB",
     "GET_JOB",
@@ -32,6 +33,7 @@ __all__ = (
     "ROLLBACK_TO_SAVEPOINT",
     "SAVEPOINT",
     "TABLE_STATS",
+    "BlockedStep",
     "PendingJob",
     "QueueCompleted",
     "QueueCounts",
@@ -144,12 +146,13 @@ class Replayed:
 # statement, which still reads them as they were (blocked_by set), so it can name them.
 REPLAY = Statement(
     """
-WITH RECURSIVE locked AS (
+WITH RECURSIVE locked AS (  -- in id order, as cancel and the fenced writes: never a deadlock
     SELECT j.id, j.queue, j.unique_key FROM @schema.jobs AS j
     WHERE j.status = 'dead'
       AND (:ids::bigint[] IS NULL OR j.id = ANY(:ids))
       AND (:task::text IS NULL OR j.task = :task)
       AND (:queue::text IS NULL OR j.queue = :queue)
+    ORDER BY j.id
     FOR UPDATE
 ),
 matching AS (
@@ -170,11 +173,11 @@ changed AS (
 revived(root, job_id) AS (
     SELECT id, id FROM changed WHERE workflow_id IS NOT NULL
     UNION
-    SELECT r.root, w.job_id
+    SELECT r.root, b.id
     FROM revived AS r
     JOIN @schema.workflow_deps AS d ON d.parent_id = r.job_id
-    JOIN @schema.workflow_steps AS w ON w.job_id = d.job_id AND w.blocked_by = r.job_id
-    JOIN @schema.jobs AS b ON b.id = w.job_id AND b.status = 'cancelled'
+    JOIN @schema.jobs AS b ON b.id = d.job_id AND b.blocked_by = r.job_id
+                              AND b.status = 'cancelled'
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),
 @rang
@@ -193,15 +196,61 @@ ORDER BY m.id
     ("ids", "task", "queue"),
 )
 
+
+@dataclass(frozen=True, slots=True)
+class BlockedStep:
+    """A workflow step cancelled because a dependency ended dead or cancelled, with the step
+    whose end did it (its job id, status, and name; status ``deleted`` once its row is gone)."""
+
+    id: int
+    failed: int
+    status: str
+    name: str | None
+
+
+# The cancelled workflow steps among :ids that the workflow trigger cancelled (blocked_by set,
+# docs/architecture.md, "Workflows"), each with the step whose end cancelled it: blocked_by
+# followed up to a step that was not itself cancelled so (ids decrease along the way: it ends).
+# A replay does not take them (dead jobs only); their failed step's replay revives them.
+BLOCKED_STEPS = Statement(
+    """
+WITH RECURSIVE up(id, failed, depth) AS (
+    SELECT j.id, j.blocked_by, 1 FROM @schema.jobs AS j
+    WHERE j.id = ANY(:ids::bigint[]) AND j.status = 'cancelled' AND j.blocked_by IS NOT NULL
+    UNION ALL
+    SELECT u.id, j.blocked_by, u.depth + 1
+    FROM up AS u
+    JOIN @schema.jobs AS j ON j.id = u.failed
+    WHERE j.blocked_by IS NOT NULL
+)
+SELECT DISTINCT ON (u.id) u.id, u.failed, coalesce(j.status, 'deleted') AS status, s.name
+FROM up AS u
+LEFT JOIN @schema.jobs AS j ON j.id = u.failed
+LEFT JOIN @schema.workflow_steps AS s ON s.job_id = u.failed
+ORDER BY u.id, u.depth DESC
+""",
+    columns(BlockedStep),
+    ("ids",),
+)
+
 # Delete pending, dead or cancelled jobs by id (a running job belongs to its worker: cancel it
 # first); return the ids. A pending workflow step is kept: its dependents would wait for it
-# for ever (cancel it: they are cancelled with it).
+# for ever (cancel it: they are cancelled with it). The rows are locked first, in id order,
+# whatever order the plan reads them in, as REPLAY and cancel lock theirs: two overlapping
+# calls wait for each other, never deadlock.
 DELETE_JOBS = Statement(
     """
-DELETE FROM @schema.jobs
-WHERE id = ANY(:ids::bigint[]) AND status IN ('pending', 'dead', 'cancelled')
-  AND NOT (status = 'pending' AND workflow_id IS NOT NULL)
-RETURNING id
+WITH locked AS (
+    SELECT j.id FROM @schema.jobs AS j
+    WHERE j.id = ANY(:ids::bigint[]) AND j.status IN ('pending', 'dead', 'cancelled')
+      AND NOT (j.status = 'pending' AND j.workflow_id IS NOT NULL)
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+DELETE FROM @schema.jobs AS j
+USING locked
+WHERE j.id = locked.id
+RETURNING j.id
 """,
     integer,
     ("ids",),

@@ -4,7 +4,7 @@
 -- queue as they do: when the shared try of the queue's duty key fails (a worker is on duty),
 -- else holding that key until the transaction ends (an insert in flight). Only jobs that are
 -- claimable now ring: not a delayed job, nor a workflow step waiting for its dependencies.
-CREATE OR REPLACE FUNCTION {{schema}}.ring_doorbell() RETURNS trigger
+CREATE OR REPLACE FUNCTION @schema.ring_doorbell() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)
@@ -14,8 +14,8 @@ BEGIN
 END;
 $$;
 
-DROP TRIGGER IF EXISTS jobs_doorbell ON {{schema}}.jobs;
+DROP TRIGGER IF EXISTS jobs_doorbell ON @schema.jobs;
 CREATE TRIGGER jobs_doorbell
-    AFTER INSERT ON {{schema}}.jobs
+    AFTER INSERT ON @schema.jobs
     REFERENCING NEW TABLE AS new_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.ring_doorbell();
+    FOR EACH STATEMENT EXECUTE FUNCTION @schema.ring_doorbell();

@@ -7,56 +7,50 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from aioq.sql import Named, Statement, columns, integer
+from aioq.sql import Named, Row, Statement, columns, integer
 
 __all__ = (
-    "CREATE_WORKFLOW",
     "GET_WORKFLOW",
-    "INSERT_STEPS",
+    "INSERT_WORKFLOW",
     "LIST_WORKFLOWS",
+    "NEW_JOB_IDS",
     "PRUNE_WORKFLOWS",
     "UPSTREAM",
     "WORKFLOW_JOBS",
     "WORKFLOW_STEPS",
-    "InsertSteps",
-    "NewWorkflow",
+    "InsertWorkflow",
     "StepRow",
     "UpstreamRow",
     "WorkflowRow",
+    "job_ids",
 )
 
 
-@dataclass(frozen=True, slots=True)
-class NewWorkflow:
-    """A run's id and the job ids its steps will take, in order."""
-
-    id: int
-    ids: list[int]
+def job_ids(row: Row) -> list[int]:
+    """A row of one array of job ids."""
+    return list(row[0])
 
 
-# The run's row, and its steps' job ids taken from the jobs' identity sequence in one round
-# trip, so each batch of steps can name its dependencies' ids.
-CREATE_WORKFLOW = Statement(
+# The job ids a run's steps will take, from the jobs' identity sequence, in the order the steps
+# were added (a dependency has a lower id than its dependents), so that INSERT_WORKFLOW's
+# edges can name them. It writes nothing: ids it takes for a run never written are a gap.
+NEW_JOB_IDS = Statement(
     """
-WITH w AS (
-    INSERT INTO @schema.workflows (name, steps) VALUES (:name, :steps) RETURNING id
-)
-SELECT w.id, ARRAY(SELECT nextval(pg_get_serial_sequence('@schema.jobs', 'id'))
-                   FROM generate_series(1, :steps)) AS ids
-FROM w
+SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('@schema.jobs', 'id'))
+             FROM generate_series(1, :steps))
 """,
-    columns(NewWorkflow),
-    ("name", "steps"),
+    job_ids,
+    ("steps",),
 )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class InsertSteps:
-    """One batch of a run's steps: parallel lists, one element per step, then the edges of the
-    batch's steps (dependent and dependency job ids), and the traceparent of the run's defer
-    (one for every step)."""
+class InsertWorkflow:
+    """A run and all its steps: its name; parallel lists, one element per step, in the order
+    the steps were added (``ids`` from NEW_JOB_IDS); the edges (dependent and dependency job
+    ids); and the traceparent of the run's defer (one for every step)."""
 
-    workflow: int  # the run
+    name: str
     ids: list[int]
     queues: list[str]
     tasks: list[str]
@@ -75,13 +69,22 @@ class InsertSteps:
     traceparent: str | None
 
 
-# A step with dependencies waits (deferred waiting; its delay kept on its step row: it counts
-# from the moment the step becomes ready); the others are pending, and the doorbells of the
-# queues of those claimable now (no dependency, no delay) ring.
-INSERT_STEPS = Named(
-    InsertSteps,
+# A run and all its steps in one statement, so that it is written whole or not at all whatever
+# the connection's transaction state: on a connection in autocommit, a run written in several
+# statements committed each on its own, and a step that ran and succeeded before a later
+# statement wrote its edges never released the dependents those edges named
+# (docs/architecture.md, "Workflows"). Returns the run's id. A step with dependencies waits
+# (its delay kept on its step row: it counts from the moment the step becomes ready); the
+# others are pending, and the doorbells of the queues of those claimable now (no dependency, no
+# delay) ring.
+INSERT_WORKFLOW = Named(
+    InsertWorkflow,
     """
-WITH steps AS (
+WITH run AS (
+    INSERT INTO @schema.workflows (name, steps) VALUES (:name, cardinality(:ids::bigint[]))
+    RETURNING id
+),
+steps AS (
     SELECT * FROM unnest(:ids::bigint[], :queues::text[], :tasks::text[], :args::text[],
                          :priorities::integer[], :run_ats::timestamptz[], :delays::float8[],
                          :max_attempts::integer[], :leases::float8[],
@@ -94,20 +97,20 @@ inserted AS (
     INSERT INTO @schema.jobs (id, queue, task, args, status, priority, run_at, max_attempts,
                               lease, concurrency_key, workflow_id, traceparent)
     OVERRIDING SYSTEM VALUE
-    SELECT id, queue, task, args::jsonb,
-           CASE WHEN remaining > 0 THEN 'waiting' ELSE 'pending' END, priority,
-           coalesce(run_at, now() + make_interval(secs => delay)), max_attempts,
-           make_interval(secs => lease), concurrency_key, :workflow, :traceparent::text
-    FROM steps ORDER BY n
-    RETURNING id
+    SELECT s.id, s.queue, s.task, s.args::jsonb,
+           CASE WHEN s.remaining > 0 THEN 'waiting' ELSE 'pending' END, s.priority,
+           coalesce(s.run_at, now() + make_interval(secs => s.delay)), s.max_attempts,
+           make_interval(secs => s.lease), s.concurrency_key, run.id, :traceparent::text
+    FROM steps AS s CROSS JOIN run
+    ORDER BY s.n
 ),
 step_rows AS (
     INSERT INTO @schema.workflow_steps (job_id, workflow_id, name, task, remaining, on_failure,
                                         delay)
-    SELECT id, :workflow, name, task, remaining, on_failure,
-           CASE WHEN remaining > 0 AND run_at IS NULL AND delay > 0
-                THEN make_interval(secs => delay) END
-    FROM steps
+    SELECT s.id, run.id, s.name, s.task, s.remaining, s.on_failure,
+           CASE WHEN s.remaining > 0 AND s.run_at IS NULL AND s.delay > 0
+                THEN make_interval(secs => s.delay) END
+    FROM steps AS s CROSS JOIN run
 ),
 edges AS (
     INSERT INTO @schema.workflow_deps (job_id, parent_id)
@@ -119,7 +122,7 @@ ready_queues(queue) AS (
     WHERE remaining = 0 AND coalesce(run_at, now() + make_interval(secs => delay)) <= now()
 ),
 @rang
-SELECT count(*) FROM inserted WHERE (SELECT count(*) FROM rang) >= 0
+SELECT id FROM run WHERE (SELECT count(*) FROM rang) >= 0
 """,
     integer,
 )

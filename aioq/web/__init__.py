@@ -3,7 +3,7 @@
 Mount it in any ASGI app::
 
     app.mount("/aioq", aioq.web.app(dsn=DSN))                 # read-only
-    app.mount("/aioq", aioq.web.app(pool=pool, actions=True,  # retry, cancel, delete
+    app.mount("/aioq", aioq.web.app(pool=pool, actions=True,  # replay, cancel, delete
                                     authorize=lambda request: is_admin(request)))
 
 or run it alone: ``aioq web --dsn ... --host 127.0.0.1 --port 8080``. Starlette and Jinja2 are

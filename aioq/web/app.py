@@ -89,7 +89,7 @@ SECURITY_HEADERS = {
 # What an action's redirect may ask the next page to say; anything else in ?done= is ignored,
 # so a link cannot make the dashboard display text of someone else's choosing.
 DONE_MESSAGE = re.compile(
-    r"(retried|cancelled|deleted) \d+ of \d+ jobs?"
+    r"(replayed|cancelled|deleted) \d+ of \d+ jobs?"
     r"( \(\d+ stopping\))?( \(\d+ dependent steps? revived: \d+(, \d+){0,4}(, \.\.\.)?\))?"
 )
 
@@ -198,7 +198,7 @@ def app(
 ) -> Starlette:
     """Return the dashboard as an ASGI app on ``dsn`` (its own small pool) or on ``pool``.
 
-    ``actions=True`` allows retry, cancel and delete; ``authorize(request)`` (sync or async)
+    ``actions=True`` allows replay, cancel and delete; ``authorize(request)`` (sync or async)
     is asked before anything answers a request (before routing: no path parameters yet) and
     a false answer is a 403. Without ``authorize``, a request whose ``Host`` is not the
     server's own address (and, on a loopback one, localhost) nor one of ``allowed_hosts`` gets a
@@ -379,7 +379,7 @@ class _Pages:
                 newest=urlencode(kept),
                 here=_here(request),
                 actions_for=data.ACTIONS_BY_STATUS,
-                every_dead=_retry_command(filters, self.config.schema),
+                every_dead=_replay_command(filters, self.config.schema),
                 page="jobs",
             )
 
@@ -475,7 +475,7 @@ class _Pages:
         return await self._guarded(request, page)
 
     async def actions(self, request: Request) -> Response:
-        """Retry, cancel or delete the jobs whose ids the form posts."""
+        """Replay, cancel or delete the jobs whose ids the form posts."""
         if not self.config.actions:
             return PlainTextResponse("this dashboard is read-only", status_code=403)
         if request.headers.get("sec-fetch-site") in FOREIGN_SITES:
@@ -488,7 +488,9 @@ class _Pages:
             return PlainTextResponse("missing or wrong CSRF token", status_code=403)
         action = (form.get("action") or [""])[0]
         ids = [i for i in map(_int, form.get("ids", [])) if i is not None][:MAX_SELECTION]
-        if action not in ("retry", "cancel", "delete"):
+        if action == "retry":  # the button's old value: a page loaded before an upgrade
+            action = "replay"
+        if action not in ("replay", "cancel", "delete"):
             return PlainTextResponse(f"unknown action {action!r}", status_code=400)
         return await self._guarded(request, lambda: self._act(request, action, ids, form))
 
@@ -497,13 +499,13 @@ class _Pages:
     ) -> Response:
         schema = self.config.schema
         stopping = 0  # running jobs asked to cancel: their workers stop them
-        revived: dict[int, str] = {}  # workflow steps a retry brought back to waiting
+        revived: dict[int, str] = {}  # workflow steps a replay brought back to waiting
         async with self.db.transaction(readonly=False) as conn:
             if not ids:
                 count = 0
-            elif action == "retry":
+            elif action == "replay":
                 replay = await admin.replay(conn, job_id=ids, schema=schema)
-                count = len(replay.retried)  # a dead job whose unique_key is live stays dead
+                count = len(replay.replayed)  # a dead job whose unique_key is live stays dead
                 revived = replay.revived
             elif action == "cancel":
                 run = _int((form.get("run") or [""])[0])
@@ -518,7 +520,7 @@ class _Pages:
             else:
                 count = len(await admin.delete_jobs(conn, ids, schema=schema))
         logger.info("aioq web: %s %d of %d jobs", action, count, len(ids))
-        verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[action]
+        verb = {"replay": "replayed", "cancel": "cancelled", "delete": "deleted"}[action]
         message = f"{verb} {count} of {len(ids)} job{'s' if len(ids) != 1 else ''}"
         if stopping:
             message += f" ({stopping} stopping)"
@@ -529,11 +531,11 @@ class _Pages:
         return RedirectResponse(f"{target}{joiner}{urlencode({'done': message})}", 303)
 
 
-REVIVED_NAMED = 5  # job ids a retry's message names; it counts them all
+REVIVED_NAMED = 5  # job ids a replay's message names; it counts them all
 
 
 def _revived(revived: dict[int, str]) -> str:
-    """What a retry's message says of the workflow steps it revived (DONE_MESSAGE's form:
+    """What a replay's message says of the workflow steps it revived (DONE_MESSAGE's form:
     ids only, since the message comes back in a URL and must not carry any text)."""
     named = ", ".join(str(job_id) for job_id in list(revived)[:REVIVED_NAMED])
     more = ", ..." if len(revived) > REVIVED_NAMED else ""
@@ -590,8 +592,8 @@ def _here(request: Request) -> str:
     return _base(request) + _route_path(request) + (f"?{query}" if query else "")
 
 
-def _retry_command(filters: dict[str, str], schema: str) -> str | None:
-    """The ``aioq jobs retry`` line that retries every dead job of a filter, beyond this page.
+def _replay_command(filters: dict[str, str], schema: str) -> str | None:
+    """The ``aioq jobs replay`` line that replays every dead job of a filter, beyond this page.
 
     None unless the filter is one the command can express (dead jobs by queue and task, not by
     error text): the page's buttons act on ticked rows only.
@@ -601,7 +603,7 @@ def _retry_command(filters: dict[str, str], schema: str) -> str | None:
     narrowed = [f"--{k} {shlex.quote(filters[k])}" for k in ("queue", "task") if filters[k]]
     if schema != DEFAULT_SCHEMA:
         narrowed.append(f"--schema {shlex.quote(schema)}")
-    return " ".join(["aioq jobs retry --dead", *narrowed])
+    return " ".join(["aioq jobs replay --dead", *narrowed])
 
 
 def _safe_next(target: str, request: Request) -> str:

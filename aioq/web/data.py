@@ -64,7 +64,7 @@ ACTIONS_BY_STATUS: dict[str, tuple[str, ...]] = {
     "pending": ("cancel", "delete"),
     "waiting": ("cancel",),  # a workflow step: deleting it would strand its dependents
     "running": ("cancel",),  # its worker stops the run and records it cancelled
-    "dead": ("retry", "delete"),
+    "dead": ("replay", "delete"),
     "cancelled": ("delete",),
 }
 

@@ -1,11 +1,12 @@
 -- aioq.sql.admin.REPLAY, rendered for the schema 'aioq' (make sql-golden writes it)
 -- parameters: $1 :ids, $2 :task, $3 :queue
-WITH RECURSIVE locked AS (
+WITH RECURSIVE locked AS (  -- in id order, as cancel and the fenced writes: never a deadlock
     SELECT j.id, j.queue, j.unique_key FROM "aioq".jobs AS j
     WHERE j.status = 'dead'
       AND ($1::bigint[] IS NULL OR j.id = ANY($1))
       AND ($2::text IS NULL OR j.task = $2)
       AND ($3::text IS NULL OR j.queue = $3)
+    ORDER BY j.id
     FOR UPDATE
 ),
 matching AS (
@@ -26,11 +27,11 @@ changed AS (
 revived(root, job_id) AS (
     SELECT id, id FROM changed WHERE workflow_id IS NOT NULL
     UNION
-    SELECT r.root, w.job_id
+    SELECT r.root, b.id
     FROM revived AS r
     JOIN "aioq".workflow_deps AS d ON d.parent_id = r.job_id
-    JOIN "aioq".workflow_steps AS w ON w.job_id = d.job_id AND w.blocked_by = r.job_id
-    JOIN "aioq".jobs AS b ON b.id = w.job_id AND b.status = 'cancelled'
+    JOIN "aioq".jobs AS b ON b.id = d.job_id AND b.blocked_by = r.job_id
+                              AND b.status = 'cancelled'
 ),
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),
 rang AS (

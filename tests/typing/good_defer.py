@@ -84,4 +84,4 @@ def worker_options(conn: psycopg.Connection[Any], session: Session) -> None:
     replay: aioq.admin.Replay = aioq.admin.replay_sync(session, task="t")
     info: aioq.admin.QueueInfo = aioq.admin.set_queue_sync(conn, "q", paused=True)
     run = aioq.workflow_sync(conn, 1)
-    assert replay.retried or info.paused or run is None
+    assert replay.replayed or info.paused or run is None

@@ -1,4 +1,4 @@
-CREATE TABLE {{schema}}.jobs (
+CREATE TABLE @schema.jobs (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue text NOT NULL DEFAULT 'default',
     task text NOT NULL,
@@ -34,21 +34,21 @@ CREATE TABLE {{schema}}.jobs (
 
 -- Matches the claim exactly: WHERE status = 'pending' AND queue = $1 AND run_at <= now()
 -- ORDER BY priority DESC, run_at, id. Dead rows are not in it, so history costs the claim nothing.
-CREATE INDEX jobs_claim_idx ON {{schema}}.jobs (queue, priority DESC, run_at, id)
+CREATE INDEX jobs_claim_idx ON @schema.jobs (queue, priority DESC, run_at, id)
     WHERE status = 'pending';
 
 -- The reaper's scan: only running rows, so it stays the size of the in-flight set.
-CREATE INDEX jobs_lease_idx ON {{schema}}.jobs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX jobs_lease_idx ON @schema.jobs (lease_expires_at) WHERE status = 'running';
 
 -- At most one live job per unique_key.
-CREATE UNIQUE INDEX jobs_unique_key_idx ON {{schema}}.jobs (unique_key)
+CREATE UNIQUE INDEX jobs_unique_key_idx ON @schema.jobs (unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
 
 -- Inspection and replay of dead jobs by task or queue.
-CREATE INDEX jobs_dead_idx ON {{schema}}.jobs (task, queue) WHERE status = 'dead';
+CREATE INDEX jobs_dead_idx ON @schema.jobs (task, queue) WHERE status = 'dead';
 
 -- Completed jobs, kept only when a worker runs with keep_completed=True; pruned in batches.
-CREATE TABLE {{schema}}.archive (
+CREATE TABLE @schema.archive (
     id bigint PRIMARY KEY,
     queue text NOT NULL,
     task text NOT NULL,
@@ -62,11 +62,11 @@ CREATE TABLE {{schema}}.archive (
     finished_at timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX archive_finished_at_idx ON {{schema}}.archive (finished_at);
+CREATE INDEX archive_finished_at_idx ON @schema.archive (finished_at);
 
 -- The doorbell: one NOTIFY per queue per statement (and PostgreSQL folds duplicates within a
 -- transaction), sent only at commit, carrying the queue name and no job data.
-CREATE FUNCTION {{schema}}.ring_doorbell() RETURNS trigger
+CREATE FUNCTION @schema.ring_doorbell() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)
@@ -76,6 +76,6 @@ END;
 $$;
 
 CREATE TRIGGER jobs_doorbell
-    AFTER INSERT ON {{schema}}.jobs
+    AFTER INSERT ON @schema.jobs
     REFERENCING NEW TABLE AS new_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.ring_doorbell();
+    FOR EACH STATEMENT EXECUTE FUNCTION @schema.ring_doorbell();

@@ -2,7 +2,7 @@
 -- the same statement that advances last_tick, conditioned on last_tick being older, so each
 -- tick is enqueued once whatever the number of workers, even after its job left the table.
 
-CREATE TABLE {{schema}}.schedules (
+CREATE TABLE @schema.schedules (
     name text PRIMARY KEY,
     task text NOT NULL,
     queue text NOT NULL,
@@ -14,4 +14,4 @@ CREATE TABLE {{schema}}.schedules (
 
 -- The tick a periodic job was enqueued for (NULL for other jobs); the task reads it from
 -- aioq.current_job().scheduled_at.
-ALTER TABLE {{schema}}.jobs ADD COLUMN scheduled_at timestamptz;
+ALTER TABLE @schema.jobs ADD COLUMN scheduled_at timestamptz;

@@ -1,7 +1,7 @@
 -- Job control: cancelled as a kept terminal state, cancel requests for running jobs,
 -- progress, and stored results of tasks with a result_ttl.
 
-ALTER TABLE {{schema}}.jobs
+ALTER TABLE @schema.jobs
     DROP CONSTRAINT jobs_status_check,
     ADD CONSTRAINT jobs_status_check
         CHECK (status IN ('pending', 'running', 'dead', 'cancelled')),
@@ -19,7 +19,7 @@ ALTER TABLE {{schema}}.jobs
 -- Return values of tasks with a result_ttl, kept until expires_at; the pruner deletes expired
 -- rows in bounded batches. A row here means the job succeeded; it left the jobs table in the
 -- same statement that wrote this row.
-CREATE TABLE {{schema}}.results (
+CREATE TABLE @schema.results (
     id bigint PRIMARY KEY,
     queue text NOT NULL,
     task text NOT NULL,
@@ -37,4 +37,4 @@ CREATE TABLE {{schema}}.results (
     result jsonb NOT NULL
 );
 
-CREATE INDEX results_expires_at_idx ON {{schema}}.results (expires_at);
+CREATE INDEX results_expires_at_idx ON @schema.results (expires_at);

@@ -6,7 +6,7 @@
 -- queue only when an exclusive try of that lock fails (taken, it is released at once): two
 -- lock-table calls per queue and statement, about what the NOTIFY cost. The lock goes with the
 -- session, so a killed worker stops the ringing. Polling stays the guarantee.
-CREATE OR REPLACE FUNCTION {{schema}}.ring_doorbell() RETURNS trigger
+CREATE OR REPLACE FUNCTION @schema.ring_doorbell() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)

@@ -1,6 +1,6 @@
 -- Workers record themselves here (the stats writer upserts its row every minute and deletes it
 -- on a clean stop), so the dashboard can list them without asking the workers anything.
-CREATE TABLE {{schema}}.workers (
+CREATE TABLE @schema.workers (
     id text PRIMARY KEY,
     host text NOT NULL,
     pid integer NOT NULL,
@@ -14,7 +14,7 @@ CREATE TABLE {{schema}}.workers (
 -- worker in one statement a minute and pruned after a retention period. Completed jobs are
 -- deleted, so this is the only history of throughput. The *_hist arrays count attempts per
 -- bucket of aioq.stats_history.BUCKETS (seconds); summed across rows they give percentiles.
-CREATE TABLE {{schema}}.stats_history (
+CREATE TABLE @schema.stats_history (
     minute timestamptz NOT NULL,
     worker text NOT NULL,
     queue text NOT NULL,
@@ -30,8 +30,8 @@ CREATE TABLE {{schema}}.stats_history (
 -- The dashboard lists dead jobs newest first by keyset (id < cursor): without an index ordered
 -- by id among dead rows alone, that page would walk the primary key past every live job.
 -- Dead rows are off the hot path, so this costs the claim and the completion nothing.
-CREATE INDEX jobs_dead_id_idx ON {{schema}}.jobs (id) WHERE status = 'dead';
+CREATE INDEX jobs_dead_id_idx ON @schema.jobs (id) WHERE status = 'dead';
 
 -- The same for cancelled jobs (kept like dead ones until pruned), and what lets the overview
 -- count them per queue without reading the table.
-CREATE INDEX jobs_cancelled_id_idx ON {{schema}}.jobs (id) WHERE status = 'cancelled';
+CREATE INDEX jobs_cancelled_id_idx ON @schema.jobs (id) WHERE status = 'cancelled';

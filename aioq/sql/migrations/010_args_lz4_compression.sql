@@ -3,7 +3,7 @@
 -- faster, for the claim. A server built without lz4 (or older than PostgreSQL 14) keeps pglz.
 DO $$
 BEGIN
-    EXECUTE 'ALTER TABLE {{schema}}.jobs ALTER COLUMN args SET COMPRESSION lz4';
+    EXECUTE 'ALTER TABLE @schema.jobs ALTER COLUMN args SET COMPRESSION lz4';
 EXCEPTION WHEN feature_not_supported OR syntax_error THEN
     NULL;
 END

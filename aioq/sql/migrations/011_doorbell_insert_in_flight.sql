@@ -9,7 +9,7 @@
 -- other; a failed try means a worker is testing the key right now, with its doorbell lock
 -- already held, so the statement rings. One more lock-table call per queue and statement, and
 -- its release at commit.
-CREATE OR REPLACE FUNCTION {{schema}}.ring_doorbell() RETURNS trigger
+CREATE OR REPLACE FUNCTION @schema.ring_doorbell() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)

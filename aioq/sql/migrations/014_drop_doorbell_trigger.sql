@@ -7,5 +7,5 @@
 -- other programs insert with raw SQL ring through aioq.ring(), or the opt-in trigger
 -- (aioq/sql/ring_trigger.sql, `aioq schema apply --ring-trigger`); without either, polling
 -- finds them.
-DROP TRIGGER IF EXISTS jobs_doorbell ON {{schema}}.jobs;
-DROP FUNCTION IF EXISTS {{schema}}.ring_doorbell();
+DROP TRIGGER IF EXISTS jobs_doorbell ON @schema.jobs;
+DROP FUNCTION IF EXISTS @schema.ring_doorbell();

@@ -14,7 +14,7 @@ for pass JSON values as they are, unchecked. Everything else converts: datetimes
 decimals, enums, bytes, tuples, sets, ``Literal``, unions, dataclasses, ``NamedTuple``s, and
 pydantic models and types (pydantic is imported only when an annotation needs it).
 
-A codec raises :class:`Mismatch` (internal) for a value that does not fit; the path inside the
+A codec raises :class:`_Mismatch` (internal) for a value that does not fit; the path inside the
 value (``lines[3].sku``) is built only as it unwinds, so a value that fits costs no string.
 """
 
@@ -47,12 +47,14 @@ from aioq.codec import encode_args, encode_result
 from aioq.errors import ArgumentError, PayloadError, ResultError
 
 __all__ = (
+    "ANY",
     "Codec",
-    "Mismatch",
     "TaskCodec",
     "compile_annotation",
     "compile_task",
+    "duration_text",
     "explain_mismatch",
+    "module_loading",
 )
 
 logger = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ _JSON_TYPES = frozenset({_NONE, bool, int, float, str, list, dict})
 _MAX_DEPTH = 40  # nesting of annotations (not of values): past it, values pass unchecked
 
 
-class Mismatch(Exception):
+class _Mismatch(Exception):
     """A value that does not fit its annotation: ``problem`` says how, ``steps`` where.
 
     Each container adds its step (``[3]``, ``.sku``) as the exception passes through it, so
@@ -77,7 +79,7 @@ class Mismatch(Exception):
         self.problem = problem
         self.steps: list[str] = []
 
-    def at(self, step: str) -> Mismatch:
+    def at(self, step: str) -> _Mismatch:
         """Add the step of the container this value sits in; return self to re-raise."""
         self.steps.append(step)
         return self
@@ -95,8 +97,8 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _wrong(expected: str, value: object) -> Mismatch:
-    return Mismatch(f"must be {expected}, got {type(value).__name__} {_shown(value)}")
+def _wrong(expected: str, value: object) -> _Mismatch:
+    return _Mismatch(f"must be {expected}, got {type(value).__name__} {_shown(value)}")
 
 
 def _identity(value: Any) -> Any:
@@ -175,11 +177,11 @@ _SCALARS = {
 
 
 def _items(convert: Callable[[Any], Any], items: Any, step: Callable[[int, Any], str]) -> None:
-    """Find the item ``convert`` refuses and raise its Mismatch with the item's step."""
+    """Find the item ``convert`` refuses and raise its _Mismatch with the item's step."""
     for i, item in enumerate(items):
         try:
             convert(item)
-        except Mismatch as exc:
+        except _Mismatch as exc:
             raise exc.at(step(i, item)) from None
 
 
@@ -208,7 +210,7 @@ def _list(item: Codec | None, label: str) -> Codec:
                 return value
             try:
                 return list(map(dec, value))  # a TypedDict item may drop keys it no longer has
-            except Mismatch:
+            except _Mismatch:
                 _items(dec, value, _index)
                 raise
 
@@ -227,7 +229,7 @@ def _sequence(item: Codec, label: str, accepts: type | tuple[type, ...], build: 
             raise _wrong(label, value)
         try:
             return list(map(enc, value))
-        except Mismatch:
+        except _Mismatch:
             _items(enc, value, _index)
             raise
 
@@ -236,11 +238,11 @@ def _sequence(item: Codec, label: str, accepts: type | tuple[type, ...], build: 
             raise _wrong(label, value)
         try:
             return build(map(dec, value))
-        except Mismatch:
+        except _Mismatch:
             _items(dec, value, _index)
             raise
         except TypeError as exc:  # an item that is not hashable in a set
-            raise Mismatch(f"cannot be read as {label}: {exc}") from None
+            raise _Mismatch(f"cannot be read as {label}: {exc}") from None
 
     return Codec(label, encode, decode, fits=fits, forms=frozenset({list}))
 
@@ -265,7 +267,7 @@ def _plain_set(item: Codec, label: str, build: type) -> Codec:
         try:
             return build(value)
         except TypeError as exc:
-            raise Mismatch(f"cannot be read as {label}: {exc}") from None
+            raise _Mismatch(f"cannot be read as {label}: {exc}") from None
 
     fits = _instance((set, frozenset))
     return Codec(label, encode, decode, fits=fits, forms=frozenset({list}))
@@ -284,7 +286,7 @@ def _tuple(items: list[Codec], label: str) -> Codec:
         for i, (convert, item) in enumerate(zip(encoders, value, strict=True)):
             try:
                 out.append(convert(item))
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 raise exc.at(f"[{i}]") from None
         return out
 
@@ -295,7 +297,7 @@ def _tuple(items: list[Codec], label: str) -> Codec:
         for i, (convert, item) in enumerate(zip(decoders, value, strict=True)):
             try:
                 out.append(convert(item))
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 raise exc.at(f"[{i}]") from None
         return tuple(out)
 
@@ -391,7 +393,7 @@ def _dict(key: _Key | None, value: Codec | None, label: str) -> Codec:
                     for name, item in data.items():
                         try:
                             enc(item)
-                        except Mismatch as exc:
+                        except _Mismatch as exc:
                             raise exc.at(f"[{name!r}]") from None
                 return data
 
@@ -404,7 +406,7 @@ def _dict(key: _Key | None, value: Codec | None, label: str) -> Codec:
                 for name, item in data.items():
                     try:
                         out[name] = dec(item)
-                    except Mismatch as exc:
+                    except _Mismatch as exc:
                         raise exc.at(f"[{name!r}]") from None
                 return out
 
@@ -420,11 +422,11 @@ def _dict(key: _Key | None, value: Codec | None, label: str) -> Codec:
         for name, item in data.items():
             try:
                 text = key_out(name)
-            except Mismatch as exc:
-                raise Mismatch(f"has the key {_shown(name)}, which {exc.problem}") from None
+            except _Mismatch as exc:
+                raise _Mismatch(f"has the key {_shown(name)}, which {exc.problem}") from None
             try:
                 out[text] = enc(item)
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 raise exc.at(f"[{name!r}]") from None
         return out
 
@@ -435,11 +437,11 @@ def _dict(key: _Key | None, value: Codec | None, label: str) -> Codec:
         for text, item in data.items():
             try:
                 name = key_in(text)
-            except Mismatch as exc:
-                raise Mismatch(f"has the key {text!r}, which {exc.problem}") from None
+            except _Mismatch as exc:
+                raise _Mismatch(f"has the key {text!r}, which {exc.problem}") from None
             try:
                 out[name] = dec(item)
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 raise exc.at(f"[{name!r}]") from None
         return out
 
@@ -537,7 +539,7 @@ def _decimal() -> Codec:
             return Decimal(value)
         if kind is float:
             # orjson read the number into a binary float: its digits may not be the stored ones.
-            raise Mismatch(
+            raise _Mismatch(
                 f'must be Decimal as a string ("{value!r}"), got the JSON number {value!r}:'
                 " a number with a fraction is read through a binary float, which may change it"
             )
@@ -685,7 +687,7 @@ def _enum(tp: type[enum.Enum]) -> Codec | None:
             except ValueError:
                 pass
         values = ", ".join(_shown(v) for v in list(table.values())[:8])
-        raise Mismatch(f"must be a value of {label} ({values}), got {_shown(value)}")
+        raise _Mismatch(f"must be a value of {label} ({values}), got {_shown(value)}")
 
     forms = frozenset(type(v) for v in table.values())
     return Codec(label, encode, decode, fits=_instance(tp), forms=forms)
@@ -748,7 +750,7 @@ def _union(members: list[Codec]) -> Codec:
             for member in checks:
                 try:
                     return member(value)
-                except Mismatch:
+                except _Mismatch:
                     continue
             raise _wrong(label, value)
 
@@ -758,7 +760,7 @@ def _union(members: list[Codec]) -> Codec:
             for member in decoders:
                 try:
                     return member(value)
-                except Mismatch:
+                except _Mismatch:
                     continue
             raise _wrong(label, value)
 
@@ -784,7 +786,7 @@ def _union(members: list[Codec]) -> Codec:
         for member in candidates:
             try:
                 return member.encode(value)
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 if len(candidates) == 1:
                     raise exc from None  # the one member of its type says what is wrong
         raise _wrong(label, value)
@@ -796,7 +798,7 @@ def _union(members: list[Codec]) -> Codec:
         for member in certain + [m for m in candidates if m not in certain]:
             try:
                 return member.decode(value)
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 if len(candidates) == 1:
                     raise exc from None
         raise _wrong(label, value)
@@ -850,7 +852,7 @@ def _object_codec(label: str, fields: list[_Field], cls: type, *, by_name: bool)
             else:
                 for (name, fast, enc, _), item in zip(plan, value):  # noqa: B905
                     out[name] = item if type(item) in fast else enc(item)
-        except Mismatch as exc:
+        except _Mismatch as exc:
             raise exc.at(f".{name}") from None
         return out
 
@@ -859,7 +861,7 @@ def _object_codec(label: str, fields: list[_Field], cls: type, *, by_name: bool)
             raise _wrong(f"{label} (a JSON object)", data)
         if not required <= data.keys():
             missing = sorted(required - data.keys())
-            raise Mismatch(f"lacks the field {missing[0]!r}, which {label} requires")
+            raise _Mismatch(f"lacks the field {missing[0]!r}, which {label} requires")
         kwargs = {}
         name = ""
         try:
@@ -867,12 +869,12 @@ def _object_codec(label: str, fields: list[_Field], cls: type, *, by_name: bool)
                 if name in data:
                     item = data[name]
                     kwargs[name] = item if type(item) in fast else dec(item)
-        except Mismatch as exc:
+        except _Mismatch as exc:
             raise exc.at(f".{name}") from None
         try:
             return cls(**kwargs)
         except Exception as exc:  # the class's own checks (__post_init__) refused it
-            raise Mismatch(f"cannot be made a {label}: {type(exc).__name__}: {exc}") from None
+            raise _Mismatch(f"cannot be made a {label}: {type(exc).__name__}: {exc}") from None
 
     def exact(data: Any) -> bool:
         return bool(data.keys() <= names)
@@ -953,11 +955,11 @@ def _typed_dict(label: str, fields: list[_Field]) -> Codec:
         keys = data.keys()
         for key in required:
             if key not in keys:
-                raise Mismatch(f"lacks the key {key!r}, which {label} requires")
+                raise _Mismatch(f"lacks the key {key!r}, which {label} requires")
         if exact:
             for key in keys:
                 if key not in declared:
-                    raise Mismatch(f"has the key {key!r}, which {label} does not declare")
+                    raise _Mismatch(f"has the key {key!r}, which {label} does not declare")
 
     def encode(data: Any) -> Any:
         if type(data) is not dict:
@@ -973,7 +975,7 @@ def _typed_dict(label: str, fields: list[_Field]) -> Codec:
                 continue
             try:
                 converted = codec.encode(item)
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 raise exc.at(f"[{key!r}]") from None
             if not plain:
                 out[key] = converted
@@ -991,7 +993,7 @@ def _typed_dict(label: str, fields: list[_Field]) -> Codec:
                 if type(item) not in codec.fast:
                     try:
                         codec.decode(item)
-                    except Mismatch as exc:
+                    except _Mismatch as exc:
                         raise exc.at(f"[{key!r}]") from None
             return data
         out = {}
@@ -1001,7 +1003,7 @@ def _typed_dict(label: str, fields: list[_Field]) -> Codec:
                 continue  # a key it no longer declares
             try:
                 out[key] = item if type(item) in known.fast else known.decode(item)
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 raise exc.at(f"[{key!r}]") from None
         return out
 
@@ -1075,7 +1077,7 @@ def _pydantic(tp: Any, label: str, *, fallback: bool = False) -> Codec | None:
         except invalid as exc:
             raise _from_pydantic(exc) from None
         except unwritable as exc:
-            raise Mismatch(f"cannot be written as JSON by pydantic: {exc}") from None
+            raise _Mismatch(f"cannot be written as JSON by pydantic: {exc}") from None
 
     def decode(value: Any) -> Any:
         try:
@@ -1087,12 +1089,12 @@ def _pydantic(tp: Any, label: str, *, fallback: bool = False) -> Codec | None:
     return Codec(label, encode, decode, fits=fits, forms=forms)
 
 
-def _from_pydantic(exc: Any) -> Mismatch:
+def _from_pydantic(exc: Any) -> _Mismatch:
     """The first error of a pydantic ValidationError, with its location as steps."""
     first = exc.errors()[0]
     given = first.get("input")
     problem = f"{first['msg'][0].lower()}{first['msg'][1:]} (pydantic), got {_shown(given)}"
-    mismatch = Mismatch(f"is invalid: {problem}")
+    mismatch = _Mismatch(f"is invalid: {problem}")
     for step in reversed(first.get("loc", ())):
         mismatch.at(f"[{step}]" if isinstance(step, int) else f".{step}")
     return mismatch
@@ -1398,7 +1400,7 @@ class TaskCodec:
     def _encode_one(self, encode: Encode, name: str, value: object) -> object:
         try:
             return encode(value)
-        except Mismatch as exc:
+        except _Mismatch as exc:
             path = exc.path(name)
             raise ArgumentError(
                 self.task_name, f"argument {path!r} {exc.problem}", argument=path
@@ -1444,7 +1446,7 @@ class TaskCodec:
         if codec is not None and type(value) not in codec.fast:
             try:
                 value = codec.encode(value)
-            except Mismatch as exc:
+            except _Mismatch as exc:
                 where = _result_path(exc)
                 raise ResultError(
                     self.task_name, job_id, f"task {self.task_name!r}: {where} {exc.problem}"
@@ -1464,7 +1466,7 @@ class TaskCodec:
             return value
         try:
             return codec.decode(value)
-        except Mismatch as exc:
+        except _Mismatch as exc:
             where = _result_path(exc)
             problem = f"the stored {where} cannot be read: {exc.problem}"
         except Exception as exc:  # a class's own code, reading it, failed
@@ -1484,7 +1486,7 @@ class _Unreadable(Exception):
 def _decode_one(decode: Decode, name: str, value: object) -> object:
     try:
         return decode(value)
-    except Mismatch as exc:
+    except _Mismatch as exc:
         path = exc.path(name)
         raise _Unreadable(path, f"argument {path!r} {exc.problem}") from None
     except Exception as exc:  # a class's own code, reading it, failed
@@ -1492,7 +1494,7 @@ def _decode_one(decode: Decode, name: str, value: object) -> object:
         raise _Unreadable(name, problem) from None
 
 
-def _result_path(exc: Mismatch) -> str:
+def _result_path(exc: _Mismatch) -> str:
     path = exc.path("").removeprefix(".")
     return f"return value at {path!r}" if path else "return value"
 

@@ -461,12 +461,12 @@ def test_the_compiled_code_of_a_class_reads_what_the_generic_code_reads(
 
 
 def outcome(fn: Callable[[Any], Any], value: object) -> tuple[str, object]:
-    """What a codec function returned, or the Mismatch it raised (its path and problem)."""
-    from aioq.values import Mismatch
+    """What a codec function returned, or the _Mismatch it raised (its path and problem)."""
+    from aioq.values import _Mismatch
 
     try:
         return ("value", fn(value))
-    except Mismatch as exc:
+    except _Mismatch as exc:
         return ("mismatch", (exc.path(""), exc.problem))
 
 

@@ -42,6 +42,7 @@ pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 60.0
 TYPING = Path(__file__).parent / "typing"
+ROOT = Path(__file__).parent.parent  # the checkout whose aioq the subprocesses import
 
 
 # --- the types of the tests (module level: annotations resolve in this module) ----------------
@@ -974,7 +975,7 @@ def test_the_cli_defer_reads_the_json_forms_as_the_task_does(dsn: str, tmp_path:
         "@registry.task(name='remind')\n"
         "async def remind(due: datetime.date, who: uuid.UUID) -> None: ...\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "AIOQ_DSN": dsn}
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "AIOQ_DSN": dsn}
     aioq_bin = Path(sys.executable).parent / "aioq"
     ok = subprocess.run(
         [str(aioq_bin), "defer", "typedtasks:registry", "remind", "--args",
@@ -1024,9 +1025,11 @@ def test_import_aioq_and_a_plain_task_never_import_pydantic(dsn: str, tmp_path: 
         "asyncio.run(main())\n"
         "print('pydantic' in sys.modules)\n"
     )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
     )
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", out.stderr
 
 

@@ -5,13 +5,16 @@ Every exception that crosses the public API derives from :class:`AioqError`::
     AioqError
     ├── ConfigError             a bad option or name (field, value)
     ├── DeferError              a job could not be deferred; nothing was written (task_name)
-    │   ├── ArgumentError       the arguments do not bind to the task's signature
-    │   ├── OptionError         an ``options(...)`` value out of range (also a ConfigError)
-    │   └── SerializationError  an argument is not exactly representable as JSON (argument)
+    │   ├── ArgumentError       an argument the task does not take, lacks, or whose value does
+    │   │   │                   not fit its annotation (argument: the path to it)
+    │   │   └── SerializationError  a value not exactly representable as JSON
+    │   └── OptionError         an ``options(...)`` value out of range (also a ConfigError)
     ├── TaskError               a job failed to run in a way the worker reports (task_name, job_id)
     │   ├── UnknownTaskError    no task of that name is registered
-    │   ├── PayloadError        the stored arguments cannot be decoded or bound
-    │   └── ResultError         the return value cannot be stored as JSON (a failed attempt)
+    │   ├── PayloadError        the stored arguments cannot be decoded, bound or read as their
+    │   │                       annotated types
+    │   └── ResultError         the return value does not fit its annotation or JSON (a failed
+    │                           attempt), or a stored one cannot be read as its annotated type
     ├── SchemaError             the schema is missing, too old, or cannot be applied
     ├── TemplateError           (also a ValueError) a statement breaks aioq.sql's template rules
     ├── StartupError            a worker's lifespan failed to open; nothing was claimed
@@ -105,7 +108,15 @@ class DeferError(AioqError):
 
 
 class ArgumentError(DeferError, TypeError):
-    """The arguments given to ``defer`` do not match the task's signature."""
+    """The arguments given to ``defer`` do not fit the task: a name it does not take or lacks,
+    or a value that does not fit its annotation or cannot be stored as JSON.
+
+    ``argument`` is the path to the value at fault (``lines[3].sku``), or None when the
+    problem is with the names."""
+
+    def __init__(self, task_name: str, problem: str, *, argument: str | None = None) -> None:
+        self.argument = argument
+        super().__init__(task_name, problem)
 
 
 class OptionError(DeferError, ConfigError):
@@ -118,12 +129,12 @@ class OptionError(DeferError, ConfigError):
         AioqError.__init__(self, f"cannot defer {task_name!r}: option {field}: {problem}")
 
 
-class SerializationError(DeferError, TypeError):
-    """An argument cannot be stored as JSON and read back unchanged."""
+class SerializationError(ArgumentError):
+    """An argument cannot be stored as JSON and read back unchanged (an :class:`ArgumentError`:
+    catch that one)."""
 
     def __init__(self, task_name: str, argument: str, problem: str) -> None:
-        self.argument = argument
-        super().__init__(task_name, f"argument {argument!r} {problem}")
+        super().__init__(task_name, f"argument {argument!r} {problem}", argument=argument)
 
 
 class TaskError(AioqError):
@@ -142,11 +153,13 @@ class UnknownTaskError(TaskError):
 
 
 class PayloadError(TaskError):
-    """The job's stored arguments cannot be decoded or do not bind to the task."""
+    """The job's stored arguments cannot be decoded, do not bind to the task, or cannot be read
+    as their annotated types."""
 
 
 class ResultError(TaskError):
-    """A task returned a value that cannot be stored as JSON; the attempt failed."""
+    """A task returned a value that does not fit its return annotation or cannot be stored as
+    JSON (the attempt failed), or a stored result cannot be read as the annotated type."""
 
 
 class SchemaError(AioqError):

@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from aioq.codec import encode_args
 from aioq.errors import AioqError, ConfigError
 from aioq.options import to_seconds
 from aioq.schedule import Schedule
@@ -87,7 +86,7 @@ def _args(task: Task[..., Any], kwargs: dict[str, object]) -> str:
         task.check_arguments(kwargs)
     except TypeError as exc:
         raise ConfigError("kwargs", f"{where}: {exc}") from None
-    try:
-        return encode_args(task.name, kwargs)
+    try:  # typed values by the task's annotations, as defer takes them
+        return task.encode(kwargs)
     except AioqError as exc:
         raise ConfigError("kwargs", f"{where}: {exc}") from None

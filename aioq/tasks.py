@@ -8,6 +8,7 @@ What a defer writes, and how, is :mod:`aioq.defer`; the registry that builds tas
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -15,9 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
-from aioq.argcheck import ArgsChecker, compile_checker, explain_mismatch
 from aioq.backoff import Backoff
-from aioq.codec import encode_args
 from aioq.db import Target
 from aioq.dbapi import SyncTarget
 from aioq.defer import defer_job, defer_job_sync, defer_jobs, defer_jobs_sync, jobs_insert
@@ -26,8 +25,11 @@ from aioq.options import JobOptions, check_concurrency_key, check_exceptions, ch
 from aioq.results import DEFAULT_RESULT_TIMEOUT
 from aioq.results import result as _await_result
 from aioq.schedule import Schedule
+from aioq.values import TaskCodec, compile_task, explain_mismatch, module_loading
 
 __all__ = ("Call", "Home", "Task", "TaskCall")
+
+logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -97,9 +99,9 @@ class Task(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         self._fitting_names: set[frozenset[str]] = set()
-        # Compiled on the first defer, when forward references resolve; None: nothing to check.
-        self._check_values: ArgsChecker | None = None
-        self._checker_compiled = False
+        # Compiled on first use, when forward references resolve (docs/architecture.md,
+        # "Values").
+        self._values: TaskCodec | None = None
         for param in self.signature.parameters.values():
             if param.kind in (param.POSITIONAL_ONLY, param.VAR_POSITIONAL):
                 raise ConfigError(
@@ -144,24 +146,37 @@ class Task(Generic[P, R]):
         return self.fn(*args, **kwargs)
 
     def bind(self, args: tuple[object, ...], kwargs: Mapping[str, object]) -> dict[str, object]:
-        """Check arguments against the signature and simple annotations; return them by name."""
+        """Check arguments' names against the signature; return them by name."""
         try:
             if not args:  # keywords only (defer_many's case): they are the arguments
                 self.check_arguments(kwargs)
-                arguments = dict(kwargs)
-            else:
-                arguments = self._bind_positional(args, kwargs)
+                return dict(kwargs)
+            return self._bind_positional(args, kwargs)
         except TypeError as exc:
             raise ArgumentError(self.name, str(exc)) from None
-        if not self._checker_compiled:
-            self._check_values = compile_checker(self.fn, self.signature)
-            self._checker_compiled = True
-        check = self._check_values
-        if check is not None:
-            problem = check(arguments)
-            if problem is not None:
-                raise ArgumentError(self.name, problem)
-        return arguments
+
+    @property
+    def codec(self) -> TaskCodec:
+        """The codecs of the task's arguments and return value, compiled on first use."""
+        compiled = self._values
+        if compiled is None:
+            compiled, unresolved = compile_task(self.name, self.fn, self.signature)
+            if unresolved and module_loading(self.fn):
+                return compiled  # names below the task may not exist yet: compiled again later
+            if unresolved:
+                logger.warning(
+                    "task %r: annotations that cannot be resolved take any JSON value: %s",
+                    self.name,
+                    "; ".join(unresolved),
+                )
+            self._values = compiled
+        return compiled
+
+    def encode(self, arguments: Mapping[str, object]) -> str:
+        """Check bound arguments' values against the annotations and encode them as stored
+        JSON; raise ArgumentError naming the argument and the path to the value at fault."""
+        compiled = self._values  # compiled already: the common case, without the property
+        return (compiled or self.codec).encode(arguments)
 
     def _bind_positional(
         self, args: tuple[object, ...], kwargs: Mapping[str, object]
@@ -283,12 +298,14 @@ class Task(Generic[P, R]):
         *,
         timeout: float | None = DEFAULT_RESULT_TIMEOUT,  # noqa: ASYNC109 (the API contract)
     ) -> Any:
-        """Wait for a job of this task to end and return its value (see :func:`aioq.result`)."""
+        """Wait for a job of this task to end and return its value, read as the task's return
+        annotation (see :func:`aioq.result`, which returns the JSON as stored)."""
         if self.result_ttl is None:
             raise ConfigError(
                 "result_ttl", f"task {self.name!r} keeps no results; register it with result_ttl"
             )
-        return await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
+        value = await _await_result(db, job_id, timeout=timeout, schema=self.registry.schema)
+        return self.codec.decode_result(value, job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +341,7 @@ class TaskCall(Generic[P]):
         if opts.unique_key is not None:
             raise OptionError(task.name, "unique_key", "a workflow step cannot take a unique_key")
         arguments = task.bind(args, kwargs)
-        encoded = encode_args(task.name, arguments)
+        encoded = task.encode(arguments)
         key = opts.concurrency_key
         if key is None and task.key_of is not None:
             key = task.key_for(arguments)
@@ -334,7 +351,7 @@ class TaskCall(Generic[P]):
         """Enqueue a call inside the caller's transaction (a pool: its own); return the job id."""
         task, opts = self.task, self.opts
         arguments = task.bind(args, kwargs)
-        encoded = encode_args(task.name, arguments)
+        encoded = task.encode(arguments)
         key = None if task.key_of is None else task.key_for(arguments)
         return await defer_job(conn, task.registry.schema, task.name, opts, encoded, key)
 
@@ -343,7 +360,7 @@ class TaskCall(Generic[P]):
         task, opts = self.task, self.opts
         jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
         bound = [task.bind((), call) for call in calls]
-        encoded = [encode_args(task.name, arguments) for arguments in bound]
+        encoded = [task.encode(arguments) for arguments in bound]
         if not encoded:
             return []
         keys = self._keys(bound)
@@ -354,7 +371,7 @@ class TaskCall(Generic[P]):
         job id (see :data:`aioq.dbapi.SyncTarget` for the connections it takes)."""
         task, opts = self.task, self.opts
         arguments = task.bind(args, kwargs)
-        encoded = encode_args(task.name, arguments)
+        encoded = task.encode(arguments)
         key = None if task.key_of is None else task.key_for(arguments)
         return defer_job_sync(conn, task.registry.schema, task.name, opts, encoded, key)
 
@@ -365,7 +382,7 @@ class TaskCall(Generic[P]):
         task, opts = self.task, self.opts
         jobs_insert(task.name, opts, ())  # refuses a unique_key before the arguments are read
         bound = [task.bind((), call) for call in calls]
-        encoded = [encode_args(task.name, arguments) for arguments in bound]
+        encoded = [task.encode(arguments) for arguments in bound]
         if not encoded:
             return []
         keys = self._keys(bound)

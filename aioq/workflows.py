@@ -23,6 +23,7 @@ from aioq.dbapi import executor as sync_executor
 from aioq.errors import ConfigError
 from aioq.job import possible_id
 from aioq.options import check_name
+from aioq.registry import Registry
 from aioq.sql import DEFAULT_SCHEMA
 from aioq.sql import workflows as sql
 from aioq.tasks import Call
@@ -302,21 +303,36 @@ def _counts(row: sql.WorkflowRow) -> dict[str, int]:
 
 
 async def workflow(
-    conn: Target, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
+    conn: Target,
+    workflow_id: int,
+    /,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    registry: Registry | None = None,
 ) -> WorkflowInfo | None:
     """Return a run with every step's name, job id, status and result; None if there is none
-    (an id outside bigint names no run: None, without asking the database)."""
+    (an id outside bigint names no run: None, without asking the database).
+
+    With a ``registry``, the result of a step whose task it has is read as that task's return
+    annotation (a dataclass, a datetime...); the others, and every result without one, are the
+    JSON as stored.
+    """
     if not possible_id(workflow_id):
         return None
     db = await executor(conn)
     row = await sql.GET_WORKFLOW.row(db, schema, workflow_id)
     if row is None:
         return None
-    return _run(row, await sql.WORKFLOW_STEPS.rows(db, schema, workflow_id))
+    return _run(row, await sql.WORKFLOW_STEPS.rows(db, schema, workflow_id), registry)
 
 
 def workflow_sync(
-    conn: SyncTarget, workflow_id: int, /, *, schema: str = DEFAULT_SCHEMA
+    conn: SyncTarget,
+    workflow_id: int,
+    /,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    registry: Registry | None = None,
 ) -> WorkflowInfo | None:
     """Return a run, as :func:`workflow` does, from synchronous code."""
     if not possible_id(workflow_id):
@@ -325,10 +341,21 @@ def workflow_sync(
     row = sql.GET_WORKFLOW.row_sync(db, schema, workflow_id)
     if row is None:
         return None
-    return _run(row, sql.WORKFLOW_STEPS.rows_sync(db, schema, workflow_id))
+    return _run(row, sql.WORKFLOW_STEPS.rows_sync(db, schema, workflow_id), registry)
 
 
-def _run(row: sql.WorkflowRow, step_rows: list[sql.StepRow]) -> WorkflowInfo:
+def _step_result(step: sql.StepRow, registry: Registry | None) -> Any:
+    """A step's stored result, read as its task's return annotation when ``registry`` has it."""
+    if step.result is None:
+        return None
+    value = decode_result(step.result)
+    task = None if registry is None else registry.get(step.task)
+    return value if task is None else task.codec.decode_result(value, step.job_id)
+
+
+def _run(
+    row: sql.WorkflowRow, step_rows: list[sql.StepRow], registry: Registry | None = None
+) -> WorkflowInfo:
     steps = [
         WorkflowStep(
             name=s.name,
@@ -340,7 +367,7 @@ def _run(row: sql.WorkflowRow, step_rows: list[sql.StepRow]) -> WorkflowInfo:
             on_failure=s.on_failure,
             attempts=s.attempts,
             last_error=s.last_error,
-            result=None if s.result is None else decode_result(s.result),
+            result=_step_result(s, registry),
         )
         for s in step_rows
     ]

@@ -2,6 +2,7 @@
 
     python benchmarks/ab_drain.py --a /path/to/main --b . --rounds 7 [noop_drain.py options]
     python benchmarks/ab_drain.py --a . --b . --b-args=--middleware   # one checkout, two setups
+    python benchmarks/ab_drain.py --a /path/to/main --b . --script typed_values.py --shape plain
 
 Each round runs A then B (then B then A on the next round, so neither always goes first), each
 in a fresh process with PYTHONPATH set to its checkout, on its own database.
@@ -20,10 +21,10 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def once(checkout: str, dsn: str, extra: list[str]) -> dict[str, float]:
+def once(checkout: str, dsn: str, extra: list[str], script: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(Path(checkout).resolve())}
     out = subprocess.run(
-        [sys.executable, str(HERE / "noop_drain.py"), "--dsn", dsn, *extra],
+        [sys.executable, str(HERE / script), "--dsn", dsn, *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--base-dsn", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--b-args", default="", help="more noop_drain.py options for B only")
+    parser.add_argument("--script", default="noop_drain.py", help="or typed_values.py")
     args, extra = parser.parse_known_args()
     dsns = {}
     for name in ("a", "b"):
@@ -49,13 +51,17 @@ def main() -> None:
         )
         dsns[name] = f"{args.base_dsn}/{db}"
     results: dict[str, list[float]] = {"a": [], "b": []}
+    figures: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}}  # every figure, by key
     try:
         for round_ in range(args.rounds):
             order = ("a", "b") if round_ % 2 == 0 else ("b", "a")
             for name in order:
                 more = args.b_args.split() if name == "b" else []
-                got = once(getattr(args, name), dsns[name], [*extra, *more])
+                got = once(getattr(args, name), dsns[name], [*extra, *more], args.script)
                 results[name].append(got.get("jobs_per_s", got.get("small_done_s", 0.0)))
+                for key, value in got.items():
+                    if isinstance(value, int | float):
+                        figures[name].setdefault(key, []).append(value)
             print(f"round {round_}: a {results['a'][-1]:.1f}, b {results['b'][-1]:.1f}", flush=True)
     finally:
         for dsn in dsns.values():
@@ -71,6 +77,9 @@ def main() -> None:
         )
     change = statistics.median(results["b"]) / statistics.median(results["a"]) - 1
     print(f"b against a: {change:+.1%}")
+    for key in sorted(figures["a"].keys() & figures["b"].keys()):
+        a, b = statistics.median(figures["a"][key]), statistics.median(figures["b"][key])
+        print(f"{key}: a median {a:.2f}, b median {b:.2f}; b against a: {b / a - 1:+.1%}")
 
 
 if __name__ == "__main__":

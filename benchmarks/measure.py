@@ -156,6 +156,7 @@ async def main() -> None:
     parser.add_argument("--c50-rate", type=float, default=None, help="for the report (soak)")
     parser.add_argument("--payload-kb", type=int, default=1)
     parser.add_argument("--queues", type=int, default=1)
+    parser.add_argument("--shape", default="plain", help="typed: plain, dataclass or pydantic")
     args = parser.parse_args()
     if args.scenario == "install":  # run.py's provisioning, in this system's interpreter
         await systems.load(args.system).install(args.dsn)

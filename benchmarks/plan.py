@@ -224,6 +224,10 @@ PROCESSES = (1, 2, 4)
 # Scenarios whose repeats are capped (the time budget of the full run, about 23 min): one long
 # run, or cells whose spread is small against the ratios they show.
 REPEATS = {"backlog": 1, "mixed": 1, "soak": 1, "payload": 2, "io_bound": 2, "workflow": 1}
+# Typed arguments: defer_many and a c50 drain of jobs whose argument is a 10-field dataclass or
+# pydantic model, against the same JSON passed as a dict (typed_values.py).
+TYPED_SHAPES = ("plain", "dataclass", "pydantic")
+TYPED_JOBS = 20_000
 # The workflow: one fan-out of WORKFLOW_STEPS steps and one fan-in, the worker at c50.
 WORKFLOW_STEPS = 10_000
 WORKFLOW_LIMIT = 300
@@ -316,6 +320,21 @@ def plan_workload(
             )
             for s in names
             if systems.load(s).workflow_api
+        ]  # fmt: skip
+    if scenario == "typed":
+        # The three shapes interleave (run.py runs a scenario's cells in turn, round by round):
+        # the ratios to "plain" come from medians measured side by side.
+        n = 5_000 if quick else TYPED_JOBS
+        return [
+            Cell(
+                scenario,
+                "aioq",
+                [*["--system", "aioq", *base, "--shape", shape, "--n", str(n)],
+                 *["--batch", "1000", "--concurrency", "50"]],
+                240,
+                {"shape": shape},
+            )
+            for shape in TYPED_SHAPES
         ]  # fmt: skip
     if scenario == "mixed":
         seconds = 15 if quick else MIXED_SECONDS

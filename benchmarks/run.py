@@ -58,6 +58,7 @@ SCENARIOS = (
     "soak",
     "ceiling",
     "workflow",
+    "typed",
 )
 REDIS_PORT = 6379
 

@@ -74,7 +74,13 @@ def _ratio_row(
 
 def targets(res: dict[str, list[Result]]) -> list[Row]:
     """Issue 16's targets first, then the earlier issues', then memory and the workflow."""
-    return issue16(res) + earlier(res) + memory(res) + workflow(res.get("workflow", []))
+    return (
+        issue16(res)
+        + earlier(res)
+        + memory(res)
+        + workflow(res.get("workflow", []))
+        + typed(res.get("typed", []))
+    )
 
 
 def issue16(res: dict[str, list[Result]]) -> list[Row]:
@@ -490,3 +496,20 @@ def workflow(rows: list[Result]) -> list[Row]:
     if "aioq" not in by:
         shown += "; aioq: no workflow yet"
     return [(f"{name}, {n:,} steps", shown, REPORTED if "aioq" in by else None)]
+
+
+def typed(rows: list[Result]) -> list[Row]:
+    """Typed arguments: a 10-field dataclass and a pydantic model against the same JSON as a
+    dict, defer_many and the c50 drain each at least 90 % of plain's rate (medians)."""
+    out: list[Row] = []
+    for field, what in (("drain_per_s", "drain c50"), ("defer_per_s", "defer_many")):
+        plain = _med(rows, field, shape="plain")
+        for shape in ("dataclass", "pydantic"):
+            ours = _med(rows, field, shape=shape)
+            name = f"typed {what}: a 10-field {shape} argument ≥ 90 % of plain JSON's rate"
+            if not (ours and plain):
+                out.append((name, "—", None))
+                continue
+            shown = f"{ours:,.0f}/s vs {plain:,.0f}/s = {ours / plain:.0%}"
+            out.append((name, shown, ours / plain >= 0.9))
+    return out

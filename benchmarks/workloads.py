@@ -495,7 +495,16 @@ async def workflow(system: systems.System, args: argparse.Namespace) -> dict[str
         await system.close()
 
 
+async def typed(system: systems.System, args: argparse.Namespace) -> dict[str, Any]:
+    """Typed arguments (a 10-field dataclass, a pydantic model) against the same JSON as a dict:
+    defer_many, then a drain at c50, in this process (typed_values.py)."""
+    import typed_values
+
+    return await typed_values.measure(args.dsn, args.shape, args.n, args.batch, args.concurrency)
+
+
 SCENARIOS = {
+    "typed": typed,
     "defer_conc": defer_conc,
     "io_bound": io_bound,
     "payload": payload,

@@ -241,6 +241,71 @@ def test_bad_arguments_are_refused_before_anything_is_written(project: dict[str,
     assert orjson.loads(args) == {"args": [[1, 2], 3], "kwargs": {}, "backend": "default"}
 
 
+def test_enums_and_choices_are_taken_as_djangos_json_takes_them(project: dict[str, str]) -> None:
+    import uuid
+
+    dsn = project["AIOQ_TEST_DJANGO_DSN"]
+    t = tasks()
+    # What Django's serialisation takes (django-tasks-db stores them): their values, as JSON.
+    result = t.describe.enqueue(t.Size.LARGE, t.Color.BLUE, level=t.Level.HIGH, keys={1: "a"})
+    [(args,)] = sql(dsn, "SELECT args::text FROM aioq.jobs WHERE id = $1", int(result.id))
+    assert orjson.loads(args) == {
+        "args": [2, "blue"],
+        "kwargs": {"level": 2, "keys": {"1": "a"}},
+        "backend": "default",
+    }
+    assert (result.args, result.kwargs) == ([2, "blue"], {"level": 2, "keys": {"1": "a"}})
+    assert [type(v) for v in result.args] == [int, str]
+    # What it refuses, named: the task and the argument (a TypeError, as Django's own).
+    for args, kwargs, name in [((uuid.uuid4(), 1), {}, "args[0]"), ((1,), {"b": object()}, "b")]:
+        with pytest.raises(aioq.ArgumentError) as info:
+            t.add.enqueue(*args, **kwargs)
+        assert isinstance(info.value, TypeError)
+        message = str(info.value)
+        assert message.startswith("cannot defer 'shop.tasks.add': argument"), message
+        assert f"argument {name!r} cannot be a Django task's argument" in message
+        assert "Unsupported type" in message
+        assert info.value.argument == name
+    assert sql(dsn, "SELECT count(*) FROM aioq.jobs") == [(1,)]
+
+
+def test_typed_values_reach_a_django_task_as_json_and_a_native_task_as_instances(
+    project: dict[str, str], tmp_path: Path
+) -> None:
+    import uuid
+    from datetime import date, datetime
+
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    t = tasks()
+    described = t.describe.enqueue(size=t.Size.SMALL, color=t.Color.RED)
+    when = timezone.now()
+    reminder = t.Reminder(uuid.uuid4(), date(2026, 12, 31), t.Size.LARGE)
+    with transaction.atomic():
+        t.remind.defer_sync(connection, reminder=reminder, at=when)
+        with pytest.raises(aioq.ArgumentError, match=r"argument 'reminder\.due' must be date"):
+            t.remind.defer_sync(connection, reminder=t.Reminder(uuid.uuid4(), "x", 1), at=when)
+    log = tmp_path / "worker.log"
+    with worker(project, log):
+        wait_for(
+            lambda: (
+                t.describe.get_result(described.id).is_finished
+                and t.Log.objects.filter(label__startswith="Reminder").exists()
+            ),
+            "both jobs to end",
+            on_timeout=log_tail(log),
+        )
+    assert t.describe.get_result(described.id).return_value == {
+        "size": [1, "int"],
+        "color": ["red", "str"],
+        "level": [None, "NoneType"],
+    }
+    [label] = t.Log.objects.values_list("label", flat=True)
+    assert label == "Reminder UUID date Size datetime"
+    assert isinstance(when, datetime)
+
+
 def test_get_result_of_an_unknown_or_foreign_job(project: dict[str, str]) -> None:
     from django.db import connection
 

@@ -140,3 +140,26 @@ def test_workflow_example_runs_on_the_given_database(dsn: str) -> None:
         "load: 10 parts for 2026-12-01, total 5050"
     )
     assert "run 1 nightly-report: succeeded, 13 steps succeeded" in lines
+
+
+@pytest.mark.timeout(120)
+def test_typed_values_example_runs_on_the_given_database(dsn: str) -> None:
+    result = run_example("typed_values.py", dsn)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        'stored: {"invoice": {"currency": "EUR", "due": "2026-12-31", "lines": [{"price": "9.95",'
+        ' "qty": 2, "sku": "book"}, {"price": "1.10", "qty": 1, "sku": "pen"}], "order":'
+        ' "7d3c8e1a-5b2f-4c6d-9e8f-0a1b2c3d4e5f"}}'
+    )
+    assert (
+        "refused: cannot defer 'typed_values.send_invoice': argument 'invoice.lines[0].price'"
+        " must be Decimal, got int 3"
+    ) in lines
+    assert "invoice for 7d3c8e1a-5b2f-4c6d-9e8f-0a1b2c3d4e5f: 21.00 EUR, due 2026-12-31" in lines
+    assert "invoice for 00000000-0000-0000-0000-000000000002: 21.00 EUR, due 2026-12-31" in lines
+    assert "result: Sent(total=Decimal('21.00'))" in lines
+    assert (
+        "bad job: dead: PayloadError: cannot call 'typed_values.send_invoice' with its stored"
+        " arguments: argument 'invoice.due' must be date (ISO 8601 text), got str 'end of year'"
+    ) in lines

@@ -412,7 +412,8 @@ def cmd_defer(args: argparse.Namespace) -> int:
             raise UsageError(f"no task named {name!r} in {args.target} (registered: {known})")
         opts = task.options(**_defer_flags(args)).opts
         schema = args.schema or registry.schema
-        encoded = encode_args(name, task.bind((), values))
+        # The JSON forms of typed values (docs/tasks.md), read as the task would read them.
+        encoded = task.encode(task.codec.read(task.bind((), values)))
 
     async def run(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         job_id = await insert_job(schema, conn, name, opts, encoded)

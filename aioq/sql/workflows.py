@@ -237,10 +237,11 @@ ORDER BY id
 
 @dataclass(frozen=True, slots=True)
 class UpstreamRow:
-    """A direct dependency of a step: its name, status and result (JSON) or error."""
+    """A direct dependency of a step: its name, task, status and result (JSON) or error."""
 
     name: str
     job_id: int
+    task: str
     status: str
     result: str | None
     last_error: str | None
@@ -249,7 +250,7 @@ class UpstreamRow:
 # The direct dependencies of a step (:id its job).
 UPSTREAM = Statement(
     """
-SELECT p.name, p.job_id,
+SELECT p.name, p.job_id, p.task,
        coalesce(j.status, CASE WHEN p.succeeded_at IS NOT NULL THEN 'succeeded' ELSE 'deleted' END)
            AS status,
        p.result::text AS result, j.last_error

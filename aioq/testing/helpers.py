@@ -14,7 +14,7 @@ import asyncpg
 from aioq import hooks
 from aioq.codec import decode_args
 from aioq.db import Target, executor
-from aioq.errors import AioqError
+from aioq.errors import AioqError, PayloadError
 from aioq.job import Claim
 from aioq.registry import Registry
 from aioq.sql.admin import PENDING_JOBS, READY_QUEUES
@@ -30,7 +30,8 @@ DEFAULT_MAX_RUNS = 1000
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Waiting:
-    """A job deferred and not yet run (due now or scheduled), with its decoded arguments."""
+    """A job deferred and not yet run (due now or scheduled), with its arguments read as the
+    task's annotations (as stored, if they cannot be)."""
 
     id: int
     queue: str
@@ -82,7 +83,7 @@ async def deferred(conn: Target, task: Task[..., Any]) -> list[Waiting]:
         Waiting(
             id=row.id,
             queue=row.queue,
-            args=decode_args(row.args),
+            args=typed_args(task, row.args, row.id),
             priority=row.priority,
             run_at=row.run_at,
             attempts=row.attempts,
@@ -91,6 +92,18 @@ async def deferred(conn: Target, task: Task[..., Any]) -> list[Waiting]:
         )
         for row in rows
     ]
+
+
+def typed_args(task: Task[..., Any] | None, text: str, job_id: int) -> dict[str, Any]:
+    """A job's stored arguments read as its task's annotations; as stored (JSON) when the task
+    is unknown or they cannot be read (the run fails with a PayloadError)."""
+    args = decode_args(text)
+    if task is None:
+        return args
+    try:
+        return task.codec.decode(dict(args), job_id)
+    except PayloadError:
+        return args
 
 
 class _Recorder(hooks.Observer):
@@ -115,7 +128,7 @@ class _Recorder(hooks.Observer):
         for claim, error in settled:
             args: dict[str, Any] = {}
             with suppress(ValueError):  # undecodable: the run failed with a PayloadError
-                args = decode_args(claim.args)
+                args = typed_args(self.worker.registry.get(claim.task), claim.args, claim.id)
             self.ran.append(
                 Ran(
                     id=claim.id,

@@ -19,7 +19,7 @@ import anyio.lowlevel
 
 from aioq import hooks
 from aioq.backoff import Backoff
-from aioq.codec import decode_args, encode_result
+from aioq.codec import decode_args
 from aioq.errors import Fail, PayloadError, ResultError, Retry, UnknownTaskError
 from aioq.job import Claim, JobContext, OutcomeKind, _current, current_job
 from aioq.registry import Middleware, Registry
@@ -143,8 +143,8 @@ def judge(claim: Claim, task: Task[..., Any], running: Running, attempt: Attempt
     if not attempt.interrupted:
         if ttl is None and claim.workflow_id is None:
             return Outcome(claim, OutcomeKind.SUCCEEDED, attempt.duration)
-        try:  # a value that cannot be stored fails the attempt
-            result = encode_result(claim.task, claim.id, attempt.value)
+        try:  # a value that does not fit the annotation or cannot be stored fails the attempt
+            result = task.codec.encode_result(claim.id, attempt.value)
         except ResultError as exc:
             return _failed(
                 claim, task.retry, ttl, attempt.started, format_error(exc, with_traceback=False)
@@ -275,6 +275,15 @@ class Consumer:
             )
             error = format_error(err, with_traceback=False)
             return _failed(claim, task.retry, task.result_ttl, started, error)
+        try:  # into the annotated types (docs/architecture.md, "Values")
+            kwargs = task.codec.decode(kwargs, claim.id)
+        except PayloadError as exc:
+            # The stored value itself is wrong: no attempt can read it. Dead at once.
+            error = format_error(exc, with_traceback=False)
+            duration = time.monotonic() - started
+            return Outcome(
+                claim, OutcomeKind.DEAD, duration, error=error, result_ttl=task.result_ttl
+            )
         if running.cancel_requested:  # cancelled before it started
             return Outcome(claim, OutcomeKind.CANCELLED, result_ttl=task.result_ttl)
         # Built only if the task asks for it (current_job()): most never do.
@@ -306,7 +315,9 @@ class Consumer:
             worker_id=self.worker_id,
             snoozes=claim.snoozes,
             scheduled_at=claim.scheduled_at,
-            handle=RunHandle(running, self.completer.schema, self.completer.db, self.worker_id),
+            handle=RunHandle(
+                running, self.completer.schema, self.completer.db, self.worker_id, self.registry
+            ),
             state=self.state,
         )
 

@@ -18,6 +18,7 @@ from typing import Any
 from aioq.codec import decode_result
 from aioq.db import Executor
 from aioq.job import StepFailed
+from aioq.registry import Registry
 from aioq.sql.control import CANCEL_REQUESTED, SET_PROGRESS, SetProgress
 from aioq.sql.workflows import UPSTREAM
 from aioq.worker.claims import CancelReason, Claims, Running
@@ -96,13 +97,16 @@ class CancelWatch(Service[list[int]]):
 class RunHandle:
     """The running job's side of ``current_job()``: its cancel flag and its progress writes."""
 
-    __slots__ = ("db", "running", "schema", "worker_id")
+    __slots__ = ("db", "registry", "running", "schema", "worker_id")
 
-    def __init__(self, running: Running, schema: str, db: Executor, worker_id: str) -> None:
+    def __init__(
+        self, running: Running, schema: str, db: Executor, worker_id: str, registry: Registry
+    ) -> None:
         self.running = running
         self.schema = schema
         self.db = db
         self.worker_id = worker_id
+        self.registry = registry  # reads each dependency's result as its task's return type
 
     @property
     def cancel_requested(self) -> bool:
@@ -127,14 +131,20 @@ class RunHandle:
             logger.debug("job %s: progress not stored, the claim is no longer ours", claim.id)
 
     async def upstream(self) -> dict[str, Any]:
-        """The results of this step's direct dependencies by step name (a plain job: none)."""
+        """The results of this step's direct dependencies by step name (a plain job: none),
+        each read as its task's return annotation when this worker's registry has the task
+        (else the JSON as stored)."""
         claim = self.running.claim
         if claim.workflow_id is None:
             return {}
         found: dict[str, Any] = {}
         for row in await UPSTREAM.rows(self.db, self.schema, claim.id):
             if row.status == "succeeded":
-                found[row.name] = None if row.result is None else decode_result(row.result)
+                value = None if row.result is None else decode_result(row.result)
+                task = self.registry.get(row.task)
+                found[row.name] = (
+                    value if task is None else task.codec.decode_result(value, row.job_id)
+                )
             else:
                 found[row.name] = StepFailed(row.name, row.job_id, row.status, row.last_error)
         return found

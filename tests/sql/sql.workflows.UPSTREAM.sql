@@ -1,6 +1,6 @@
 -- aioq.sql.workflows.UPSTREAM, rendered for the schema 'aioq' (make sql-golden writes it)
 -- parameters: $1 :id
-SELECT p.name, p.job_id,
+SELECT p.name, p.job_id, p.task,
        coalesce(j.status, CASE WHEN p.succeeded_at IS NOT NULL THEN 'succeeded' ELSE 'deleted' END)
            AS status,
        p.result::text AS result, j.last_error

@@ -15,6 +15,7 @@ options are aioq's own.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -44,7 +45,7 @@ from aioq.contrib.django.tasks import (
     task_finished,
     task_started,
 )
-from aioq.errors import ConfigError
+from aioq.errors import ArgumentError, ConfigError
 from aioq.job import Job, JobStatus
 from aioq.options import DEFAULT_LEASE, JobOptions
 
@@ -52,6 +53,8 @@ __all__ = (
     "DEFAULT_RESULT_TTL",
     "AioqBackend",
     "as_enqueued",
+    "as_json",
+    "django_json",
     "django_task",
     "result_of",
     "task_error",
@@ -131,7 +134,7 @@ class AioqBackend(BaseTaskBackend):
         call = self.runner(task).options(
             queue=task.queue_name, priority=task.priority, run_at=run_at
         )
-        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        args, kwargs = django_json(task.module_path, args, kwargs)
         conn = connections[self.database]
         job_id = call.defer_sync(conn, args=args, kwargs=kwargs, backend=self.alias)
         result = TaskResult(
@@ -189,6 +192,66 @@ class AioqBackend(BaseTaskBackend):
                 )
             ]
         return []
+
+
+def django_json(path: str, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """A Django task's arguments as Django's contract stores them: JSON, round-tripped.
+
+    Django's ``normalize_json`` comes first (tuples become lists, bytes text); then each value
+    becomes the exact JSON type a JSON round trip gives back, as Django's database backends
+    store it: an ``IntEnum``, ``IntegerChoices`` or ``TextChoices`` member becomes its int or
+    str value, a dict key its text. Django's "Unsupported type" error is raised again as an
+    :class:`aioq.ArgumentError` naming the task and the argument (a TypeError, as Django's).
+    """
+
+    def one(name: str, value: Any) -> Any:
+        try:
+            return as_json(normalize_json(value))
+        except (TypeError, ValueError) as exc:
+            raise ArgumentError(
+                path,
+                f"argument {name!r} cannot be a Django task's argument: {exc} (Django's Tasks"
+                " take JSON values; an aioq task takes typed ones: see docs/django.md)",
+                argument=name,
+            ) from None
+
+    positional = [one(f"args[{i}]", value) for i, value in enumerate(args)]
+    return positional, {str(name): one(str(name), value) for name, value in dict(kwargs).items()}
+
+
+def as_json(value: Any) -> Any:
+    """A normalised value with the exact JSON types ``json.loads(json.dumps(value))`` gives:
+    subclasses of str, int and float (enums, Django's choices) as their base values, dict keys
+    as text."""
+    kind = type(value)
+    if value is None or kind is bool or kind is str or kind is int or kind is float:
+        return value
+    if isinstance(value, dict):
+        return {_key(k): as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_json(v) for v in value]
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__index__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    raise TypeError(f"Unsupported type: {kind}")
+
+
+def _key(key: Any) -> str:
+    """A dict key as JSON writes it (json.dumps: True is "true", None "null", 1 "1")."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    if isinstance(key, int):
+        return str(int.__index__(key))
+    if isinstance(key, float):
+        return json.dumps(float.__float__(key))
+    raise TypeError(f"Unsupported type for a key: {type(key)}")
 
 
 def task_is_async(task: DjangoTask) -> bool:
@@ -307,7 +370,7 @@ def _sync_runner(path: str) -> Callable[..., Any]:
             task_started.send(type(task.get_backend()), task_result=result)
             call_args = [TaskContext(task_result=result), *args] if task.takes_context else args
             try:
-                value = normalize_json(task.func(*call_args, **kwargs))
+                value = as_json(normalize_json(task.func(*call_args, **kwargs)))
             except BaseException:
                 _finished(result, TaskResultStatus.FAILED)
                 task_finished.send(type(task.get_backend()), task_result=result)
@@ -338,7 +401,7 @@ def _async_runner(path: str) -> Callable[..., Any]:
                 await task_started.asend(sender, task_result=result)
                 call_args = [TaskContext(task_result=result), *args] if task.takes_context else args
                 try:
-                    value = normalize_json(await task.func(*call_args, **kwargs))
+                    value = as_json(normalize_json(await task.func(*call_args, **kwargs)))
                 except BaseException:
                     _finished(result, TaskResultStatus.FAILED)
                     with anyio.CancelScope(shield=True):

@@ -1,7 +1,12 @@
 """The project's tasks: Django ones (@task, on the aioq backend) and a native aioq one."""
 
 import asyncio
+import dataclasses
+import datetime
+import enum
+import uuid
 
+from django.db import models
 from django.db.models import F
 
 import aioq
@@ -66,3 +71,40 @@ def not_a_task(x):
 def notify(order_id: int) -> None:
     """A native aioq task, deferred from a view with defer_sync(connection, ...)."""
     Order.objects.filter(id=order_id).update(notified=F("notified") + 1)
+
+
+class Size(models.IntegerChoices):
+    SMALL = 1
+    LARGE = 2
+
+
+class Color(models.TextChoices):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+@task
+def describe(size, color, level=None, **extra):
+    """A Django task: what its arguments are after Django's JSON round trip."""
+    values = {"size": size, "color": color, "level": level, **extra}
+    return {name: [value, type(value).__name__] for name, value in values.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Reminder:
+    order: uuid.UUID
+    due: datetime.date
+    size: Size
+
+
+@aioq.task
+def remind(reminder: Reminder, at: datetime.datetime) -> None:
+    """A native aioq task with typed arguments, deferred on Django's connection."""
+    kinds = [type(reminder).__name__, type(reminder.order).__name__, type(reminder.due).__name__]
+    kinds += [type(reminder.size).__name__, type(at).__name__]
+    Log.objects.create(label=" ".join(kinds))

@@ -97,7 +97,7 @@ done AS (
     DELETE FROM @schema.jobs AS j
     USING mine AS m
     WHERE j.id = m.id AND m.kind = 'succeeded'
-    RETURNING j.id
+    RETURNING j.id, j.claims AS claim
 ),
 succeeded AS (
     SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
@@ -139,7 +139,7 @@ changed AS (
         @clear_claim
     FROM mine AS m
     WHERE j.id = m.id AND m.kind <> 'succeeded'
-    RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
+    RETURNING j.id, j.claims AS claim, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
 ),
 told AS (
     SELECT pg_notify(:results_channel, id::text) FROM kept

@@ -153,7 +153,7 @@ class Completer(Service[int]):
                 end_ns = time.time_ns()
                 by_kind: dict[OutcomeKind, list[tuple[Claim, str | None]]] = defaultdict(list)
                 for o in batch:
-                    if o.claim.id in kept:
+                    if o.claim.key in kept:
                         by_kind[o.kind].append((o.claim, o.error))
                 for kind, mine in by_kind.items():
                     hooks.settled(self.worker_id, kind.value, mine, start_ns, end_ns)
@@ -161,7 +161,7 @@ class Completer(Service[int]):
                 self.on_written({o.claim.queue for o in batch})
         return len(batch)
 
-    def _settle(self, outcomes: list[Outcome], kept: set[int]) -> None:
+    def _settle(self, outcomes: list[Outcome], kept: set[ClaimKey]) -> None:
         """Forget written claims; count and log each (kept, or found lost)."""
         settle, metrics, history = self.claims.settle, self.metrics, self.history
         # Per batch, not per job: the hot path builds no message nor extras nobody reads.
@@ -177,7 +177,7 @@ class Completer(Service[int]):
             if self._dropped and claim.key in self._dropped:
                 self._dropped.discard(claim.key)
                 continue
-            if claim.id in kept:
+            if claim.key in kept:
                 if metrics is not None:
                     metrics.observe_outcome(claim, outcome.kind, outcome.duration)
                 if history is not None:
@@ -218,7 +218,7 @@ class Completer(Service[int]):
                     extra=_extra(claim, "lease_lost", outcome.duration),
                 )
 
-    async def _write_isolating(self, batch: list[Outcome]) -> set[int]:
+    async def _write_isolating(self, batch: list[Outcome]) -> set[ClaimKey]:
         """Write outcomes; if the server refuses their data, write them one by one.
 
         A refused completion is written without its archive copy; any other refused outcome
@@ -231,12 +231,12 @@ class Completer(Service[int]):
         except _REFUSED:
             if len(batch) == 1:
                 return await self._write_refused(batch[0])
-        kept: set[int] = set()
+        kept: set[ClaimKey] = set()
         for outcome in batch:
             kept |= await self._write_isolating([outcome])
         return kept
 
-    async def _write_refused(self, outcome: Outcome) -> set[int]:
+    async def _write_refused(self, outcome: Outcome) -> set[ClaimKey]:
         claim = outcome.claim
         if outcome.kind is OutcomeKind.SUCCEEDED and self.keep_completed:
             logger.exception(
@@ -258,22 +258,23 @@ class Completer(Service[int]):
         self._dropped.add(claim.key)
         return set()
 
-    async def _write(self, batch: list[Outcome], *, archive: bool) -> set[int]:
+    async def _write(self, batch: list[Outcome], *, archive: bool) -> set[ClaimKey]:
         """One fenced statement for every outcome of the batch (docs/architecture.md, "The
-        fence"); return the ids still ours."""
+        fence"); return the claims written, (job id, claim number): a stale claim of a job
+        whose newer claim the batch also holds is not among them."""
         steps = any(o.claim.workflow_id is not None for o in batch)
         if not (archive or steps) and all(
             o.kind is _SUCCEEDED and o.result_ttl is None for o in batch
         ):
             # The hot path: plain completions, the statement that only deletes.
-            ids = await COMPLETE.rows(
+            keys = await COMPLETE.rows(
                 self.db,
                 self.schema,
                 [o.claim.id for o in batch],
                 [o.claim.number for o in batch],
                 self.worker_id,
             )
-            return set(ids)
+            return set(keys)
         # Workflow steps: the same outcomes, and the fan-in of those that succeeded
         # (docs/architecture.md, "Workflows").
         statement = WRITE_STEP_OUTCOMES if steps else WRITE_OUTCOMES
@@ -289,8 +290,8 @@ class Completer(Service[int]):
             archive=archive,
             results_channel=self.results_channel,
         )
-        ids = await statement.rows(self.db, self.schema, outcomes)
-        return set(ids)
+        keys = await statement.rows(self.db, self.schema, outcomes)
+        return set(keys)
 
     @property
     def idle(self) -> bool:

@@ -17,4 +17,4 @@ WITH mine AS (
 DELETE FROM "aioq".jobs AS j
 USING mine
 WHERE j.id = mine.id
-RETURNING j.id
+RETURNING j.id, j.claims

@@ -20,7 +20,7 @@ done AS (
     DELETE FROM "aioq".jobs AS j
     USING mine AS m
     WHERE j.id = m.id AND m.kind = 'succeeded'
-    RETURNING j.id
+    RETURNING j.id, j.claims AS claim
 ),
 succeeded AS (
     SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
@@ -63,7 +63,7 @@ changed AS (
         lease_expires_at = NULL
     FROM mine AS m
     WHERE j.id = m.id AND m.kind <> 'succeeded'
-    RETURNING j.id, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
+    RETURNING j.id, j.claims AS claim, j.queue, j.status, m.delay, m.ttl IS NOT NULL AS awaited
 ),
 told AS (
     SELECT pg_notify($10, id::text) FROM kept
@@ -124,6 +124,7 @@ rang AS (
     SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
     WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
 )
-SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
+SELECT id, claim FROM (SELECT id, claim FROM done UNION ALL SELECT id, claim FROM changed)
+    AS written
 WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0
   AND (SELECT count(*) FROM recorded) >= 0

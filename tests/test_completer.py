@@ -230,8 +230,12 @@ async def test_an_outcome_the_server_refuses_does_not_block_the_others(
         assert await completer.run_once() == 2
     assert "cannot be stored" in caplog.text
     assert completer.pending == []
-    rows = await conn.fetch("SELECT id, status FROM aioq.jobs")
-    assert [tuple(r) for r in rows] == [(bad.id, "running")]  # left for the reaper to rescue
+    # The job whose outcome was refused fails (dead, saying why): never given back for ever.
+    rows = await conn.fetch("SELECT id, status, last_error, locked_by FROM aioq.jobs")
+    assert [(r["id"], r["status"], r["locked_by"]) for r in rows] == [(bad.id, "dead", None)]
+    assert rows[0]["last_error"].startswith(
+        "OutcomeRefused: the database refused to record this attempt's outcome (retried):"
+    )
 
 
 async def test_a_connection_lost_before_a_write_keeps_the_whole_batch_for_the_retry(

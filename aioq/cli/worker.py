@@ -228,6 +228,8 @@ async def _dev(port: int | None, fsync: bool) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker, or ``--processes`` of them under a supervisor."""
     options = _worker_options(args)
+    if args.worker_id is not None and not args.worker_id.strip():
+        raise UsageError("argument --worker-id: must not be empty")
     if args.schema:  # refused before the module loads and warns about what it holds
         quote_schema(args.schema)
     dsn = dsn_from(args)
@@ -285,6 +287,8 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
         command += ["--queue", queue]
     if args.schema:
         command += ["--schema", args.schema]
+    if args.worker_id:  # each child adds its index (one id per process)
+        command += ["--worker-id", args.worker_id]
     # The DSN goes through the environment, not argv, where `ps` would show a password.
     env = {**os.environ, "AIOQ_DSN": dsn}
     if args.listen_dsn:
@@ -302,6 +306,9 @@ async def _work(
         port = args.metrics_port + int(os.environ.get(PROCESS_INDEX_ENV, "0"))
         metrics = aioq_metrics.start(port, args.metrics_addr)
         log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    if args.worker_id:
+        index = os.environ.get(PROCESS_INDEX_ENV) if args.parent_pid is not None else None
+        options["worker_id"] = args.worker_id if index is None else f"{args.worker_id}-{index}"
     worker = Worker(
         dsn=dsn,
         registry=registry,

@@ -61,6 +61,9 @@ class Claimer:
         self.blocked: frozenset[str] = frozenset()
         self._read_at = -math.inf
         self._old_schema = False
+        # Whether the rows under our worker id are ours to release: not once another live
+        # worker took the id (docs/architecture.md, "Worker ids").
+        self.by_id = True
 
     async def claim(self, limit: int) -> list[Claim]:
         """Claim up to ``limit`` jobs of the worker's queues, within their limits."""
@@ -100,8 +103,11 @@ class Claimer:
         """Give back every row running under this worker's id but the jobs in ``keep``.
 
         After a claim whose reply was lost (its rows are ours, but no claim of ours knows
-        them) and on shutdown; the attempts are refunded. Return the ids released.
+        them) and on shutdown; the attempts are refunded. Return the ids released (none once
+        the id is another worker's).
         """
+        if not self.by_id:
+            return []
         return sorted(await RELEASE_WORKER.rows(self.db, self.schema, self.worker_id, list(keep)))
 
     async def read(self) -> None:

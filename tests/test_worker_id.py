@@ -147,3 +147,63 @@ async def test_two_processes_with_one_id_the_second_refuses_and_a_killed_ones_su
         except subprocess.TimeoutExpired:
             pytest.fail("the successor did not stop on SIGTERM")
         assert successor.returncode == 0
+
+
+async def run_under(conn: asyncpg.Connection, worker_id: str) -> int:
+    """A row another worker runs under ``worker_id`` (its claim 7)."""
+    return await conn.fetchval(
+        "INSERT INTO aioq.jobs (task, status, claims, attempts, locked_by, locked_at,"
+        " lease_expires_at, run_at) VALUES ('long', 'running', 7, 1, $1, now(),"
+        " now() + interval '1 hour', now() + interval '1 hour') RETURNING id",
+        worker_id,
+    )
+
+
+async def test_a_worker_whose_id_was_taken_while_its_hold_was_down_stops_releasing_only_its_own(
+    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+) -> None:
+    """The hold's connection drops; before the worker takes its id again, another session
+    (standing for a worker started meanwhile) takes it. The worker stops, releasing the claim it
+    holds, fenced, and never the rows under the id that are not its own."""
+    started = anyio.Event()
+
+    @registry.task(name="long", lease=1)
+    async def long() -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    mine = await long.defer(conn)
+    worker = aioq.Worker(
+        dsn=dsn, registry=registry, worker_id="w-1", heartbeat_interval=0.5, shutdown_grace=0.2
+    )
+    other = await asyncpg.connect(dsn)
+    ended = anyio.Event()
+    try:
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+
+                async def run() -> None:
+                    await worker.run()
+                    ended.set()
+
+                tg.start_soon(run)
+                await started.wait()
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = 'aioq worker id w-1'"
+                )
+                while not await other.fetchval(  # noqa: ASYNC110 (the backend's exit: no event)
+                    "SELECT pg_try_advisory_lock(hashtextextended('w-1',"
+                    " 'aioq.jobs'::regclass::oid::bigint))"
+                ):
+                    await anyio.sleep(0.01)
+                theirs = await run_under(conn, "w-1")  # the other worker's: not ours to release
+                await ended.wait()
+    finally:
+        await other.close()
+    rows = {
+        r["id"]: tuple(r[1:])
+        for r in await conn.fetch("SELECT id, status, claims, locked_by FROM aioq.jobs")
+    }
+    assert rows[mine] == ("pending", 1, None)  # its own claim, released fenced
+    assert rows[theirs] == ("running", 7, "w-1")  # the other's, untouched

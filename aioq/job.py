@@ -113,6 +113,9 @@ class Claim:
     snoozes: int = 0  # how many times the job raised aioq.Retry before this claim
     scheduled_at: datetime | None = None  # the tick of a periodic job
     workflow_id: int | None = None  # the run of a workflow step (None: a plain job)
+    # Seconds since a worker that did not know its task first claimed it (None: none did);
+    # docs/architecture.md, "Unknown tasks".
+    unknown_for: float | None = None
 
     @property
     def key(self) -> ClaimKey:
@@ -138,6 +141,7 @@ class Claim:
             row["snoozes"],
             row["scheduled_at"],
             row["workflow_id"],
+            row["unknown_for"],
         )
 
 

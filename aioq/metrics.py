@@ -85,6 +85,11 @@ class Metrics:
         self.snoozed = counter("jobs_snoozed", "Attempts that asked to run later (aioq.Retry).")
         self.released = counter("jobs_released", "Claims given back unfinished on shutdown.")
         self.cancelled = counter("jobs_cancelled", "Running jobs cancelled on request.")
+        self.unknown_task = counter(
+            "jobs_unknown_task",
+            "Claims of jobs whose task this worker does not know, handed on to a worker that"
+            " knows it (attempt refunded).",
+        )
         self.lease_lost = counter(
             "jobs_lease_lost", "Claims whose lease was lost to the reaper before their outcome."
         )
@@ -144,6 +149,7 @@ class Metrics:
             OutcomeKind.SNOOZED: self.snoozed,
             OutcomeKind.RELEASED: self.released,
             OutcomeKind.CANCELLED: self.cancelled,
+            OutcomeKind.UNKNOWN_TASK: self.unknown_task,
         }
         # The labelled series of each (queue, task), looked up once: per job, ``labels()``
         # cost four times the update itself (a str() per label value and a lock).

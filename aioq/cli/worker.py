@@ -38,6 +38,7 @@ from aioq.worker import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_UNKNOWN_TASK_GRACE,
     DEFAULT_WORKFLOW_RETENTION,
     Worker,
     WorkerConfig,
@@ -158,6 +159,15 @@ WORKER_FLAGS = (
         "no prepared statements on the pool (PgBouncer in transaction mode)",
     ),
     _Flag(
+        "--unknown-task-grace",
+        "unknown_task_grace",
+        duration,
+        DEFAULT_UNKNOWN_TASK_GRACE,
+        "how long a job whose task this worker does not know waits for a worker that knows it"
+        " (a deploy in progress), its attempts unspent, before it is dead, e.g. 1h, or 0"
+        " (default: 1h)",
+    ),
+    _Flag(
         "--no-periodic",
         "periodic",
         None,
@@ -245,7 +255,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         args.queue = served(project, registry, args.queue)
     elif not len(registry) and args.parent_pid is None:  # once, not in every child
         log.warning(
-            "%s registers no tasks: every job this worker claims fails with UnknownTaskError"
+            "%s registers no tasks: every job this worker claims waits for a worker that knows"
+            " its task, then is dead with UnknownTaskError"
             " (name the module that defines them, or one that imports it)",
             args.target,
         )

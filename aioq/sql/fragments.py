@@ -30,8 +30,17 @@ docs/architecture.md "The fence"). The statement sets the lease (``locked_at``,
 CLAIMED_COLUMNS = """j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
           extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
-          j.scheduled_at, j.workflow_id"""
+          j.scheduled_at, j.workflow_id,
+          extract(epoch FROM now() - j.unknown_since)::float8 AS unknown_for"""
 """What a claim returns (``RETURNING @claimed_columns``), as Claim.from_row reads it."""
+
+KNOWN = """(unknown_since IS NULL OR task <> ALL(:unknown::text[])
+     OR unknown_since <= now() - make_interval(secs => :grace::float8))"""
+"""A ready job this worker may claim: not one that waits for a worker that knows its task
+when this worker found it does not (``:unknown``, the names of the tasks it does not know),
+unless it has waited ``:grace`` seconds (this worker's unknown_task_grace: then the claim takes
+it to make it dead). docs/architecture.md, "Unknown tasks". With no name in ``:unknown``, the
+first test is all a job costs."""
 
 # --- the fence (docs/architecture.md, "The fence") ---
 
@@ -130,12 +139,14 @@ changed AS (
         run_at = now() + make_interval(secs => m.delay),
         last_error = CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
                      ELSE j.last_error END,
-        attempts = j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+        attempts = j.attempts - CASE WHEN m.kind IN ('released', 'unknown_task') THEN 1 ELSE 0 END,
         max_attempts = j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
         snoozes = j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
         cancel_requested_at = CASE WHEN m.kind = 'cancelled'
                               THEN coalesce(j.cancel_requested_at, now())
                               ELSE j.cancel_requested_at END,
+        unknown_since = CASE m.kind WHEN 'unknown_task' THEN coalesce(j.unknown_since, now())
+                        WHEN 'released' THEN j.unknown_since END,
         @clear_claim
     FROM mine AS m
     WHERE j.id = m.id AND m.kind <> 'succeeded'

@@ -87,6 +87,12 @@ DEFAULT_VACUUM_INTERVAL = 5.0
 POOL_SIZE = 4
 # Warn when the event loop wakes up this late (a task blocking it).
 DEFAULT_LAG_THRESHOLD = 1.0
+# How long a job whose task this worker does not know waits for a worker that knows it, from
+# when a worker first found it unknown (docs/architecture.md, "Unknown tasks"). An hour: longer
+# than a rolling deploy takes (minutes) or stays paused half-way, so no job is lost to a
+# deploy; short enough that a job no worker will ever run (its task removed, or misspelt in a
+# raw insert) is dead, visible and replayable, within the hour rather than waiting for ever.
+DEFAULT_UNKNOWN_TASK_GRACE = 3600.0
 # The shortest interval or timeout a worker accepts: below a millisecond a loop would spin.
 MIN_INTERVAL = 0.001
 
@@ -142,6 +148,9 @@ class WorkerConfig:
     periodic: bool = True
     # How often the worker reads which of its queues have limits (aioq.admin.set_queue).
     limits_refresh: float = DEFAULT_REFRESH
+    # How long a job whose task this worker does not know waits for a worker that knows it
+    # (0: dead at once), its attempts unspent; then this worker makes it dead.
+    unknown_task_grace: float = DEFAULT_UNKNOWN_TASK_GRACE
     # Unique among the live workers of a database: a worker releases every row that carries
     # its id when it starts and when it stops. A given id is held for the run (one live worker
     # per id: aioq.worker.identity); a generated one is unique by construction.
@@ -201,6 +210,7 @@ class WorkerConfig:
             if getattr(self, name) is not None:
                 check_duration(name, getattr(self, name))
         check_duration("shutdown_grace", self.shutdown_grace)
+        check_duration("unknown_task_grace", self.unknown_task_grace)
         if not self.worker_id:
             raise ConfigError("worker_id", "must not be empty")
 
@@ -239,6 +249,7 @@ class WorkerOptions(TypedDict, total=False):
     lag_threshold: float | None
     periodic: bool
     limits_refresh: float
+    unknown_task_grace: float
     worker_id: str
 
 

@@ -29,6 +29,7 @@ from aioq.worker.completer import Completer, Outcome
 from aioq.worker.control import RunHandle
 
 if TYPE_CHECKING:
+    from aioq.worker.claimer import Claimer
     from aioq.worker.producer import Handoff
 
 __all__ = ("Attempt", "Consumer", "format_error", "judge")
@@ -245,8 +246,12 @@ class Consumer:
         threads: anyio.CapacityLimiter,
         middleware: Sequence[Middleware] = (),
         state: object = None,
+        unknown: Claimer | None = None,
     ) -> None:
         self.registry = registry
+        # Learns the tasks this worker does not know, and how long their jobs may wait for a
+        # worker that does (docs/architecture.md, "Unknown tasks"); none: 0, dead at once.
+        self.unknown = unknown
         # Around every run, the first outermost (docs/architecture.md, "Middleware and
         # lifespan"); none: the task is called directly, as before.
         self.middleware = tuple(middleware)
@@ -337,11 +342,7 @@ class Consumer:
                 raise
             return self._failed_step(claim, None, started, exc, "resolving its task")
         if task is None:
-            unknown = UnknownTaskError(
-                claim.task, claim.id, f"no task named {claim.task!r} is registered in this worker"
-            )
-            error = format_error(unknown, with_traceback=False)
-            return _failed(claim, _DEFAULT_RETRY, None, started, error)
+            return self._unknown(claim, started)
         step = "decoding its arguments"
         try:
             try:
@@ -380,6 +381,34 @@ class Consumer:
             if _cancelled_by_us(exc):
                 raise
             return self._failed_step(claim, task, started, exc, step)
+
+    def _unknown(self, claim: Claim, started: float) -> Outcome:
+        """A job whose task this worker does not know (a deploy in progress): handed on to a
+        worker that knows it, its attempt refunded and, from the first such claim, marked as
+        waiting; this worker's claims skip it from now on. Once it has waited this worker's
+        ``unknown_task_grace``, dead (docs/architecture.md, "Unknown tasks")."""
+        grace = 0.0 if self.unknown is None else self.unknown.unknown_task_grace
+        if self.unknown is not None and self.unknown.learn_unknown(claim.task):
+            logger.warning(
+                "task %r is not registered in this worker: its jobs wait for a worker that knows"
+                " it, each up to unknown_task_grace (%gs) from when it was first found unknown",
+                claim.task[:200],
+                grace,
+                extra={"task": claim.task, "queue": claim.queue},
+            )
+        waited = 0.0 if claim.unknown_for is None else claim.unknown_for
+        duration = time.monotonic() - started
+        if waited < grace:
+            return Outcome(claim, OutcomeKind.UNKNOWN_TASK, duration)
+        unknown = UnknownTaskError(
+            claim.task,
+            claim.id,
+            f"no worker that knows task {claim.task!r} took this job within unknown_task_grace"
+            f" ({grace:g}s; it waited {waited:.0f}s): no task of that name is registered in the"
+            " workers that claimed it",
+        )
+        error = format_error(unknown, with_traceback=False)
+        return Outcome(claim, OutcomeKind.DEAD, duration, error=error)
 
     def _failed_step(
         self,

@@ -85,6 +85,7 @@ class Run:
             worker_id=worker_id,
             ring=self.doorbell.ring,
             refresh=cfg.limits_refresh,
+            unknown_task_grace=cfg.unknown_task_grace,
         )
         self.completer = Completer(
             schema=schema,
@@ -141,6 +142,7 @@ class Run:
             threads=anyio.CapacityLimiter(cfg.concurrency),
             middleware=middleware,
             state=state,
+            unknown=self.claimer,
         )
         # Worker.health() and the probes' server read these (docs/architecture.md, "Health").
         self.probe = Probe(schema=schema, db=pool)

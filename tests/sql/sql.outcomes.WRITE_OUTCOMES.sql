@@ -53,12 +53,14 @@ changed AS (
         run_at = now() + make_interval(secs => m.delay),
         last_error = CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
                      ELSE j.last_error END,
-        attempts = j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+        attempts = j.attempts - CASE WHEN m.kind IN ('released', 'unknown_task') THEN 1 ELSE 0 END,
         max_attempts = j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
         snoozes = j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
         cancel_requested_at = CASE WHEN m.kind = 'cancelled'
                               THEN coalesce(j.cancel_requested_at, now())
                               ELSE j.cancel_requested_at END,
+        unknown_since = CASE m.kind WHEN 'unknown_task' THEN coalesce(j.unknown_since, now())
+                        WHEN 'released' THEN j.unknown_since END,
         last_worker = j.locked_by, locked_by = NULL, locked_at = NULL,
         lease_expires_at = NULL
     FROM mine AS m

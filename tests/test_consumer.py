@@ -119,7 +119,8 @@ async def test_an_unknown_task_is_handed_on_unspent_skipped_then_dead_after_the_
     # This worker's claims leave it to a worker that knows its task; another worker's do not.
     assert await claimer.claim(10) == []
     [again] = await statements.claim(rig.conn, ["default"], 10, "other")
-    assert again.unknown_for is not None and again.unknown_for >= 0
+    assert again.unknown_for is not None
+    assert again.unknown_for >= 0
     await rig.conn.execute(
         "UPDATE aioq.jobs SET status = 'pending', locked_by = NULL, lease_expires_at = NULL,"
         " attempts = 0, unknown_since = now() - interval '2 hours' WHERE id = $1",

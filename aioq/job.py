@@ -81,6 +81,9 @@ class Job:
     # released, rescued): locked_by is cleared then. For a succeeded job, the one that ran it.
     last_worker: str | None = None
     workflow_id: int | None = None  # the workflow run of a step (aioq.workflow), else None
+    # When a worker that does not know its task first claimed it: it waits for one that does
+    # (docs/architecture.md, "Unknown tasks"); None otherwise.
+    unknown_since: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> Job:

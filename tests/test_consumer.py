@@ -133,9 +133,9 @@ async def test_an_unknown_task_is_handed_on_unspent_skipped_then_dead_after_the_
     row = await rig.conn.fetchrow("SELECT status, attempts, last_error FROM aioq.jobs")
     assert (row["status"], row["attempts"]) == ("dead", 1)
     assert row["last_error"] == (
-        "UnknownTaskError: no worker that knows task 'no.such.task' took this job within"
-        " unknown_task_grace (3600s; it waited 7200s): no task of that name is registered in"
-        " the workers that claimed it"
+        "UnknownTaskError: no task named 'no.such.task' is registered in the workers that"
+        " claimed this job, and no worker that knows it took it within unknown_task_grace"
+        " (3600s; it waited 7200s)"
     )
     assert len(rig.claims) == 0
 

@@ -191,7 +191,7 @@ RUN_AT = "coalesce(:run_at::timestamptz, now() + make_interval(secs => :delay::f
 JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
        max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
        lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
-       progress_note, NULL::text AS result, last_worker, workflow_id"""
+       progress_note, NULL::text AS result, last_worker, workflow_id, unknown_since"""
 """A jobs row as Job.from_row reads it (GET_JOB, LIST_JOBS)."""
 
 ARCHIVED_JOB = """SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority,

@@ -403,9 +403,9 @@ class Consumer:
         unknown = UnknownTaskError(
             claim.task,
             claim.id,
-            f"no worker that knows task {claim.task!r} took this job within unknown_task_grace"
-            f" ({grace:g}s; it waited {waited:.0f}s): no task of that name is registered in the"
-            " workers that claimed it",
+            f"no task named {claim.task!r} is registered in the workers that claimed this job,"
+            f" and no worker that knows it took it within unknown_task_grace ({grace:g}s; it"
+            f" waited {waited:.0f}s)",
         )
         error = format_error(unknown, with_traceback=False)
         return Outcome(claim, OutcomeKind.DEAD, duration, error=error)

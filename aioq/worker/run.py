@@ -150,9 +150,7 @@ class Run:
         self.serving = False  # the services are up and the consumers started
         # In start order (the hold on a given id first); the producer last: it starts with jobs.
         self.services: list[Service[Any]] = [*self._held(hold), self.completer, self.probe]
-        self.services.append(cancel_watch)
-        if self.listener is not None:
-            self.services.append(self.listener)
+        self.services += [cancel_watch] if self.listener is None else [cancel_watch, self.listener]
         self.services += _upkeep(cfg, registry, pool, self.claims, self.history, metrics)
         self.services.append(self.producer)
 

@@ -127,22 +127,27 @@ class DjangoTasks(aioq.Registry):
         self.schedules = base.schedules
 
     def get(self, name: str) -> aioq.Task[..., Any] | None:
-        """Return the task of this name, found by its module path if no registered one."""
+        """Return the task of this name, found by its module path if no registered one; None
+        if this worker cannot import it (the worker's rule for a task it does not know then
+        applies: the job waits for a worker that knows it, docs/architecture.md "Unknown
+        tasks")."""
         found = super().get(name)
         if found is not None or "." not in name:
             return found
         resolved = self._resolve(name)
+        if resolved is None:
+            return None
         return self.add(resolved) if resolved.registry is not _REFUSED else resolved
 
-    def _resolve(self, path: str) -> aioq.Task[..., Any]:
+    def _resolve(self, path: str) -> aioq.Task[..., Any] | None:
         from django.utils.module_loading import import_string
 
         from aioq.contrib.django.tasks import Task
 
         try:
             found: object = import_string(path)
-        except ImportError as exc:
-            return _refusal(path, f"cannot import {path!r}: {exc}")
+        except ImportError:
+            return None  # a task of a newer deploy, say: a worker that knows it may come
         if isinstance(found, aioq.Task) and found.name == path:
             return found
         if not isinstance(found, Task):

@@ -188,14 +188,16 @@ async def test_a_worker_whose_id_was_taken_while_its_hold_was_down_stops_releasi
 
                 tg.start_soon(run)
                 await started.wait()
-                await conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = 'aioq worker id w-1'"
-                )
-                while not await other.fetchval(  # noqa: ASYNC110 (the backend's exit: no event)
+                # Its hold's session ends; another session takes the id before the worker
+                # takes it again (should the worker win the race, its new session ends too).
+                while not await other.fetchval(
                     "SELECT pg_try_advisory_lock(hashtextextended('w-1',"
                     " 'aioq.jobs'::regclass::oid::bigint))"
                 ):
+                    await conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE application_name = 'aioq worker id w-1'"
+                    )
                     await anyio.sleep(0.01)
                 theirs = await run_under(conn, "w-1")  # the other worker's: not ours to release
                 await ended.wait()

@@ -44,6 +44,7 @@ SELECT EXISTS (
 class Holder:
     """The session that holds a worker id, as far as this role may see it (NULL otherwise)."""
 
+    pid: int  # its server process
     address: str | None  # its client's address (None: a Unix socket, or not visible)
     application_name: str | None
     since: datetime | None  # when its connection began
@@ -53,7 +54,7 @@ class Holder:
 # its high half (classid) and low half (objid), objsubid 1.
 WORKER_ID_HOLDER = Statement(
     """
-SELECT host(a.client_addr) AS address, a.application_name, a.backend_start AS since
+SELECT l.pid, host(a.client_addr) AS address, a.application_name, a.backend_start AS since
 FROM pg_locks AS l
 LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1

@@ -75,6 +75,7 @@ class IdHold(Service[bool]):
         self.on_lost: Callable[[], None] = lambda: None  # set by the run that serves with it
         self._conn: Connection | None = None
         self._release: Release | None = None
+        self._pid: int | None = None  # the server process of the session that holds the id
 
     async def take(self) -> None:
         """Connect and take the id, waiting for it up to ``wait`` seconds; else raise
@@ -92,7 +93,7 @@ class IdHold(Service[bool]):
             with anyio.CancelScope(shield=True):
                 await release()
             raise
-        self._conn, self._release = conn, release
+        self._conn, self._release, self._pid = conn, release, conn.get_server_pid()
 
     async def run_once(self) -> bool:
         """Check the hold; after a lost connection, take the id again on a new one. Return
@@ -110,12 +111,21 @@ class IdHold(Service[bool]):
         conn, release = await self.connect()
         try:
             taken = await TAKE_WORKER_ID.row(conn, self.schema, self.worker_id)
+            holder = (
+                None if taken else await WORKER_ID_HOLDER.row(conn, self.schema, self.worker_id)
+            )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await release()
             raise
+        if not taken and (holder is None or holder.pid == self._pid):
+            # Our own old session still holds it (the server has not seen it gone yet: its
+            # keepalives end it), or it was just let go: try again, not lost.
+            with anyio.CancelScope(shield=True):
+                await release()
+            raise ConnectionError(f"worker {self.worker_id}: its old session still holds its id")
         if taken:
-            self._conn, self._release = conn, release
+            self._conn, self._release, self._pid = conn, release, conn.get_server_pid()
             logger.warning(
                 "worker %s: its id's connection was lost; it holds its id again", self.worker_id
             )
@@ -130,6 +140,16 @@ class IdHold(Service[bool]):
         )
         self.on_lost()
         return False
+
+    def log_failure(self, exc: Exception, delay: float) -> None:
+        """A check or a new hold that failed: said, and tried again after ``delay``."""
+        logger.warning(
+            "worker %s: cannot check or take its id (%s: %s); trying again in %.2fs",
+            self.worker_id,
+            type(exc).__name__,
+            exc,
+            delay,
+        )
 
     def interval(self) -> float:
         """The check's period (the worker's heartbeat interval)."""

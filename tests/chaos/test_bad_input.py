@@ -346,9 +346,10 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
         for task, args, _ in CORRUPTED
     ]
     module = write_tasks(tmp_path, "badtasks", CORRUPTED_TASKS)
+    # No worker that knows the unknown tasks will come: they are dead at once, not left waiting.
     with WorkerProcess(
         f"{module}:registry", "--concurrency", "4", "--poll-interval", "0.5",
-        dsn=dsn, cwd=tmp_path, env={"CHAOS_RECORD_DSN": dsn},
+        "--unknown-task-grace", "0", dsn=dsn, cwd=tmp_path, env={"CHAOS_RECORD_DSN": dsn},
     ) as worker:  # fmt: skip
         worker.wait_listening(dsn)
         # Good jobs deferred after the bad ones, in two batches: the worker keeps serving.
@@ -382,14 +383,18 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
             assert ran[job_id] == 1
             continue
         row = rows.pop(job_id)
-        assert (row["status"], row["attempts"]) == ("dead", 2), (task, row)  # retried once
+        # Retried once; a job whose task no worker knows is dead at its first claim.
+        attempts = 1 if expected.startswith("UnknownTaskError") else 2
+        assert (row["status"], row["attempts"]) == ("dead", attempts), (task, row)
         assert expected in row["last_error"], (task, row["last_error"][:300])
         assert len(row["last_error"]) <= 4000
     assert not rows  # and nothing else is left
     assert all(ran.get(i) == 1 for i in good_ids)
     log = worker.log()
     assert "failed; retrying" not in log, log[-3000:]
-    assert log.count(" dead (attempt 2/2") == len(CORRUPTED) - 1
+    unknown = sum(1 for _, _, e in CORRUPTED if e.startswith("UnknownTaskError"))
+    assert log.count(" dead (attempt 2/2") == len(CORRUPTED) - 1 - unknown
+    assert log.count(" dead (attempt 1/2") == unknown
     served = (run_times(dsn)[good_ids[0]] - deferred).total_seconds()
     print(
         f"\ncorrupted rows: {len(CORRUPTED) - 1} dead after 2 attempts with a clear last_error;"

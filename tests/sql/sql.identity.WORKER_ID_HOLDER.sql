@@ -1,6 +1,6 @@
 -- aioq.sql.identity.WORKER_ID_HOLDER, rendered for the schema 'aioq' (make sql-golden writes it)
 -- parameters: $1 :worker
-SELECT host(a.client_addr) AS address, a.application_name, a.backend_start AS since
+SELECT l.pid, host(a.client_addr) AS address, a.application_name, a.backend_start AS since
 FROM pg_locks AS l
 LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1

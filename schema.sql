@@ -1,5 +1,5 @@
 -- aioq's schema as it is: every table, index, function and trigger at the latest migration
--- (version 17), in the default schema `aioq`, with what each part is for. Read it to review
+-- (version 18), in the default schema `aioq`, with what each part is for. Read it to review
 -- the schema, to plan grants or capacity, or to see what a column holds.
 --
 -- A database gets the schema from the migrations, not from this file: `aioq schema apply`
@@ -11,7 +11,7 @@
 -- prints what differs; a new migration updates this file in the same commit.
 --
 -- Run on a database without the schema (psql -v ON_ERROR_STOP=1 --single-transaction -f
--- schema.sql), it creates the schema at version 17, recorded as an install records it; where
+-- schema.sql), it creates the schema at version 18, recorded as an install records it; where
 -- `aioq` exists, it stops at CREATE SCHEMA. It leaves out the opt-in doorbell trigger for
 -- raw-SQL inserts (aioq/sql/ring_trigger.sql, `aioq schema apply --ring-trigger`).
 -- docs/architecture.md, "Tables", tells how the tables serve the worker.
@@ -95,6 +95,11 @@ CREATE TABLE aioq.jobs (
     -- workflow trigger sets it with the cancel and clears it when a replay revives the step).
     -- The trigger tells its own cascade apart by it, never by the text of last_error.
     blocked_by bigint,
+    -- When a worker that does not know the job's task first claimed it (a deploy in
+    -- progress): the job waits for a worker that knows it, its attempts unspent, until a
+    -- worker's unknown_task_grace since then has passed (docs/architecture.md, "Unknown
+    -- tasks"). Cleared by an attempt of a worker that knows the task.
+    unknown_since timestamptz,
     -- A running job always has an owner and a lease: the fence needs both.
     CONSTRAINT jobs_running_locked CHECK (
         status <> 'running' OR (locked_by IS NOT NULL AND lease_expires_at IS NOT NULL)
@@ -165,6 +170,11 @@ CREATE INDEX jobs_cancelled_id_idx ON aioq.jobs (id) WHERE status = 'cancelled';
 -- below); plain jobs are not in it.
 CREATE INDEX jobs_workflow_idx ON aioq.jobs (workflow_id, status, id)
     WHERE workflow_id IS NOT NULL;
+
+-- Jobs waiting for a worker that knows their task, per queue and task (the statistics, the
+-- dashboard): none in a steady state, so it costs the hot path nothing.
+CREATE INDEX jobs_unknown_idx ON aioq.jobs (queue, task, unknown_since)
+    WHERE unknown_since IS NOT NULL AND status = 'pending';
 
 -- Completed jobs, kept only when a worker runs with keep_completed=True; pruned in batches.
 CREATE TABLE aioq.archive (
@@ -580,4 +590,4 @@ CREATE TRIGGER jobs_workflow_step_changed
 -- ---------------------------------------------------------------------------------------------
 
 -- The migrations this file adds up to, recorded: `aioq schema status` reports it up to date.
-INSERT INTO aioq.migrations (version) SELECT generate_series(1, 17);
+INSERT INTO aioq.migrations (version) SELECT generate_series(1, 18);

@@ -57,6 +57,7 @@ __all__ = (
     "Replay",
     "Stats",
     "TableStats",
+    "UnknownTask",
     "WorkflowInfo",
     "WorkflowStep",
     "cancel_jobs",
@@ -560,12 +561,27 @@ class TableStats:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownTask:
+    """Jobs of a task no worker that claimed them knows (a deploy in progress): they wait for a
+    worker that knows it, their attempts unspent, each until a worker's unknown_task_grace from
+    when it was first found unknown (docs/architecture.md, "Unknown tasks")."""
+
+    queue: str
+    task: str
+    jobs: int
+    since: datetime  # when the first of them was found unknown
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stats:
     """A snapshot of every queue and of the jobs table."""
 
     queues: tuple[QueueStats, ...]
     table: TableStats
     archived: bool  # whether the archive holds completed jobs
+    # Jobs waiting for a worker that knows their task, per queue and task (also counted in
+    # their queue's ready or scheduled jobs).
+    unknown_tasks: tuple[UnknownTask, ...] = ()
 
 
 async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
@@ -575,7 +591,8 @@ async def stats(conn: Target, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     completed = await sql.ARCHIVE_STATS.rows(conn, schema)
     table = await sql.TABLE_STATS.row(conn, schema)
     recent = await RECENT_OUTCOMES.rows(conn, schema)
-    return _stats(rows, completed, table, recent)
+    unknown = await sql.UNKNOWN_TASKS.rows(conn, schema)
+    return _stats(rows, completed, table, recent, unknown)
 
 
 def stats_sync(conn: SyncTarget, *, schema: str = DEFAULT_SCHEMA) -> Stats:
@@ -586,7 +603,8 @@ def stats_sync(conn: SyncTarget, *, schema: str = DEFAULT_SCHEMA) -> Stats:
     completed = sql.ARCHIVE_STATS.rows_sync(db, schema)
     table = sql.TABLE_STATS.row_sync(db, schema)
     recent = RECENT_OUTCOMES.rows_sync(db, schema)
-    return _stats(rows, completed, table, recent)
+    unknown = sql.UNKNOWN_TASKS.rows_sync(db, schema)
+    return _stats(rows, completed, table, recent, unknown)
 
 
 def _stats(
@@ -594,6 +612,7 @@ def _stats(
     completed_rows: list[sql.QueueCompleted],
     table: sql.TableFigures | None,
     recent_rows: list[RecentOutcomes],
+    unknown: list[sql.UnknownTaskJobs],
 ) -> Stats:
     assert table is not None  # the regclass cast raises for a missing table
     completed = {r.queue: r.completed for r in completed_rows}
@@ -632,6 +651,9 @@ def _stats(
             last_vacuum=table.last_vacuum,
         ),
         archived=archived,
+        unknown_tasks=tuple(
+            UnknownTask(queue=u.queue, task=u.task, jobs=u.jobs, since=u.since) for u in unknown
+        ),
     )
 
 

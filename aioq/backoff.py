@@ -40,7 +40,10 @@ class Backoff:
     def delay(self, attempt: int) -> float:
         """Return the delay in seconds before the attempt after ``attempt`` (1-based)."""
         exponent = min(max(attempt - 1, 0), 64)
-        raw = min(self.max, self.base * self.factor**exponent)
+        try:
+            raw = min(self.max, self.base * self.factor**exponent)
+        except OverflowError:  # a large factor: 1e10 ** 32 is past any float, and past max
+            raw = self.max
         return min(self.max, jittered(raw, self.jitter))
 
 

@@ -17,7 +17,8 @@ Every exception that crosses the public API derives from :class:`AioqError`::
     │                           attempt), or a stored one cannot be read as its annotated type
     ├── SchemaError             the schema is missing, too old, or cannot be applied
     ├── TemplateError           (also a ValueError) a statement breaks aioq.sql's template rules
-    ├── StartupError            a worker's lifespan failed to open; nothing was claimed
+    ├── StartupError            a worker could not start; nothing was claimed
+    │   └── WorkerIdInUse       its worker_id is held by a live worker (worker_id)
     ├── ServerError             the embedded PostgreSQL cannot be found or started
     ├── NoResult                ``aioq.result`` has no value to return (job_id)
     │   ├── JobFailed           the job is dead (last_error)
@@ -54,6 +55,7 @@ __all__ = (
     "TaskError",
     "TemplateError",
     "UnknownTaskError",
+    "WorkerIdInUse",
 )
 
 from datetime import timedelta
@@ -81,9 +83,19 @@ class AioqError(Exception):
 
 
 class StartupError(AioqError):
-    """A worker could not start: its lifespan failed to open. Nothing was claimed."""
+    """A worker could not start (its lifespan failed to open, its id is taken). Nothing was
+    claimed."""
 
     default_message = "the worker could not start"
+
+
+class WorkerIdInUse(StartupError):
+    """A live worker holds this worker's id: two workers with one id would release each other's
+    running jobs (docs/architecture.md, "Worker ids"). Nothing was claimed or released."""
+
+    def __init__(self, worker_id: str, message: str) -> None:
+        self.worker_id = worker_id
+        super().__init__(message)
 
 
 class ConfigError(AioqError, ValueError):

@@ -81,6 +81,9 @@ class Job:
     # released, rescued): locked_by is cleared then. For a succeeded job, the one that ran it.
     last_worker: str | None = None
     workflow_id: int | None = None  # the workflow run of a step (aioq.workflow), else None
+    # When a worker that does not know its task first claimed it: it waits for one that does
+    # (docs/architecture.md, "Unknown tasks"); None otherwise.
+    unknown_since: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> Job:
@@ -113,6 +116,9 @@ class Claim:
     snoozes: int = 0  # how many times the job raised aioq.Retry before this claim
     scheduled_at: datetime | None = None  # the tick of a periodic job
     workflow_id: int | None = None  # the run of a workflow step (None: a plain job)
+    # Seconds since a worker that did not know its task first claimed it (None: none did);
+    # docs/architecture.md, "Unknown tasks".
+    unknown_for: float | None = None
 
     @property
     def key(self) -> ClaimKey:
@@ -138,6 +144,7 @@ class Claim:
             row["snoozes"],
             row["scheduled_at"],
             row["workflow_id"],
+            row["unknown_for"],
         )
 
 

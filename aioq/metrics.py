@@ -47,6 +47,12 @@ def _client() -> Any:
     return prometheus_client
 
 
+_UNKNOWN_TASK_HELP = (
+    "Claims of jobs whose task this worker does not know, handed on to a worker that knows it"
+    " (attempt refunded)."
+)
+
+
 class Metrics:
     """The worker metrics, registered in ``registry`` (a new one with process metrics if None).
 
@@ -85,6 +91,7 @@ class Metrics:
         self.snoozed = counter("jobs_snoozed", "Attempts that asked to run later (aioq.Retry).")
         self.released = counter("jobs_released", "Claims given back unfinished on shutdown.")
         self.cancelled = counter("jobs_cancelled", "Running jobs cancelled on request.")
+        self.unknown_task = counter("jobs_unknown_task", _UNKNOWN_TASK_HELP)
         self.lease_lost = counter(
             "jobs_lease_lost", "Claims whose lease was lost to the reaper before their outcome."
         )
@@ -137,13 +144,9 @@ class Metrics:
             )
             for name in _GAUGES
         }
+        # Each outcome's counter is the attribute named as its value (self.succeeded, ...).
         self._outcome_counters: dict[OutcomeKind, Counter] = {
-            OutcomeKind.SUCCEEDED: self.succeeded,
-            OutcomeKind.RETRIED: self.retried,
-            OutcomeKind.DEAD: self.dead,
-            OutcomeKind.SNOOZED: self.snoozed,
-            OutcomeKind.RELEASED: self.released,
-            OutcomeKind.CANCELLED: self.cancelled,
+            kind: getattr(self, kind.value) for kind in OutcomeKind
         }
         # The labelled series of each (queue, task), looked up once: per job, ``labels()``
         # cost four times the update itself (a str() per label value and a lock).

@@ -44,6 +44,9 @@ class OutcomeKind(enum.Enum):
     RELEASED = "released"  # given back unrun or unfinished (shutdown): attempt refunded
     DEAD = "dead"  # failed with no attempts left, or aioq.Fail
     CANCELLED = "cancelled"  # cancelled on request: kept, never retried
+    # The worker does not know the job's task (a deploy in progress): handed on to a worker
+    # that does, attempt refunded, marked with when it began to wait (unknown_since).
+    UNKNOWN_TASK = "unknown_task"
 
 
 class Event(enum.StrEnum):
@@ -57,6 +60,7 @@ class Event(enum.StrEnum):
     RELEASED = "released"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    UNKNOWN_TASK = "unknown_task"
     RESCUED = "rescued"  # the reaper took back a claim whose lease expired
     CANCEL = "cancel"  # cancel_jobs on a job that is not running (a running one: a request)
     REPLAY = "replay"  # a dead job sent back (aioq.admin.replay, `aioq jobs replay`)
@@ -102,6 +106,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(_R, Event.RELEASED, _C, _CANCEL_REQUESTED),
     Transition(_R, Event.DEAD, _D),
     Transition(_R, Event.CANCELLED, _C),
+    Transition(_R, Event.UNKNOWN_TASK, _P, "it waits for a worker that knows its task"),
+    Transition(_R, Event.UNKNOWN_TASK, _C, _CANCEL_REQUESTED),
     Transition(_R, Event.RESCUED, _P, "attempts left"),
     Transition(_R, Event.RESCUED, _D, "attempts spent"),
     Transition(_R, Event.RESCUED, _C, _CANCEL_REQUESTED),

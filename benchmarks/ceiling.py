@@ -67,7 +67,7 @@ async def loop(args: argparse.Namespace) -> dict[str, Any]:
     async def work(conn: asyncpg.Connection, me: str) -> int:
         done = 0
         while True:
-            rows = await conn.fetch(CLAIM, "default", args.batch, me)
+            rows = await conn.fetch(CLAIM, "default", args.batch, me, [], 0.0)
             if not rows:
                 return done
             ids = [r["id"] for r in rows]

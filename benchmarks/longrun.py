@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import asyncpg
-from aioq.sql.jobs import CLAIM_ONE_QUEUE
+from aioq.sql.jobs import CLAIM_ONE_QUEUE, ClaimJobs
 
 import systems
 from common import Histogram, Runs, aioq_defer, complete, pct, resident, slope_mb_per_min
@@ -55,12 +55,13 @@ async def history(args: argparse.Namespace) -> dict[str, Any]:
     claims = 500
     await aioq_defer(conn, args.n + claims, batch=1000)
     await conn.execute("ANALYZE aioq.jobs")
-    plan = await conn.fetch("EXPLAIN " + CLAIM_ONE_QUEUE.text("aioq"), "default", 1, "bench")
+    claim = ClaimJobs(queue="default", limit=1, worker="bench", unknown=[], grace=0)
+    plan = await conn.fetch("EXPLAIN " + CLAIM_ONE_QUEUE.text("aioq"), *CLAIM_ONE_QUEUE.values(claim))
     plan_text = "\n".join(r[0] for r in plan)
     claim_ms, complete_ms = [], []
     for _ in range(claims):
         t0 = time.perf_counter()
-        (c,) = await CLAIM_ONE_QUEUE.rows(conn, "aioq", "default", 1, "bench")
+        (c,) = await CLAIM_ONE_QUEUE.rows(conn, "aioq", claim)
         t1 = time.perf_counter()
         await complete(conn, c)
         complete_ms.append((time.perf_counter() - t1) * 1000)

@@ -173,15 +173,17 @@ async def payload(system: systems.System, args: argparse.Namespace) -> dict[str,
 
 async def _claim_times(conn: asyncpg.Connection, queues: list[str], n: int) -> list[float]:
     """Claim one ready job and complete it, ``n`` times; the claim round trips in ms."""
-    from aioq.sql.jobs import CLAIM_ONE_QUEUE, CLAIM_QUEUES
+    from aioq.sql.jobs import CLAIM_ONE_QUEUE, CLAIM_QUEUES, ClaimJobs, ClaimQueues
 
     out = []
     for k in range(n):
         t0 = time.perf_counter()
         if len(queues) == 1:
-            claims = await CLAIM_ONE_QUEUE.rows(conn, "aioq", queues[0], 1, "bench")
+            one = ClaimJobs(queue=queues[0], limit=1, worker="bench", unknown=[], grace=0)
+            claims = await CLAIM_ONE_QUEUE.rows(conn, "aioq", one)
         else:
-            claims = await CLAIM_QUEUES.rows(conn, "aioq", queues, 1, "bench")
+            many = ClaimQueues(queues=queues, limit=1, worker="bench", unknown=[], grace=0)
+            claims = await CLAIM_QUEUES.rows(conn, "aioq", many)
         out.append((time.perf_counter() - t0) * 1000)
         if not claims:  # every caller leaves more ready jobs than it claims
             raise RuntimeError(f"claim {k + 1} of {n} found no ready job in {queues[:3]}")

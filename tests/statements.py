@@ -61,7 +61,7 @@ async def write(
         results_channel=results_channel(schema),
     )
     rows = await statement.rows(db, schema, outcomes)
-    return set(rows)
+    return {job_id for job_id, _ in rows}
 
 
 async def heartbeat(

@@ -479,8 +479,10 @@ def test_sigterm_lets_a_running_job_finish(
 def test_log_level_warning_drops_the_per_job_lines_but_keeps_dead_jobs(
     dsn: str, task_dir: Path, spawn: Callable[..., subprocess.Popen[str]]
 ) -> None:
+    # --unknown-task-grace reaches the children: the unknown task's job is dead at once.
     proc = spawn("worker", "clitasks", "--processes", "2", "--log-format", "json",
-                 "--log-level", "warning", "--poll-interval", "0.2", cwd=task_dir)  # fmt: skip
+                 "--log-level", "warning", "--poll-interval", "0.2",
+                 "--unknown-task-grace", "0", cwd=task_dir)  # fmt: skip
     jobs = defer_sql(dsn, 5, 0.0)
     [unknown] = fetch(
         dsn,

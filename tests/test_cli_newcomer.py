@@ -36,8 +36,9 @@ def test_a_module_without_tasks_is_warned_about(dsn: str, tmp_path: Path) -> Non
     assert empty.returncode == 2, empty
     [warning, error] = empty.stderr.strip().splitlines()
     assert "WARNING aioq.cli" in warning
-    assert "empty registers no tasks: every job this worker claims fails with UnknownTaskError" in (
-        warning
+    assert (
+        "empty registers no tasks: every job this worker claims waits for a worker that knows"
+        " its task, then is dead with UnknownTaskError" in warning
     )
     assert "is not installed in this database" in error
     assert_one_line_error(

@@ -4,15 +4,19 @@ the flush on stop, against a real PostgreSQL (fencing across workers: test_lease
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import anyio
 import asyncpg
+import prometheus_client
 import pytest
 import statements
 from waits import until_sql
 
 import aioq
+from aioq import hooks
 from aioq.job import Claim, OutcomeKind
+from aioq.metrics import Metrics
 from aioq.worker.claims import Claims
 from aioq.worker.completer import Completer, Outcome
 from aioq.worker.lease import Reaper
@@ -20,6 +24,7 @@ from aioq.worker.lease import Reaper
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30.0
+_SUCCEEDED = OutcomeKind.SUCCEEDED
 
 
 def completer_for(
@@ -226,8 +231,12 @@ async def test_an_outcome_the_server_refuses_does_not_block_the_others(
         assert await completer.run_once() == 2
     assert "cannot be stored" in caplog.text
     assert completer.pending == []
-    rows = await conn.fetch("SELECT id, status FROM aioq.jobs")
-    assert [tuple(r) for r in rows] == [(bad.id, "running")]  # left for the reaper to rescue
+    # The job whose outcome was refused fails (dead, saying why): never given back for ever.
+    rows = await conn.fetch("SELECT id, status, last_error, locked_by FROM aioq.jobs")
+    assert [(r["id"], r["status"], r["locked_by"]) for r in rows] == [(bad.id, "dead", None)]
+    assert rows[0]["last_error"].startswith(
+        "OutcomeRefused: the database refused to record this attempt's outcome (retried):"
+    )
 
 
 async def test_a_connection_lost_before_a_write_keeps_the_whole_batch_for_the_retry(
@@ -338,3 +347,61 @@ async def test_an_outcome_racing_a_heartbeat_of_its_rows_is_written(
     finally:
         await heartbeat.close()
         await writer.close()
+
+
+class Settled(hooks.Observer):
+    """Records what the completer reports as written, by outcome."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, tuple[int, int]]] = []
+
+    def settled(
+        self,
+        worker_id: str,
+        outcome: str,
+        settled: Sequence[tuple[Claim, str | None]],
+        start_ns: int,
+        end_ns: int,
+    ) -> None:
+        self.seen += [(outcome, claim.key) for claim, _ in settled]
+
+
+@pytest.mark.parametrize("stale_kind", [OutcomeKind.SUCCEEDED, OutcomeKind.RETRIED])
+async def test_a_stale_claim_and_a_fresh_claim_of_one_job_in_one_batch_count_once(
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    caplog: pytest.LogCaptureFixture,
+    stale_kind: OutcomeKind,
+) -> None:
+    """The worker claimed the job again after its first claim was rescued (a blocked loop);
+    both outcomes meet in one batch (COMPLETE when both succeeded, WRITE_OUTCOMES otherwise).
+    Only the fresh claim's is written, and only it is reported, counted and logged as such."""
+    [stale] = await claim_jobs(conn, registry, 1)
+    await conn.execute("UPDATE aioq.jobs SET lease_expires_at = now() - interval '1 second'")
+    await Reaper(schema="aioq", db=conn, interval=1, batch_size=10, worker_id="other").run_once()
+    [fresh] = await statements.claim(conn, ["default"], 10, "me")
+    assert (fresh.id, fresh.number) == (stale.id, stale.number + 1)
+    completer = completer_for(conn, [stale])
+    completer.claims.add([fresh])
+    metrics = Metrics(registry=prometheus_client.CollectorRegistry())
+    completer.metrics = metrics
+    completer.put(Outcome(stale, stale_kind, error=None if stale_kind is _SUCCEEDED else "stale"))
+    completer.put(Outcome(fresh, OutcomeKind.SUCCEEDED))
+    observer = Settled()
+    hooks.install(observer)
+    try:
+        with caplog.at_level(logging.INFO, logger="aioq"):
+            assert await completer.run_once() == 2
+    finally:
+        hooks.uninstall(observer)
+    assert observer.seen == [("succeeded", fresh.key)]
+    assert await conn.fetchval("SELECT count(*) FROM aioq.jobs") == 0
+    written = [r for r in caplog.records if getattr(r, "outcome", None) == "succeeded"]
+    assert len(written) == 1
+    lost = [r for r in caplog.records if getattr(r, "outcome", None) == "lease_lost"]
+    assert [r.getMessage().split()[1] for r in lost] == [str(stale.id)]
+    labels = {"queue": "default", "task": "t.work"}
+    assert metrics.registry.get_sample_value("aioq_jobs_succeeded_total", labels) == 1
+    assert metrics.registry.get_sample_value("aioq_jobs_retried_total", labels) is None
+    assert metrics.registry.get_sample_value("aioq_jobs_lease_lost_total", labels) == 1
+    assert len(completer.claims) == 0

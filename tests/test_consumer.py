@@ -14,6 +14,7 @@ import statements
 
 import aioq
 from aioq.job import Claim, OutcomeKind
+from aioq.worker.claimer import Claimer
 from aioq.worker.claims import CancelReason, Claims, Running
 from aioq.worker.completer import Completer
 from aioq.worker.consumer import Consumer
@@ -91,26 +92,51 @@ async def insert(conn: asyncpg.Connection, task: str, args: str, max_attempts: i
     )
 
 
-async def test_an_unknown_task_fails_while_attempts_remain_then_dies_with_a_clear_error(
+async def test_an_unknown_task_is_handed_on_unspent_skipped_then_dead_after_the_grace(
     rig: Rig,
 ) -> None:
-    # Another worker may know the task (a rolling deploy): retried, not buried at once.
+    # Another worker may know the task (a rolling deploy): handed on, its attempt refunded.
+    claimer = Claimer(
+        schema="aioq",
+        db=rig.conn,
+        queues=["default"],
+        worker_id="me",
+        ring=lambda: None,
+        unknown_task_grace=3600,
+    )
+    rig.consumer.unknown = claimer
     job_id = await insert(rig.conn, "no.such.task", "{}", 2)
     [first] = await rig.claim()
+    assert first.unknown_for is None
     await rig.handle(first)
-    row = await rig.row(job_id)
-    assert row is not None
-    assert (row["status"], row["attempts"], row["later"]) == ("pending", 1, True)
-    assert row["last_error"].startswith("UnknownTaskError: ")
-    assert "no task named 'no.such.task' is registered" in row["last_error"]
-
-    await rig.conn.execute("UPDATE aioq.jobs SET run_at = now() WHERE id = $1", job_id)
-    [second] = await rig.claim()
-    await rig.handle(second)
-    row = await rig.row(job_id)
-    assert row is not None
-    assert (row["status"], row["attempts"]) == ("dead", 2)
-    assert row["last_error"].startswith("UnknownTaskError: ")
+    row = await rig.conn.fetchrow(
+        "SELECT status, attempts, claims, last_error, run_at <= now() AS ready,"
+        " unknown_since IS NOT NULL AS marked FROM aioq.jobs WHERE id = $1",
+        job_id,
+    )
+    assert tuple(row) == ("pending", 0, 1, None, True, True)
+    assert list(claimer.unknown) == ["no.such.task"]
+    # This worker's claims leave it to a worker that knows its task; another worker's do not.
+    assert await claimer.claim(10) == []
+    [again] = await statements.claim(rig.conn, ["default"], 10, "other")
+    assert again.unknown_for is not None
+    assert again.unknown_for >= 0
+    await rig.conn.execute(
+        "UPDATE aioq.jobs SET status = 'pending', locked_by = NULL, lease_expires_at = NULL,"
+        " attempts = 0, unknown_since = now() - interval '2 hours' WHERE id = $1",
+        job_id,
+    )
+    # Past this worker's grace: its claim takes the job, to make it dead.
+    [late] = await claimer.claim(10)
+    rig.claims.add([late])
+    await rig.handle(late)
+    row = await rig.conn.fetchrow("SELECT status, attempts, last_error FROM aioq.jobs")
+    assert (row["status"], row["attempts"]) == ("dead", 1)
+    assert row["last_error"] == (
+        "UnknownTaskError: no task named 'no.such.task' is registered in the workers that"
+        " claimed this job, and no worker that knows it took it within unknown_task_grace"
+        " (3600s; it waited 7200s)"
+    )
     assert len(rig.claims) == 0
 
 

@@ -29,7 +29,7 @@ django = pytest.importorskip(
 import asyncpg  # noqa: E402
 import orjson  # noqa: E402
 from db import run_sql, with_database  # noqa: E402
-from procs import AIOQ, kill_tree  # noqa: E402
+from procs import AIOQ, aioq_cli, kill_tree  # noqa: E402
 from waits import wait_for  # noqa: E402
 
 import aioq  # noqa: E402
@@ -423,7 +423,8 @@ def test_a_django_worker_runs_every_kind_of_task_and_reports_through_get_result(
     ):
         foreign_task.defer_sync(connection)
     log = tmp_path / "worker.log"
-    with worker(project, log):
+    # No worker that knows shop.missing.task will come: dead at once, not left waiting.
+    with worker(project, log, "--unknown-task-grace", "0"):
         wait_for(
             lambda: (
                 all(r.task.get_result(r.id).is_finished for r in results.values())
@@ -493,7 +494,8 @@ def test_a_job_naming_no_declared_task_never_stops_the_worker_nor_imports(
     after = tasks().add.enqueue(20, b=22)  # claimed after every poisoned row
     log = tmp_path / "worker.log"
     env = {**project, "AIOQ_TEST_BOOM_MARKER": str(marker)}
-    with worker(env, log, "--concurrency", "2") as proc:
+    # No worker will ever know these: dead at once rather than waiting for one.
+    with worker(env, log, "--concurrency", "2", "--unknown-task-grace", "0") as proc:
         wait_for(
             lambda: (
                 after.task.get_result(after.id).is_finished
@@ -518,6 +520,42 @@ def test_a_job_naming_no_declared_task_never_stops_the_worker_nor_imports(
     )
     assert "'os.system' is a builtin_function_or_method, not a Django task" in text
     assert "Traceback" not in text
+
+
+def test_a_django_task_this_worker_cannot_find_waits_unspent_then_is_dead_after_the_grace(
+    project: dict[str, str], tmp_path: Path
+) -> None:
+    """A deploy in progress: the web tier enqueues a task of a module the worker does not have
+    yet. Its job waits for a worker that knows it, attempts unspent, visible as such; the
+    worker goes on with the tasks it knows; past the grace, the job is dead, saying why."""
+    dsn = project["AIOQ_TEST_DJANGO_DSN"]
+    insert = "INSERT INTO aioq.jobs (queue, task) VALUES ('default', $1) RETURNING id"
+    [(waiting,)] = sql(dsn, insert, "shop.newer.task")
+    log = tmp_path / "worker.log"
+    with worker(project, log):
+        marked = (
+            "SELECT status, attempts, claims FROM aioq.jobs"
+            " WHERE id = $1 AND unknown_since IS NOT NULL"
+        )
+        wait_for(lambda: sql(dsn, marked, waiting), "the job marked", on_timeout=log_tail(log))
+        after = tasks().add.enqueue(1, b=2)
+        wait_for(lambda: after.task.get_result(after.id).is_finished, "a later job")
+        # Still waiting, its attempt refunded, claimed once (this worker skips it since).
+        assert sql(dsn, marked, waiting) == [("pending", 0, 1)]
+        listed = aioq_cli(
+            project["AIOQ_TEST_DJANGO_DSN"], "jobs", "list", "--status", "pending"
+        ).stdout
+        assert "pending (waits for a worker that knows its task since" in listed
+        # An hour later (its grace), the worker makes it dead.
+        sql(dsn, "UPDATE aioq.jobs SET unknown_since = now() - interval '2 hours'")
+        wait_for(
+            lambda: sql(dsn, "SELECT status FROM aioq.jobs WHERE id = $1", waiting) == [("dead",)],
+            "the job dead",
+            on_timeout=log_tail(log),
+        )
+    [(error,)] = sql(dsn, "SELECT last_error FROM aioq.jobs WHERE id = $1", waiting)
+    assert error.startswith("UnknownTaskError: no task named 'shop.newer.task' is registered")
+    assert "unknown_task_grace (3600s" in error
 
 
 def test_priority_decides_the_order_on_one_queue(project: dict[str, str], tmp_path: Path) -> None:

@@ -199,9 +199,10 @@ async def test_claim_plan_uses_the_partial_index(
             if isinstance(queues, list)
             else ("text", "'default'")
         )
-        await conn.execute(f"PREPARE claim({queue_type}, integer, text) AS {sql}")
+        await conn.execute(f"PREPARE claim({queue_type}, integer, text, text[], float8) AS {sql}")
         explained = await conn.fetchval(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({queue_value}, 10, 'w1')"
+            "EXPLAIN (ANALYZE, FORMAT JSON)"
+            f" EXECUTE claim({queue_value}, 10, 'w1', ARRAY['gone'], 3600)"
         )
     finally:
         await tx.rollback()

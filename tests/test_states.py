@@ -299,11 +299,11 @@ async def defer_everything(m: Machine, registry: aioq.Registry) -> None:
 async def claim_everything(m: Machine) -> None:
     conn = m.conn
     await every_status(conn, "one")
-    await m.run("sql.jobs.CLAIM_ONE_QUEUE", lambda: j.CLAIM_ONE_QUEUE.rows(conn, S, "one", 10, "w"))
+    one = j.ClaimJobs(queue="one", limit=10, worker="w", unknown=["x"], grace=3600)
+    await m.run("sql.jobs.CLAIM_ONE_QUEUE", lambda: j.CLAIM_ONE_QUEUE.rows(conn, S, one))
     await every_status(conn, "many")
-    await m.run(
-        "sql.jobs.CLAIM_QUEUES", lambda: j.CLAIM_QUEUES.rows(conn, S, ["many", "one"], 10, "w")
-    )
+    many = j.ClaimQueues(queues=["many", "one"], limit=10, worker="w", unknown=[], grace=0)
+    await m.run("sql.jobs.CLAIM_QUEUES", lambda: j.CLAIM_QUEUES.rows(conn, S, many))
     for queue, per_key in (("limited", None), ("keyed", 2)):
         await aioq.admin.set_queue(conn, queue, max_running=10, max_running_per_key=per_key)
         await every_status(conn, queue, key="k" if per_key else None)
@@ -312,7 +312,8 @@ async def claim_everything(m: Machine) -> None:
         async def limited(queue: str = queue) -> None:
             async with conn.transaction():
                 await LOCK_QUEUE.row(conn, S, queue)
-                await CLAIM_LIMITED.rows(conn, S, queue, 10, "w")
+                claiming = j.ClaimJobs(queue=queue, limit=10, worker="w", unknown=[], grace=0)
+                await CLAIM_LIMITED.rows(conn, S, claiming)
 
         await m.run("sql.limits.CLAIM_LIMITED", limited)
 

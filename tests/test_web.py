@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -93,6 +94,21 @@ def test_overview_counts_each_state_per_queue(dsn: str, client: TestClient) -> N
     assert live.status_code == 200
     assert queue_cells(live.text, "mail")["dead"] == "2"
     assert "<html" not in live.text  # the fragment the page swaps in
+
+
+def test_jobs_waiting_for_a_worker_that_knows_their_task_show_on_the_overview_and_job_page(
+    dsn: str, client: TestClient
+) -> None:
+    assert 'id="unknown-tasks"' not in client.get("/").text  # none: no section
+    waiting = add_jobs(dsn, "mail", 3, unknown_since=datetime(2026, 5, 1, 12, 0, tzinfo=UTC))
+    add_jobs(dsn, "mail", 2)  # jobs whose task a worker knows
+    page = client.get("/").text
+    [section] = re.findall(r'<table class="grid" id="unknown-tasks">.*?</table>', page, re.S)
+    assert "t.mail" in section
+    assert '<td class="num warn">3</td>' in section
+    assert "2026-05-01 12:00" in section
+    job = client.get(f"/jobs/{waiting[0]}").text
+    assert 'id="unknown-task">since 2026-05-01 12:00' in job
 
 
 def test_queue_limits_and_pauses_show_on_the_overview(dsn: str, client: TestClient) -> None:

@@ -109,6 +109,7 @@ CASES: dict[str, tuple[str, tuple[Any, ...], int]] = {
         WINDOW,
     ),
     "one job": (GET_JOB.text("aioq"), (123456,), 1),
+    "unknown tasks": (w.DASH_UNKNOWN_TASKS.text("aioq"), (CAP,), CAP),
 }
 
 
@@ -149,6 +150,7 @@ ROW_TYPES: dict[Statement[Any] | Named[Any, Any], type] = {
     w.ROLLUP_TOTALS: w.TotalsRow,
     w.HISTORY_SERIES: w.SeriesRow,
     w.ROLLUP_SERIES: w.SeriesRow,
+    w.DASH_UNKNOWN_TASKS: w.UnknownRow,
 }
 
 

@@ -230,6 +230,13 @@ def _worker_command(commands: _Commands, db: argparse.ArgumentParser) -> None:
         help="leave Python's garbage collector as it is (by default the worker process freezes"
         " what start-up allocated and collects its youngest generation less often)",
     )
+    worker.add_argument(
+        "--worker-id",
+        default=None,
+        metavar="ID",
+        help="this worker's id, held for its life: a second live worker with the same id refuses"
+        " to start; with --processes N, child i is ID-i (default: host:pid:random)",
+    )
     worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     _endpoint_flags(worker)
     worker.add_argument(

@@ -31,6 +31,7 @@ from aioq.cli.common import (
 )
 from aioq.codec import encode_args
 from aioq.defer import insert_job
+from aioq.job import Job, JobStatus
 from aioq.options import JobOptions, check_text
 from aioq.sql.admin import ARCHIVE_IN_USE
 
@@ -178,6 +179,11 @@ def _print_stats(snapshot: admin.Stats, args: argparse.Namespace, failures: list
         f" dead tuples {t.dead_tuples if t.dead_tuples is not None else 'n/a'},"
         f" last autovacuum {format_time(t.last_autovacuum) or 'never'}"
     )
+    for u in snapshot.unknown_tasks:
+        print(
+            f"waiting for a worker that knows task {u.task} (queue {u.queue}):"
+            f" {u.jobs} {'job' if u.jobs == 1 else 'jobs'}, since {format_time(u.since)}"
+        )
     for failure in failures:
         print(f"CHECK FAILED: {failure}")
     if args.check and not failures:
@@ -207,7 +213,7 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
                 job.id,
                 job.queue,
                 job.task,
-                job.status.value,
+                _status(job),
                 f"{job.attempts}/{job.max_attempts}",
                 format_time(job.run_at),
                 (job.last_error or "").split("\n", 1)[0][:60],
@@ -219,6 +225,14 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return with_db(args, run)
+
+
+def _status(job: Job) -> str:
+    """A job's status, and for a job waiting for a worker that knows its task, that."""
+    if job.status is JobStatus.PENDING and job.unknown_since is not None:
+        since = format_time(job.unknown_since)
+        return f"pending (waits for a worker that knows its task since {since})"
+    return job.status.value
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
@@ -234,6 +248,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         if args.json:
             print_json(values)
             return EXIT_OK
+        values["status"] = _status(job)
         width = max(len(key) for key in values) + 2  # every value in one column
         for key, value in values.items():
             if key == "args" or (key == "result" and job.result is not None):

@@ -38,6 +38,7 @@ from aioq.worker import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_UNKNOWN_TASK_GRACE,
     DEFAULT_WORKFLOW_RETENTION,
     Worker,
     WorkerConfig,
@@ -158,6 +159,15 @@ WORKER_FLAGS = (
         "no prepared statements on the pool (PgBouncer in transaction mode)",
     ),
     _Flag(
+        "--unknown-task-grace",
+        "unknown_task_grace",
+        duration,
+        DEFAULT_UNKNOWN_TASK_GRACE,
+        "how long a job whose task this worker does not know waits for a worker that knows it"
+        " (a deploy in progress), its attempts unspent, before it is dead, e.g. 1h, or 0"
+        " (default: 1h)",
+    ),
+    _Flag(
         "--no-periodic",
         "periodic",
         None,
@@ -228,6 +238,8 @@ async def _dev(port: int | None, fsync: bool) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker, or ``--processes`` of them under a supervisor."""
     options = _worker_options(args)
+    if args.worker_id is not None and not args.worker_id.strip():
+        raise UsageError("argument --worker-id: must not be empty")
     if args.schema:  # refused before the module loads and warns about what it holds
         quote_schema(args.schema)
     dsn = dsn_from(args)
@@ -243,7 +255,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         args.queue = served(project, registry, args.queue)
     elif not len(registry) and args.parent_pid is None:  # once, not in every child
         log.warning(
-            "%s registers no tasks: every job this worker claims fails with UnknownTaskError"
+            "%s registers no tasks: every job this worker claims waits for a worker that knows"
+            " its task, then is dead with UnknownTaskError"
             " (name the module that defines them, or one that imports it)",
             args.target,
         )
@@ -288,6 +301,8 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
         command += ["--queue", queue]
     if args.schema:
         command += ["--schema", args.schema]
+    if args.worker_id:  # each child adds its index (one id per process)
+        command += ["--worker-id", args.worker_id]
     # The DSN goes through the environment, not argv, where `ps` would show a password.
     env = {**os.environ, "AIOQ_DSN": dsn}
     if args.listen_dsn:
@@ -311,6 +326,9 @@ async def _work(
                 f" {exc.strerror or exc}"
             ) from None
         log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    if args.worker_id:
+        index = os.environ.get(PROCESS_INDEX_ENV) if args.parent_pid is not None else None
+        options["worker_id"] = args.worker_id if index is None else f"{args.worker_id}-{index}"
     worker = Worker(
         dsn=dsn,
         registry=registry,

@@ -11,6 +11,7 @@ The statements are grouped by what they serve, one module each:
 ``schedules``      periodic ticks
 ``limits``         fleet-wide queue limits and pauses
 ``history``        the per-minute outcome history and the workers' rows
+``identity``       a worker's hold on its id (one live worker per id)
 ``doorbell``       the worker's side of the conditional NOTIFY
 ``schema``         migrations
 ``fragments``      the pieces of SQL several statements share, included by name

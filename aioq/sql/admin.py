@@ -33,6 +33,7 @@ __all__ = (
     "ROLLBACK_TO_SAVEPOINT",
     "SAVEPOINT",
     "TABLE_STATS",
+    "UNKNOWN_TASKS",
     "BlockedStep",
     "PendingJob",
     "QueueCompleted",
@@ -40,6 +41,7 @@ __all__ = (
     "Replayed",
     "TableFigures",
     "TaskQueue",
+    "UnknownTaskJobs",
 )
 
 # A statement that does nothing: a liveness probe, or what makes a driver begin its transaction.
@@ -53,7 +55,7 @@ FROM @schema.jobs WHERE id = :id
 UNION ALL
 SELECT id, queue, task, args::text, 'succeeded', priority, started_at, attempts, max_attempts,
        NULL, worker, started_at, NULL, NULL, NULL, created_at, NULL, progress, progress_note,
-       result::text, worker, NULL, finished_at
+       result::text, worker, NULL, NULL, finished_at
 FROM @schema.results WHERE id = :id
 LIMIT 1
 """,
@@ -339,6 +341,31 @@ LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 WHERE c.oid = '@schema.jobs'::regclass
 """,
     columns(TableFigures),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownTaskJobs:
+    """The jobs of one task and queue waiting for a worker that knows their task, and since
+    when the first of them has (docs/architecture.md, "Unknown tasks")."""
+
+    queue: str
+    task: str
+    jobs: int
+    since: datetime
+
+
+# Jobs waiting for a worker that knows their task: the partial index jobs_unknown_idx holds
+# them and nothing else (none in a steady state).
+UNKNOWN_TASKS = Statement(
+    """
+SELECT queue, task, count(*) AS jobs, min(unknown_since) AS since
+FROM @schema.jobs
+WHERE unknown_since IS NOT NULL AND status = 'pending'
+GROUP BY queue, task
+ORDER BY queue, task
+""",
+    columns(UnknownTaskJobs),
 )
 
 # The queues that hold a job ready to run now: the test drain (aioq.testing) serves these.

@@ -30,8 +30,17 @@ docs/architecture.md "The fence"). The statement sets the lease (``locked_at``,
 CLAIMED_COLUMNS = """j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
           extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
-          j.scheduled_at, j.workflow_id"""
+          j.scheduled_at, j.workflow_id,
+          extract(epoch FROM now() - j.unknown_since)::float8 AS unknown_for"""
 """What a claim returns (``RETURNING @claimed_columns``), as Claim.from_row reads it."""
+
+KNOWN = """(unknown_since IS NULL OR task <> ALL(:unknown::text[])
+     OR unknown_since <= now() - make_interval(secs => :grace::float8))"""
+"""A ready job this worker may claim: not one that waits for a worker that knows its task
+when this worker found it does not (``:unknown``, the names of the tasks it does not know),
+unless it has waited ``:grace`` seconds (this worker's unknown_task_grace: then the claim takes
+it to make it dead). docs/architecture.md, "Unknown tasks". With no name in ``:unknown``, the
+first test is all a job costs."""
 
 # --- the fence (docs/architecture.md, "The fence") ---
 
@@ -110,7 +119,7 @@ OUTCOME_WRITES = """mine AS (
 done AS (
     DELETE FROM @schema.jobs AS j
     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind = 'succeeded'))
-    RETURNING j.id
+    RETURNING j.id, j.claims AS claim
 ),
 succeeded AS (
     SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
@@ -150,24 +159,28 @@ outcomes AS (
 ),
 changed AS (
     UPDATE @schema.jobs AS j
-    SET (status, run_at, last_error, attempts, max_attempts, snoozes, cancel_requested_at) = (
+    SET (status, run_at, last_error, attempts, max_attempts, snoozes, cancel_requested_at,
+         unknown_since) = (
         SELECT CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
                     ELSE @pending_unless_cancel_requested END,
                now() + make_interval(secs => m.delay),
                CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
                     ELSE j.last_error END,
-               j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+               j.attempts - CASE WHEN m.kind IN ('released', 'unknown_task') THEN 1 ELSE 0 END,
                j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
                j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
                CASE WHEN m.kind = 'cancelled' THEN coalesce(j.cancel_requested_at, now())
-                    ELSE j.cancel_requested_at END
+                    ELSE j.cancel_requested_at END,
+               CASE m.kind WHEN 'unknown_task' THEN coalesce(j.unknown_since, now())
+                           WHEN 'released' THEN j.unknown_since END
         FROM jsonb_to_record(o.by_id -> j.id::text)
              AS m(kind text, delay float8, error text, ttl float8)
     ),
         @clear_claim
     FROM outcomes AS o
     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind <> 'succeeded'))
-    RETURNING j.id, j.queue, j.status, (o.by_id -> j.id::text ->> 'delay')::float8 AS delay,
+    RETURNING j.id, j.claims AS claim, j.queue, j.status,
+              (o.by_id -> j.id::text ->> 'delay')::float8 AS delay,
               o.by_id -> j.id::text ->> 'ttl' IS NOT NULL AS awaited
 ),
 told AS (
@@ -209,7 +222,7 @@ RUN_AT = "coalesce(:run_at::timestamptz, now() + make_interval(secs => :delay::f
 JOB_COLUMNS = """id, queue, task, args::text AS args, status, priority, run_at, attempts,
        max_attempts, extract(epoch FROM lease)::float8 AS lease, locked_by, locked_at,
        lease_expires_at, last_error, unique_key, created_at, cancel_requested_at, progress,
-       progress_note, NULL::text AS result, last_worker, workflow_id"""
+       progress_note, NULL::text AS result, last_worker, workflow_id, unknown_since"""
 """A jobs row as Job.from_row reads it (GET_JOB, LIST_JOBS)."""
 
 ARCHIVED_JOB = """SELECT id, queue, task, args::text AS args, 'succeeded' AS status, priority,

@@ -24,6 +24,8 @@ __all__ = (
     "INSERT_UNIQUE_JOB",
     "INSERT_UNIQUE_JOB_FOR",
     "TABLE_DEFAULTS",
+    "ClaimJobs",
+    "ClaimQueues",
     "InsertJob",
     "InsertJobs",
     "InsertKeyedJob",
@@ -282,13 +284,40 @@ LIMIT 1
 # (6 ms at a 30 000-job backlog, against 0.1 ms). The array is looked up in the primary key
 # whatever the estimate.
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimJobs:
+    """A claim of up to ``limit`` ready jobs of ``queue`` for ``worker``; ``unknown`` and
+    ``grace``: the tasks this worker found it does not know, and how long their jobs may wait
+    for a worker that knows them (@known; docs/architecture.md, "Unknown tasks")."""
+
+    queue: str
+    limit: int
+    worker: str
+    unknown: list[str]
+    grace: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimQueues:
+    """A claim of up to ``limit`` ready jobs of any of ``queues`` (as :class:`ClaimJobs`)."""
+
+    queues: list[str]
+    limit: int
+    worker: str
+    unknown: list[str]
+    grace: float
+
+
 # One queue: the index's leading column is an equality, so the scan reads in claim order
-# (schema.sql's jobs_claim_idx matches @ready and @claim_order exactly).
-CLAIM_ONE_QUEUE = Statement(
+# (schema.sql's jobs_claim_idx matches @ready and @claim_order exactly). @known only filters
+# the rows the scan reads.
+CLAIM_ONE_QUEUE = Named(
+    ClaimJobs,
     """
 WITH picked AS (
     SELECT id FROM @schema.jobs
-    WHERE queue = :queue AND @ready
+    WHERE queue = :queue AND @ready AND @known
     ORDER BY @claim_order
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -300,19 +329,19 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING @claimed_columns
 """,
     Claim.from_row,
-    ("queue", "limit", "worker"),
 )
 
 # Many queues: the same ordered index scan per queue (each reads at most :limit rows), then a
 # sort of those few. `queue = ANY(...)` instead would sort every ready row of the queues. Rows
 # locked here but cut by the outer LIMIT stay pending; their locks end with the statement.
-CLAIM_QUEUES = Statement(
+CLAIM_QUEUES = Named(
+    ClaimQueues,
     """
 WITH picked AS (
     SELECT p.id FROM unnest(:queues::text[]) AS q(queue)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM @schema.jobs
-        WHERE queue = q.queue AND @ready
+        WHERE queue = q.queue AND @ready AND @known
         ORDER BY @claim_order
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -327,5 +356,4 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING @claimed_columns
 """,
     Claim.from_row,
-    ("queues", "limit", "worker"),
 )

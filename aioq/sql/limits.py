@@ -13,6 +13,7 @@ from datetime import datetime
 from aioq.db import Row
 from aioq.job import Claim
 from aioq.sql import Named, Statement, columns, text
+from aioq.sql.jobs import ClaimJobs
 
 __all__ = (
     "CLAIM_LIMITED",
@@ -86,7 +87,8 @@ def _limited_claim(row: Row) -> tuple[Claim | None, int | None, int | None]:
 # fewer keys than the claim takes have jobs ready (so that the group gets a turn), and among the
 # queue's first 100 ready jobs only (a heap read each: 1000 of them cost 15 ms a claim): a queue
 # of keyed jobs never scans its backlog for an unkeyed one.
-CLAIM_LIMITED = Statement(
+CLAIM_LIMITED = Named(
+    ClaimJobs,
     """
 WITH RECURSIVE counted_room AS MATERIALIZED (
     SELECT t.now, q.rate_limit, q.rate_period, q.paused, q.max_running_per_key AS per_key,
@@ -108,7 +110,7 @@ room AS MATERIALIZED (
 ),
 plain AS (
     SELECT id FROM @schema.jobs
-    WHERE queue = :queue AND @ready
+    WHERE queue = :queue AND @ready AND @known
       AND (SELECT per_key FROM room) IS NULL
     ORDER BY @claim_order
     LIMIT (SELECT n FROM room)
@@ -133,7 +135,7 @@ per_key AS (
     FROM keys
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM @schema.jobs
-        WHERE queue = :queue AND concurrency_key = keys.k AND @ready
+        WHERE queue = :queue AND concurrency_key = keys.k AND @ready AND @known
         ORDER BY @claim_order
         LIMIT greatest(0, least((SELECT n FROM room), (SELECT per_key FROM room) - (
             SELECT count(*) FROM @schema.jobs AS r
@@ -146,7 +148,7 @@ unkeyed AS (
     SELECT j.id, j.priority, j.run_at FROM @schema.jobs AS j
     WHERE j.id = ANY(ARRAY(
             SELECT id FROM @schema.jobs
-            WHERE queue = :queue AND @ready
+            WHERE queue = :queue AND @ready AND @known
               AND (SELECT per_key FROM room) IS NOT NULL
               AND (SELECT count(*) FROM per_key WHERE turn = 1) < (SELECT n FROM room)
             ORDER BY @claim_order
@@ -196,7 +198,6 @@ SELECT c.*, r.rate_room,
 FROM room AS r LEFT JOIN claimed AS c ON true
 """,
     _limited_claim,
-    ("queue", "limit", "worker"),
 )
 
 

@@ -33,6 +33,11 @@ __all__ = (
 )
 
 
+def claim_key(row: Row) -> tuple[int, int]:
+    """The row's claim: (job id, claim number)."""
+    return int(row[0]), int(row[1])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WriteOutcomes:
     """The outcomes of a batch of attempts: per job (one element of each list), its claim and
@@ -58,7 +63,8 @@ class WriteOutcomes:
 #   cancelled instead when a cancel was requested;
 # - dead: the error recorded; cancelled: kept as cancelled. Both set run_at to now, the
 #   pruner's clock.
-# Returns the ids written: a job missing from them was no longer held by the claim.
+# Returns the claims written, (id, claim number) as the heartbeat does: a claim missing from them
+# no longer held its job, even when a later claim of the same job in the batch did.
 WRITE_OUTCOMES = Named(
     WriteOutcomes,
     """
@@ -67,10 +73,11 @@ ready_queues(queue) AS (
     SELECT queue FROM changed WHERE status = 'pending' AND delay = 0 GROUP BY queue
 ),
 @rang
-SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
+SELECT id, claim FROM (SELECT id, claim FROM done UNION ALL SELECT id, claim FROM changed)
+    AS written
 WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0
 """,
-    integer,
+    claim_key,
 )
 
 # WRITE_OUTCOMES for a batch that holds workflow steps (docs/architecture.md, "Workflows"): the
@@ -143,11 +150,12 @@ ready_queues(queue) AS (
     UNION SELECT queue FROM met WHERE run_at <= now()
 ),
 @rang
-SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
+SELECT id, claim FROM (SELECT id, claim FROM done UNION ALL SELECT id, claim FROM changed)
+    AS written
 WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0
   AND (SELECT count(*) FROM recorded) >= 0
 """,
-    integer,
+    claim_key,
 )
 
 # WRITE_OUTCOMES for the hot path's batch: plain successes only (no result kept, no archive),
@@ -158,16 +166,11 @@ COMPLETE = Statement(
 WITH @mine
 DELETE FROM @schema.jobs AS j
 WHERE @held
-RETURNING j.id
+RETURNING j.id, j.claims
 """,
-    integer,
+    claim_key,
     ("ids", "claims", "worker"),
 )
-
-
-def claim_key(row: Row) -> tuple[int, int]:
-    """The row's claim: (job id, claim number)."""
-    return int(row[0]), int(row[1])
 
 
 # The claims still held, as (id, claim number): a worker may hold two claims of one job (it

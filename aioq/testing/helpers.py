@@ -156,6 +156,9 @@ async def drain(
     worker_options.setdefault("poll_interval", 0.05)
     worker_options.setdefault("listen", False)  # a pass ends when idle; no doorbell needed
     worker_options.setdefault("shutdown_grace", 5.0)
+    # The drain's registry is the whole fleet: no worker that knows a task it lacks will come,
+    # so such a job is dead at once (UnknownTaskError), not left waiting for one.
+    worker_options.setdefault("unknown_task_grace", 0.0)
     conn = await asyncpg.connect(dsn)
     ran: list[Ran] = []
     try:

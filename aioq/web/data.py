@@ -24,6 +24,7 @@ from aioq.web.sql import (
     DASH_PAGE,
     DASH_PENDING,
     DASH_STATES,
+    DASH_UNKNOWN_TASKS,
     DASH_WORKERS,
     HISTORY_SERIES,
     HISTORY_TOTALS,
@@ -31,6 +32,7 @@ from aioq.web.sql import (
     ROLLUP_TOTALS,
     DashPage,
     PageRow,
+    UnknownRow,
     WorkerSeen,
 )
 from aioq.worker.history import percentile
@@ -123,6 +125,8 @@ class Overview:
     workers: list[WorkerRow]
     table: dict[str, object]
     cap: int
+    # Jobs waiting for a worker that knows their task, per queue and task.
+    unknown_tasks: list[UnknownRow] = field(default_factory=list)
 
     @property
     def alive(self) -> int:
@@ -174,6 +178,7 @@ async def load_overview(conn: Connection, schema: str, *, cap: int, stale_after:
         workers=workers,
         table=table,
         cap=cap,
+        unknown_tasks=await DASH_UNKNOWN_TASKS.rows(conn, schema, cap),
     )
 
 

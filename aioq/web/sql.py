@@ -22,6 +22,7 @@ __all__ = (
     "DASH_PAGE",
     "DASH_PENDING",
     "DASH_STATES",
+    "DASH_UNKNOWN_TASKS",
     "DASH_WORKERS",
     "HISTORY_SERIES",
     "HISTORY_TOTALS",
@@ -35,6 +36,7 @@ __all__ = (
     "SeriesRow",
     "StateRow",
     "TotalsRow",
+    "UnknownRow",
     "WorkerSeen",
 )
 
@@ -135,6 +137,34 @@ SELECT queue, state, count(*) AS n FROM (
 GROUP BY queue, state
 """,
     columns(StateRow),
+    ("cap",),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownRow:
+    """Jobs of a task and queue waiting for a worker that knows their task, among at most
+    ``cap`` such jobs (a lower bound when the sample is full), and since when the first has."""
+
+    queue: str
+    task: str
+    n: int
+    since: datetime
+    sampled: int  # the jobs of every task read: the cap when there are more
+
+
+# Jobs waiting for a worker that knows their task (docs/architecture.md, "Unknown tasks"), at
+# most :cap of them read, through the partial index that holds them alone.
+DASH_UNKNOWN_TASKS = Statement(
+    """
+SELECT queue, task, count(*) AS n, min(unknown_since) AS since,
+       sum(count(*)) OVER ()::integer AS sampled
+FROM (SELECT queue, task, unknown_since FROM @schema.jobs
+      WHERE unknown_since IS NOT NULL AND status = 'pending' LIMIT :cap) AS u
+GROUP BY queue, task
+ORDER BY queue, task
+""",
+    columns(UnknownRow),
     ("cap",),
 )
 

@@ -21,6 +21,7 @@ import asyncpg
 from anyio.abc import TaskGroup, TaskStatus
 from typing_extensions import Unpack
 
+from aioq.db import Connection
 from aioq.errors import ConfigError, StartupError
 from aioq.metrics import Metrics
 from aioq.migrate import check_installed
@@ -37,6 +38,7 @@ from aioq.sql import DEFAULT_SCHEMA, quote_schema
 from aioq.worker.claimer import DEFAULT_REFRESH
 from aioq.worker.health import Health, judge_health
 from aioq.worker.history import DEFAULT_STATS_INTERVAL, DEFAULT_STATS_RETENTION
+from aioq.worker.identity import KEEPALIVES, IdHold, Release
 from aioq.worker.run import Run
 from aioq.worker.service import Service
 
@@ -85,6 +87,12 @@ DEFAULT_VACUUM_INTERVAL = 5.0
 POOL_SIZE = 4
 # Warn when the event loop wakes up this late (a task blocking it).
 DEFAULT_LAG_THRESHOLD = 1.0
+# How long a job whose task this worker does not know waits for a worker that knows it, from
+# when a worker first found it unknown (docs/architecture.md, "Unknown tasks"). An hour: longer
+# than a rolling deploy takes (minutes) or stays paused half-way, so no job is lost to a
+# deploy; short enough that a job no worker will ever run (its task removed, or misspelt in a
+# raw insert) is dead, visible and replayable, within the hour rather than waiting for ever.
+DEFAULT_UNKNOWN_TASK_GRACE = 3600.0
 # The shortest interval or timeout a worker accepts: below a millisecond a loop would spin.
 MIN_INTERVAL = 0.001
 
@@ -140,8 +148,12 @@ class WorkerConfig:
     periodic: bool = True
     # How often the worker reads which of its queues have limits (aioq.admin.set_queue).
     limits_refresh: float = DEFAULT_REFRESH
-    # Unique among the live workers of a database: a stopping worker releases every row that
-    # still carries its id.
+    # How long a job whose task this worker does not know waits for a worker that knows it
+    # (0: dead at once), its attempts unspent; then this worker makes it dead.
+    unknown_task_grace: float = DEFAULT_UNKNOWN_TASK_GRACE
+    # Unique among the live workers of a database: a worker releases every row that carries
+    # its id when it starts and when it stops. A given id is held for the run (one live worker
+    # per id: aioq.worker.identity); a generated one is unique by construction.
     worker_id: str = field(default_factory=lambda: _default_worker_id())
 
     def __post_init__(self) -> None:
@@ -198,6 +210,7 @@ class WorkerConfig:
             if getattr(self, name) is not None:
                 check_duration(name, getattr(self, name))
         check_duration("shutdown_grace", self.shutdown_grace)
+        check_duration("unknown_task_grace", self.unknown_task_grace)
         if not self.worker_id:
             raise ConfigError("worker_id", "must not be empty")
 
@@ -236,6 +249,7 @@ class WorkerOptions(TypedDict, total=False):
     lag_threshold: float | None
     periodic: bool
     limits_refresh: float
+    unknown_task_grace: float
     worker_id: str
 
 
@@ -247,8 +261,14 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     """
 
 
+class _GeneratedId(str):
+    """A worker id the worker made itself (host, pid, random): unique without a hold."""
+
+    __slots__ = ()
+
+
 def _default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    return _GeneratedId(f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
 
 
 class Worker:
@@ -448,19 +468,31 @@ class Worker:
             )
             try:
                 await check_installed(pool, self.schema)  # one clear error, not a failing loop
-                async with self._lifespan() as state:
-                    self.current = run = Run(
-                        config=self.config,
-                        registry=self.registry,
-                        pool=pool,
-                        stopping=self.stopping,
-                        connect_listener=self._connect_listener,
-                        metrics=self.metrics,
-                        middleware=self.middleware,
-                        state=state,
-                    )
-                    served = True
-                    await run.serve(until_idle=until_idle, on_started=_Started(self, task_status))
+                # Before anything else of the run: a worker whose id a live one holds starts
+                # nothing, releases nothing (docs/architecture.md, "Worker ids").
+                hold = self._id_hold(pool)
+                if hold is not None:
+                    await hold.take()
+                try:
+                    async with self._lifespan() as state:
+                        self.current = run = Run(
+                            config=self.config,
+                            registry=self.registry,
+                            pool=pool,
+                            stopping=self.stopping,
+                            connect_listener=self._connect_listener,
+                            metrics=self.metrics,
+                            middleware=self.middleware,
+                            state=state,
+                            hold=hold,
+                        )
+                        served = True
+                        await run.serve(
+                            until_idle=until_idle, on_started=_Started(self, task_status)
+                        )
+                finally:
+                    if hold is not None:  # after the run's last release: the id comes free
+                        await hold.close()
             finally:
                 if pool is not self.pool:  # ours to close; an application's pool is not
                     with anyio.CancelScope(shield=True), anyio.move_on_after(10) as closing:
@@ -473,6 +505,49 @@ class Worker:
             self._running = False
             if served:  # a worker that could not start says so in its error, not in a log line
                 logger.info("worker %s stopped", self.id)
+
+    def _id_hold(self, pool: asyncpg.Pool) -> IdHold | None:
+        """The hold on a given worker id (None for a generated one, unique by construction)."""
+        if isinstance(self.id, _GeneratedId):
+            return None
+
+        async def connect() -> tuple[Connection, Release]:
+            dsn = self.config.listen_dsn or self.dsn
+            if not dsn:
+                # Only an application's pool (listen=False, no dsn): one of its connections,
+                # for the run. It must be a session of its own (not PgBouncer's transaction
+                # mode, where listen_dsn names a direct connection).
+                borrowed = await pool.acquire()
+
+                async def give_back() -> None:
+                    await pool.release(borrowed)
+
+                return borrowed, give_back
+            conn = await asyncpg.connect(
+                dsn,
+                server_settings={
+                    "application_name": f"aioq worker id {self.id}"[:63],
+                    **KEEPALIVES,
+                },
+                timeout=10,
+                command_timeout=self.config.command_timeout,
+                statement_cache_size=0,
+            )
+
+            async def close() -> None:
+                with anyio.move_on_after(10):
+                    await conn.close()
+                if not conn.is_closed():
+                    conn.terminate()
+
+            return conn, close
+
+        return IdHold(
+            schema=self.schema,
+            worker_id=self.id,
+            connect=connect,
+            interval=self.config.heartbeat_interval,
+        )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self) -> AsyncIterator[object]:

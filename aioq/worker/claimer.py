@@ -20,7 +20,7 @@ import asyncpg
 from aioq.db import Connection, Executor
 from aioq.job import Claim
 from aioq.sql import limits as sql
-from aioq.sql.jobs import CLAIM_ONE_QUEUE, CLAIM_QUEUES
+from aioq.sql.jobs import CLAIM_ONE_QUEUE, CLAIM_QUEUES, ClaimJobs, ClaimQueues
 from aioq.sql.outcomes import RELEASE_WORKER
 
 __all__ = ("DEFAULT_REFRESH", "Claimer")
@@ -28,6 +28,9 @@ __all__ = ("DEFAULT_REFRESH", "Claimer")
 logger = logging.getLogger(__name__)
 
 DEFAULT_REFRESH = 1.0
+# A worker remembers at most this many names of tasks it does not know (beyond, it forgets the
+# oldest: their waiting jobs cost it one more claim each).
+MAX_UNKNOWN = 1000
 MIN_WAKE = 0.01  # the shortest wait for a rate window to move on
 RATE_SLOTS = 10  # a rate window is counted in slots of a tenth of its period (CLAIM_LIMITED)
 
@@ -44,6 +47,7 @@ class Claimer:
         worker_id: str,
         ring: Callable[[], None],
         refresh: float = DEFAULT_REFRESH,
+        unknown_task_grace: float = 0.0,
     ) -> None:
         self.schema = schema
         self.db = db
@@ -51,6 +55,11 @@ class Claimer:
         self.worker_id = worker_id
         self.ring = ring
         self.refresh = refresh
+        # The tasks this worker found it does not know (in the order found): their jobs that
+        # wait for a worker that knows them are left to such workers until they have waited
+        # unknown_task_grace (docs/architecture.md, "Unknown tasks").
+        self.unknown: dict[str, None] = {}
+        self.unknown_task_grace = unknown_task_grace
         self.limited: frozenset[str] = frozenset()
         self.slots: dict[str, float] = {}  # rate-limited queue -> seconds per counting slot
         # Seconds until a rate-limited queue that had no room may have some: the producer
@@ -61,6 +70,9 @@ class Claimer:
         self.blocked: frozenset[str] = frozenset()
         self._read_at = -math.inf
         self._old_schema = False
+        # Whether the rows under our worker id are ours to release: not once another live
+        # worker took the id (docs/architecture.md, "Worker ids").
+        self.by_id = True
 
     async def claim(self, limit: int) -> list[Claim]:
         """Claim up to ``limit`` jobs of the worker's queues, within their limits."""
@@ -89,6 +101,15 @@ class Claimer:
             claims += await self._claim(self.db, free, limit - len(claims))
         return claims
 
+    def learn_unknown(self, task: str) -> bool:
+        """Remember that this worker does not know ``task``; return whether it is news."""
+        if task in self.unknown:
+            return False
+        if len(self.unknown) >= MAX_UNKNOWN:
+            del self.unknown[next(iter(self.unknown))]
+        self.unknown[task] = None
+        return True
+
     def claimable(self) -> list[str]:
         """The worker's queues it can claim from now, as far as its last claims saw: the
         doorbell is armed for these only (docs/architecture.md, "The doorbell")."""
@@ -100,8 +121,11 @@ class Claimer:
         """Give back every row running under this worker's id but the jobs in ``keep``.
 
         After a claim whose reply was lost (its rows are ours, but no claim of ours knows
-        them) and on shutdown; the attempts are refunded. Return the ids released.
+        them) and on shutdown; the attempts are refunded. Return the ids released (none once
+        the id is another worker's).
         """
+        if not self.by_id:
+            return []
         return sorted(await RELEASE_WORKER.rows(self.db, self.schema, self.worker_id, list(keep)))
 
     async def read(self) -> None:
@@ -129,11 +153,27 @@ class Claimer:
         }
         self._read_at = time.monotonic()
 
+    def _claiming(self, queue: str, limit: int) -> ClaimJobs:
+        return ClaimJobs(
+            queue=queue,
+            limit=limit,
+            worker=self.worker_id,
+            unknown=list(self.unknown),
+            grace=self.unknown_task_grace,
+        )
+
     async def _claim(self, db: Executor, queues: Sequence[str], limit: int) -> list[Claim]:
         if len(queues) == 1:
-            claims = await CLAIM_ONE_QUEUE.rows(db, self.schema, queues[0], limit, self.worker_id)
+            claims = await CLAIM_ONE_QUEUE.rows(db, self.schema, self._claiming(queues[0], limit))
         else:
-            claims = await CLAIM_QUEUES.rows(db, self.schema, list(queues), limit, self.worker_id)
+            claiming = ClaimQueues(
+                queues=list(queues),
+                limit=limit,
+                worker=self.worker_id,
+                unknown=list(self.unknown),
+                grace=self.unknown_task_grace,
+            )
+            claims = await CLAIM_QUEUES.rows(db, self.schema, claiming)
         # UPDATE ... RETURNING keeps no order: the consumers start them in claim order.
         claims.sort(key=lambda c: (-c.priority, c.id))
         return claims
@@ -154,7 +194,7 @@ class Claimer:
         async with conn.transaction():
             limited = await sql.LOCK_QUEUE.row(conn, self.schema, queue)
             if limited:
-                rows = await sql.CLAIM_LIMITED.rows(conn, self.schema, queue, limit, self.worker_id)
+                rows = await sql.CLAIM_LIMITED.rows(conn, self.schema, self._claiming(queue, limit))
                 claims = [claim for claim, _, _ in rows if claim is not None]
                 if not rows:  # the queue's row went meanwhile: no limit
                     return claims, None, None

@@ -90,6 +90,8 @@ class Completer(Service[int]):
         self.pending: list[Outcome] = []
         self._unsure: set[ClaimKey] = set()  # claims whose write failed: maybe written
         self._dropped: set[ClaimKey] = set()  # outcomes the server refused, already logged
+        # Outcomes the server refused, by claim, and the dead outcome written instead.
+        self._replaced: dict[ClaimKey, Outcome] = {}
         self._lock = anyio.Lock()  # the run loop and a shutdown flush never write one batch twice
         self._wake = anyio.Event()
         self._room = anyio.Event()
@@ -148,12 +150,14 @@ class Completer(Service[int]):
             self._room.set()
             if not self.pending:
                 self._idle.set()
+            if self._replaced:
+                batch = [self._replaced.pop(o.claim.key, o) for o in batch]
             self._settle(batch, kept)
             if hooks.observers:  # aioq.hooks: tracing, the test drain
                 end_ns = time.time_ns()
                 by_kind: dict[OutcomeKind, list[tuple[Claim, str | None]]] = defaultdict(list)
                 for o in batch:
-                    if o.claim.id in kept:
+                    if o.claim.key in kept:
                         by_kind[o.kind].append((o.claim, o.error))
                 for kind, mine in by_kind.items():
                     hooks.settled(self.worker_id, kind.value, mine, start_ns, end_ns)
@@ -161,7 +165,7 @@ class Completer(Service[int]):
                 self.on_written({o.claim.queue for o in batch})
         return len(batch)
 
-    def _settle(self, outcomes: list[Outcome], kept: set[int]) -> None:
+    def _settle(self, outcomes: list[Outcome], kept: set[ClaimKey]) -> None:
         """Forget written claims; count and log each (kept, or found lost)."""
         settle, metrics, history = self.claims.settle, self.metrics, self.history
         # Per batch, not per job: the hot path builds no message nor extras nobody reads.
@@ -177,7 +181,7 @@ class Completer(Service[int]):
             if self._dropped and claim.key in self._dropped:
                 self._dropped.discard(claim.key)
                 continue
-            if claim.id in kept:
+            if claim.key in kept:
                 if metrics is not None:
                     metrics.observe_outcome(claim, outcome.kind, outcome.duration)
                 if history is not None:
@@ -218,25 +222,29 @@ class Completer(Service[int]):
                     extra=_extra(claim, "lease_lost", outcome.duration),
                 )
 
-    async def _write_isolating(self, batch: list[Outcome]) -> set[int]:
+    async def _write_isolating(self, batch: list[Outcome]) -> set[ClaimKey]:
         """Write outcomes; if the server refuses their data, write them one by one.
 
-        A refused completion is written without its archive copy; any other refused outcome
-        is dropped, loudly: not lost work, since the claim is settled (no longer heartbeated),
-        its lease expires and the job runs again. Connection errors propagate, and the batch
-        is tried again later.
+        One job's refused outcome never fails its batch-mates: it is found alone, and its job
+        fails instead (dead, the refusal in its ``last_error``; a refused completion is first
+        written without its archive copy). Connection errors propagate, and the batch is tried
+        again later (docs/architecture.md, "Poison jobs").
         """
         try:
             return await self._write(batch, archive=self.keep_completed)
-        except _REFUSED:
+        except _REFUSED as exc:
             if len(batch) == 1:
-                return await self._write_refused(batch[0])
-        kept: set[int] = set()
+                return await self._write_refused(batch[0], exc)
+        kept: set[ClaimKey] = set()
         for outcome in batch:
             kept |= await self._write_isolating([outcome])
         return kept
 
-    async def _write_refused(self, outcome: Outcome) -> set[int]:
+    async def _write_refused(self, outcome: Outcome, refused: BaseException) -> set[ClaimKey]:
+        """Write what can be written of an outcome the server refused: a completion without
+        its archive copy; else the job dead, saying why. Only if even that is refused is the
+        outcome dropped, loudly (the claim is settled: its lease expires and the job runs
+        again)."""
         claim = outcome.claim
         if outcome.kind is OutcomeKind.SUCCEEDED and self.keep_completed:
             logger.exception(
@@ -246,34 +254,52 @@ class Completer(Service[int]):
             )
             try:
                 return await self._write([outcome], archive=False)
-            except _REFUSED:
-                pass
-        logger.exception(
-            "job %s %s: its outcome (%s) cannot be stored; dropped, the job runs again once"
-            " its lease expires",
+            except _REFUSED as exc:
+                refused = exc
+        logger.error(
+            "job %s %s: its outcome (%s) cannot be stored; the job fails (dead)",
             claim.id,
             claim.task,
             outcome.kind.value,
+            exc_info=refused,
         )
+        dead = Outcome(
+            claim,
+            OutcomeKind.DEAD,
+            outcome.duration,
+            error=_refusal(outcome, refused),
+            result_ttl=outcome.result_ttl,
+        )
+        self._replaced[claim.key] = dead
+        try:
+            return await self._write([dead], archive=False)
+        except _REFUSED:
+            logger.exception(
+                "job %s %s: its dead outcome cannot be stored either; dropped, the job runs"
+                " again once its lease expires",
+                claim.id,
+                claim.task,
+            )
         self._dropped.add(claim.key)
         return set()
 
-    async def _write(self, batch: list[Outcome], *, archive: bool) -> set[int]:
+    async def _write(self, batch: list[Outcome], *, archive: bool) -> set[ClaimKey]:
         """One fenced statement for every outcome of the batch (docs/architecture.md, "The
-        fence"); return the ids still ours."""
+        fence"); return the claims written, (job id, claim number): a stale claim of a job
+        whose newer claim the batch also holds is not among them."""
         steps = any(o.claim.workflow_id is not None for o in batch)
         if not (archive or steps) and all(
             o.kind is _SUCCEEDED and o.result_ttl is None for o in batch
         ):
             # The hot path: plain completions, the statement that only deletes.
-            ids = await COMPLETE.rows(
+            keys = await COMPLETE.rows(
                 self.db,
                 self.schema,
                 [o.claim.id for o in batch],
                 [o.claim.number for o in batch],
                 self.worker_id,
             )
-            return set(ids)
+            return set(keys)
         # Workflow steps: the same outcomes, and the fan-in of those that succeeded
         # (docs/architecture.md, "Workflows").
         statement = WRITE_STEP_OUTCOMES if steps else WRITE_OUTCOMES
@@ -289,8 +315,8 @@ class Completer(Service[int]):
             archive=archive,
             results_channel=self.results_channel,
         )
-        ids = await statement.rows(self.db, self.schema, outcomes)
-        return set(ids)
+        keys = await statement.rows(self.db, self.schema, outcomes)
+        return set(keys)
 
     @property
     def idle(self) -> bool:
@@ -335,6 +361,7 @@ class Completer(Service[int]):
 
 
 _SUCCEEDED = OutcomeKind.SUCCEEDED
+MAX_REFUSAL_CHARS = 4000  # as a task's error (aioq.worker.consumer.MAX_ERROR_CHARS)
 
 
 def _kept_result(outcome: Outcome) -> str | None:
@@ -345,6 +372,16 @@ def _kept_result(outcome: Outcome) -> str | None:
     if outcome.result_ttl is None and outcome.claim.workflow_id is None:
         return None
     return outcome.result if outcome.result is not None else "null"
+
+
+def _refusal(outcome: Outcome, refused: BaseException) -> str:
+    """The ``last_error`` of a job whose outcome the server refused: what it refused, why."""
+    reason = f"{type(refused).__qualname__}: {refused}".replace("\x00", "\\x00")
+    reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
+    return (
+        f"OutcomeRefused: the database refused to record this attempt's outcome"
+        f" ({outcome.kind.value}): {reason}"
+    )[:MAX_REFUSAL_CHARS]
 
 
 def _extra(claim: Claim, outcome: str, duration: float) -> dict[str, object]:

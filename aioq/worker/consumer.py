@@ -29,6 +29,7 @@ from aioq.worker.completer import Completer, Outcome
 from aioq.worker.control import RunHandle
 
 if TYPE_CHECKING:
+    from aioq.worker.claimer import Claimer
     from aioq.worker.producer import Handoff
 
 __all__ = ("Attempt", "Consumer", "format_error", "judge")
@@ -70,6 +71,28 @@ def _cancel_requested() -> bool:
     return current is None or current.cancelling() > 0
 
 
+def _ours() -> bool:
+    """Whether a cancel scope around this code is cancelled: the job's (its timeout, a lost
+    lease, a shutdown, a cancel request) or the worker's (a stop's end, ``Worker.run()``
+    cancelled from outside). A CancelledError with none of them cancelled is the task's own
+    doing (docs/architecture.md, "Poison jobs")."""
+    return anyio.current_effective_deadline() == -math.inf
+
+
+def _cancelled_by_us(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation that must end the consumer, not its job: ours, or one
+    asked of this asyncio task from outside (its cancel count is up)."""
+    return isinstance(exc, asyncio.CancelledError) and (_ours() or _cancel_requested())
+
+
+def _escaped(exc: BaseException, step: str) -> str:
+    """The ``last_error`` of an exception that escaped a step of running a job (not the task's
+    own failure): the exception, the step it escaped from, its bounded traceback."""
+    text = format_error(exc)
+    head, newline, rest = text.partition("\n")
+    return f"{head} (raised while {step}){newline}{rest}"[:MAX_ERROR_CHARS]
+
+
 @functools.cache
 def _scope_class() -> type[anyio.CancelScope]:
     """The event loop's own CancelScope class, to make one scope per job directly.
@@ -78,6 +101,42 @@ def _scope_class() -> type[anyio.CancelScope]:
     cost as much as the scope itself. aioq runs on asyncio only, so the class never changes.
     """
     return type(anyio.CancelScope())
+
+
+def _more_cancels(host: asyncio.Task[Any] | None, cancels: int) -> bool:
+    """Whether ``host`` has more cancel requests than ``cancels``, its count before the run."""
+    return host is not None and host.cancelling() > cancels
+
+
+def _own_cancel(exc: asyncio.CancelledError, *, self_cancelled: bool) -> RuntimeError:
+    """The failure recorded for a CancelledError the task brought on itself."""
+    if self_cancelled:
+        why = (
+            "the task cancelled its own asyncio task (asyncio.current_task().cancel()); a job"
+            " ends early by returning, raising, or aioq.Retry / aioq.Fail"
+        )
+    else:
+        why = "the task raised CancelledError without being cancelled"
+    error = RuntimeError(why)
+    error.__cause__ = exc
+    return error
+
+
+async def _take_back_cancels(host: asyncio.Task[Any] | None, cancels: int) -> None:
+    """Undo the cancel requests the task made of its own asyncio task (down to ``cancels``),
+    and take the one still pending, if any, so that the consumer's next await does not get
+    it. A cancellation of ours that arrives meanwhile propagates."""
+    if host is None:
+        return
+    while host.cancelling() > cancels:
+        host.uncancel()
+    try:
+        # A cancel requested while the task did not await is delivered at the next
+        # suspension: here, rather than wherever the consumer waits next.
+        await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        if _ours() or host.cancelling() > cancels:
+            raise
 
 
 class _NotStarted(Exception):
@@ -187,8 +246,12 @@ class Consumer:
         threads: anyio.CapacityLimiter,
         middleware: Sequence[Middleware] = (),
         state: object = None,
+        unknown: Claimer | None = None,
     ) -> None:
         self.registry = registry
+        # Learns the tasks this worker does not know, and how long their jobs may wait for a
+        # worker that does (docs/architecture.md, "Unknown tasks"); none: 0, dead at once.
+        self.unknown = unknown
         # Around every run, the first outermost (docs/architecture.md, "Middleware and
         # lifespan"); none: the task is called directly, as before.
         self.middleware = tuple(middleware)
@@ -244,7 +307,15 @@ class Consumer:
             )
             outcome = Outcome(claim, OutcomeKind.RELEASED)
         else:
-            outcome = await self.run_one(claim, running)
+            started = time.monotonic()
+            try:
+                outcome = await self.run_one(claim, running)
+            except BaseException as exc:
+                # Whatever escapes the code that runs one job fails that job, never the
+                # consumer (docs/architecture.md, "Poison jobs"); a cancellation of ours ends it.
+                if _cancelled_by_us(exc):
+                    raise
+                outcome = self._failed_step(claim, None, started, exc, "running it")
             # Once a cancel request reached the run, the job ends cancelled whatever the task
             # did next (a sync task returns when it sees the flag).
             if running.cancel_requested and outcome is not None:
@@ -257,52 +328,121 @@ class Consumer:
             self.completer.put(outcome)
 
     async def run_one(self, claim: Claim, running: Running) -> Outcome | None:
-        """Run one attempt and return its outcome (None: lease lost); task faults never raise."""
+        """Run one attempt and return its outcome (None: lease lost).
+
+        Nothing but a cancellation of ours raises: whatever escapes a step (resolving the task,
+        decoding its arguments, the middleware and the task, judging the attempt) fails this
+        job, its attempt counted (docs/architecture.md, "Poison jobs").
+        """
         started = time.monotonic()
-        task = self.registry.get(claim.task)
+        try:
+            task = self.registry.get(claim.task)
+        except BaseException as exc:
+            if _cancelled_by_us(exc):
+                raise
+            return self._failed_step(claim, None, started, exc, "resolving its task")
         if task is None:
-            unknown = UnknownTaskError(
-                claim.task, claim.id, f"no task named {claim.task!r} is registered in this worker"
-            )
-            error = format_error(unknown, with_traceback=False)
-            return _failed(claim, _DEFAULT_RETRY, None, started, error)
+            return self._unknown(claim, started)
+        step = "decoding its arguments"
         try:
-            kwargs = decode_args(claim.args)
-            task.check_arguments(kwargs)
-        except (ValueError, TypeError) as exc:
-            err = PayloadError(
-                claim.task, claim.id, f"cannot call {claim.task!r} with its stored arguments: {exc}"
-            )
-            error = format_error(err, with_traceback=False)
-            return _failed(claim, task.retry, task.result_ttl, started, error)
-        try:  # into the annotated types (docs/architecture.md, "Values")
-            kwargs = task.codec.decode(kwargs, claim.id)
-        except PayloadError as exc:
-            # The stored value itself is wrong: no attempt can read it. Dead at once.
-            error = format_error(exc, with_traceback=False)
-            duration = time.monotonic() - started
-            return Outcome(
-                claim, OutcomeKind.DEAD, duration, error=error, result_ttl=task.result_ttl
-            )
-        if running.cancel_requested:  # cancelled before it started
-            return Outcome(claim, OutcomeKind.CANCELLED, result_ttl=task.result_ttl)
-        # Built only if the task asks for it (current_job()): most never do.
-        token = _current.set(functools.partial(self._context, claim, running))
-        try:
-            attempt = await self._call(task, kwargs, running, started)
-        finally:
-            running.end()
-            _current.reset(token)
-        if running.not_started:
+            try:
+                kwargs = decode_args(claim.args)
+                task.check_arguments(kwargs)
+            except (ValueError, TypeError) as exc:
+                err = PayloadError(
+                    claim.task,
+                    claim.id,
+                    f"cannot call {claim.task!r} with its stored arguments: {exc}",
+                )
+                error = format_error(err, with_traceback=False)
+                return _failed(claim, task.retry, task.result_ttl, started, error)
+            try:  # into the annotated types (docs/architecture.md, "Values")
+                kwargs = task.codec.decode(kwargs, claim.id)
+            except PayloadError as exc:
+                # The stored value itself is wrong: no attempt can read it. Dead at once.
+                error = format_error(exc, with_traceback=False)
+                duration = time.monotonic() - started
+                return Outcome(
+                    claim, OutcomeKind.DEAD, duration, error=error, result_ttl=task.result_ttl
+                )
+            if running.cancel_requested:  # cancelled before it started
+                return Outcome(claim, OutcomeKind.CANCELLED, result_ttl=task.result_ttl)
+            step = "running it"
+            # Built only if the task asks for it (current_job()): most never do.
+            token = _current.set(functools.partial(self._context, claim, running))
+            try:
+                attempt = await self._call(task, kwargs, running, started)
+            finally:
+                running.end()
+                _current.reset(token)
+            if running.not_started:
+                logger.warning(
+                    "job %s %s: not started, its lease may have lapsed before its thread began;"
+                    " released",
+                    claim.id,
+                    claim.task,
+                    extra={"job_id": claim.id, "task": claim.task, "queue": claim.queue},
+                )
+                return Outcome(claim, OutcomeKind.RELEASED)
+            step = "judging its outcome"
+            return judge(claim, task, running, attempt)
+        except BaseException as exc:
+            if _cancelled_by_us(exc):
+                raise
+            return self._failed_step(claim, task, started, exc, step)
+
+    def _unknown(self, claim: Claim, started: float) -> Outcome:
+        """A job whose task this worker does not know (a deploy in progress): handed on to a
+        worker that knows it, its attempt refunded and, from the first such claim, marked as
+        waiting; this worker's claims skip it from now on. Once it has waited this worker's
+        ``unknown_task_grace``, dead (docs/architecture.md, "Unknown tasks")."""
+        grace = 0.0 if self.unknown is None else self.unknown.unknown_task_grace
+        if self.unknown is not None and self.unknown.learn_unknown(claim.task):
             logger.warning(
-                "job %s %s: not started, its lease may have lapsed before its thread began;"
-                " released",
-                claim.id,
-                claim.task,
-                extra={"job_id": claim.id, "task": claim.task, "queue": claim.queue},
+                "task %r is not registered in this worker: its jobs wait for a worker that knows"
+                " it, each up to unknown_task_grace (%gs) from when it was first found unknown",
+                claim.task[:200],
+                grace,
+                extra={"task": claim.task, "queue": claim.queue},
             )
-            return Outcome(claim, OutcomeKind.RELEASED)
-        return judge(claim, task, running, attempt)
+        waited = 0.0 if claim.unknown_for is None else claim.unknown_for
+        duration = time.monotonic() - started
+        if waited < grace:
+            return Outcome(claim, OutcomeKind.UNKNOWN_TASK, duration)
+        unknown = UnknownTaskError(
+            claim.task,
+            claim.id,
+            f"no task named {claim.task!r} is registered in the workers that claimed this job,"
+            f" and no worker that knows it took it within unknown_task_grace ({grace:g}s; it"
+            f" waited {waited:.0f}s)",
+        )
+        error = format_error(unknown, with_traceback=False)
+        return Outcome(claim, OutcomeKind.DEAD, duration, error=error)
+
+    def _failed_step(
+        self,
+        claim: Claim,
+        task: Task[..., Any] | None,
+        started: float,
+        exc: BaseException,
+        step: str,
+    ) -> Outcome:
+        """The outcome of an attempt a step of aioq's (not the task) failed: a failed attempt,
+        retried per the task's rules (the default backoff when the task is unknown), dead on
+        the last one. A poison job ends dead, never given back for ever."""
+        logger.warning(
+            "job %s %s: %s raised %s; the attempt fails",
+            claim.id,
+            claim.task,
+            step,
+            type(exc).__qualname__,
+            exc_info=exc,
+            extra={"job_id": claim.id, "task": claim.task, "queue": claim.queue},
+        )
+        error = _escaped(exc, step)
+        if task is None:
+            return _failed(claim, _DEFAULT_RETRY, None, started, error)
+        return _failed(claim, task.retry, task.result_ttl, started, error)
 
     def _context(self, claim: Claim, running: Running) -> JobContext:
         """What ``current_job()`` returns in the task; its handle reaches this run."""
@@ -326,45 +466,66 @@ class Consumer:
     ) -> Attempt:
         """Call the task under one scope, which serves the timeout (its deadline), a lost lease,
         a shutdown and a cancel request (each sets ``running.cancel_reason``, then cancels it).
+
+        A cancellation of ours (that scope's, or one around the worker) ends the attempt as
+        interrupted, or propagates; one the task made of its own asyncio task (its code called
+        ``asyncio.current_task().cancel()``, or raised a CancelledError nobody asked for) fails
+        the attempt, and is taken back so that the consumer goes on (docs/architecture.md,
+        "Poison jobs").
         """
         deadline = math.inf if task.timeout is None else anyio.current_time() + task.timeout
         attempt = Attempt(started)
-        with _scope_class()(deadline=deadline) as scope:
-            running.scope = scope
-            if running.cancel_reason is not None:
-                scope.cancel()
-            try:
-                # aioq.hooks: an observer (tracing) wraps the run and sees its exception.
-                observed = (
-                    hooks.running(self.worker_id, running.claim) if hooks.observers else _NO_HOOK
-                )
-                with observed:
-                    if self.middleware:
-                        attempt.value = await self._through_middleware(
-                            task, kwargs, running, attempt
-                        )
-                    elif task.is_async:
-                        attempt.value = await task.fn(**kwargs)
-                    else:
-                        attempt.value = await self._in_thread(task, kwargs, running)
-                        attempt.returned = True
-            except asyncio.CancelledError as exc:
-                if _cancel_requested():
-                    raise  # ours (the scope's) or the worker's
-                # The task's own code raised it (it awaited a future cancelled elsewhere);
-                # nobody cancelled us. Letting it escape would end the consumer's task group
-                # and release the job, attempt refunded, forever.
-                attempt.error = RuntimeError(
-                    "the task raised CancelledError without being cancelled"
-                )
-                attempt.error.__cause__ = exc
-            except BaseException as exc:
-                attempt.error = exc
-                if not self.middleware:  # with middleware, the task's own call says it
-                    attempt.returned = not task.is_async
-        # A thread is never interrupted: whether the scope was cancelled while it attempt is what
+        host = asyncio.current_task()
+        cancels = host.cancelling() if host is not None else 0
+        scope = _scope_class()(deadline=deadline)
+        cut = False  # our scope's cancel ended the run, though the scope did not absorb it
+        try:
+            with scope:
+                running.scope = scope
+                if running.cancel_reason is not None:
+                    scope.cancel()
+                try:
+                    # aioq.hooks: an observer (tracing) wraps the run and sees its exception.
+                    observed = (
+                        hooks.running(self.worker_id, running.claim)
+                        if hooks.observers
+                        else _NO_HOOK
+                    )
+                    with observed:
+                        if self.middleware:
+                            attempt.value = await self._through_middleware(
+                                task, kwargs, running, attempt
+                            )
+                        elif task.is_async:
+                            attempt.value = await task.fn(**kwargs)
+                        else:
+                            attempt.value = await self._in_thread(task, kwargs, running)
+                            attempt.returned = True
+                except asyncio.CancelledError as exc:
+                    if _ours():
+                        raise  # the scope's (it ends here), or the worker's
+                    # Nobody of ours cancelled it: the task cancelled its own asyncio task, or
+                    # raised a CancelledError of its own. Letting it escape would end the
+                    # consumer's task group and release the job, attempt refunded, for ever.
+                    attempt.error = _own_cancel(exc, self_cancelled=_more_cancels(host, cancels))
+                except BaseException as exc:
+                    attempt.error = exc
+                    if not self.middleware:  # with middleware, the task's own call says it
+                        attempt.returned = not task.is_async
+        except asyncio.CancelledError:
+            # The job's scope was cancelled, but did not end the cancellation: the task had
+            # cancelled its own asyncio task too (anyio leaves a native cancel alone). Ours
+            # all the same, unless the worker's own scope is cancelled: then it propagates.
+            if not scope.cancel_called or _ours():
+                raise
+            cut = True
+        if _more_cancels(host, cancels) and not _ours():
+            await _take_back_cancels(host, cancels)
+        # A thread is never interrupted: whether the scope was cancelled while it ran is what
         # says the attempt overstayed (a timeout) or outlived its claim.
-        attempt.interrupted = scope.cancelled_caught or (not task.is_async and scope.cancel_called)
+        attempt.interrupted = (
+            cut or scope.cancelled_caught or (not task.is_async and scope.cancel_called)
+        )
         return attempt
 
     async def _through_middleware(

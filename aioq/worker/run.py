@@ -18,16 +18,18 @@ import asyncpg
 from anyio.abc import TaskStatus
 
 from aioq.doorbell import Doorbell
+from aioq.job import OutcomeKind
 from aioq.metrics import Metrics
 from aioq.registry import Middleware, Registry
 from aioq.sql import DEFAULT_SCHEMA, control_channel
 from aioq.worker.claimer import Claimer
 from aioq.worker.claims import CancelReason, Claims
-from aioq.worker.completer import Completer
+from aioq.worker.completer import Completer, Outcome
 from aioq.worker.consumer import Consumer
 from aioq.worker.control import CancelWatch
 from aioq.worker.health import Probe
 from aioq.worker.history import StatsRecorder, StatsWriter
+from aioq.worker.identity import IdHold
 from aioq.worker.lease import Heartbeat, Reaper
 from aioq.worker.maintenance import Pruner, Vacuumer
 from aioq.worker.monitor import LoopLag, QueueSampler
@@ -62,6 +64,7 @@ class Run:
         metrics: Metrics | None,
         middleware: Sequence[Middleware] = (),
         state: object = None,
+        hold: IdHold | None = None,
     ) -> None:
         cfg = self.config = config
         schema, worker_id = cfg.schema, cfg.worker_id
@@ -82,6 +85,7 @@ class Run:
             worker_id=worker_id,
             ring=self.doorbell.ring,
             refresh=cfg.limits_refresh,
+            unknown_task_grace=cfg.unknown_task_grace,
         )
         self.completer = Completer(
             schema=schema,
@@ -138,17 +142,32 @@ class Run:
             threads=anyio.CapacityLimiter(cfg.concurrency),
             middleware=middleware,
             state=state,
+            unknown=self.claimer,
         )
         # Worker.health() and the probes' server read these (docs/architecture.md, "Health").
         self.probe = Probe(schema=schema, db=pool)
         self.began = time.monotonic()
         self.serving = False  # the services are up and the consumers started
-        # In start order; the producer last: it starts with the jobs.
-        self.services: list[Service[Any]] = [self.completer, self.probe, cancel_watch]
-        if self.listener is not None:
-            self.services.append(self.listener)
+        # In start order (the hold on a given id first); the producer last: it starts with jobs.
+        self.services: list[Service[Any]] = [*self._held(hold), self.completer, self.probe]
+        self.services += [cancel_watch] if self.listener is None else [cancel_watch, self.listener]
         self.services += _upkeep(cfg, registry, pool, self.claims, self.history, metrics)
         self.services.append(self.producer)
+
+    def _held(self, hold: IdHold | None) -> list[Service[Any]]:
+        """The hold on a given worker id, taken before the run (docs/architecture.md, "Worker
+        ids"): a live worker that took the id while its connection was down stops this run."""
+        self.hold = hold
+        if hold is None:
+            return []
+        hold.on_lost = self._id_lost
+        return [hold]
+
+    def _id_lost(self) -> None:
+        """Another live worker holds our id now: its rows are not ours to release. Release
+        only the claims we hold, fenced, and stop."""
+        self.claimer.by_id = False
+        self.stop()
 
     def stop(self) -> None:
         """Stop claiming; running jobs get the grace, then are cancelled and released."""
@@ -247,6 +266,14 @@ class Run:
         with anyio.move_on_after(10):
             await self.completer.flush()
             keep = [r.claim.id for r in self.claims.threads()]
+            if not self.claimer.by_id:
+                # Our id is another live worker's now: release what we hold, fenced, never
+                # the rows under the id (they may be its).
+                for claim in self.claims.leftovers():
+                    if claim.id not in keep:
+                        self.completer.put(Outcome(claim, OutcomeKind.RELEASED))
+                await self.completer.flush()
+                return
             try:
                 released = await self.claimer.release(keep=keep)
             except Exception:

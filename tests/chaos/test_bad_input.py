@@ -371,9 +371,10 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
         for task, args, _ in CORRUPTED
     ]
     module = write_tasks(tmp_path, "badtasks", CORRUPTED_TASKS)
+    # No worker that knows the unknown tasks will come: they are dead at once, not left waiting.
     with WorkerProcess(
         f"{module}:registry", "--concurrency", "4", "--poll-interval", "0.5",
-        dsn=dsn, cwd=tmp_path, env={"CHAOS_RECORD_DSN": dsn},
+        "--unknown-task-grace", "0", dsn=dsn, cwd=tmp_path, env={"CHAOS_RECORD_DSN": dsn},
     ) as worker:  # fmt: skip
         worker.wait_listening(dsn)
         # Good jobs deferred after the bad ones, in two batches: the worker keeps serving.
@@ -407,7 +408,9 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
             assert ran[job_id] == 1
             continue
         row = rows.pop(job_id)
-        attempts = 1 if UNREADABLE.search(expected) else 2  # a value it cannot read: at once
+        # A value it cannot read, or a task no worker knows: dead at its first claim.
+        at_once = UNREADABLE.search(expected) or expected.startswith("UnknownTaskError")
+        attempts = 1 if at_once else 2
         assert (row["status"], row["attempts"]) == ("dead", attempts), (task, row)
         assert expected in row["last_error"], (task, row["last_error"][:300])
         assert len(row["last_error"]) <= 4000
@@ -415,7 +418,9 @@ def test_corrupted_rows_die_with_a_clear_error_while_the_worker_keeps_serving(
     assert all(ran.get(i) == 1 for i in good_ids)
     log = worker.log()
     assert "failed; retrying" not in log, log[-3000:]
-    at_once = sum(bool(UNREADABLE.search(expected)) for _, _, expected in CORRUPTED)
+    at_once = sum(
+        bool(UNREADABLE.search(e)) or e.startswith("UnknownTaskError") for _, _, e in CORRUPTED
+    )
     assert log.count(" dead (attempt 1/2") == at_once
     assert log.count(" dead (attempt 2/2") == len(CORRUPTED) - 1 - at_once
     served = (run_times(dsn)[good_ids[0]] - deferred).total_seconds()

@@ -54,7 +54,7 @@ def probe_claim(sql: Sql) -> float:
     sql.execute("BEGIN")
     try:
         started = time.perf_counter()
-        sql.fetch(PROBE, "default", 10, "chaos probe")
+        sql.fetch(PROBE, "default", 10, "chaos probe", [], 0.0)
         return time.perf_counter() - started
     finally:
         sql.execute("ROLLBACK")

@@ -8,7 +8,12 @@ and plain ``def`` tasks (some with a timeout they overstay once), tasks that sno
 past their lease (``time.sleep`` in an ``async def``), in four queues, three of them limited
 (``max_running``, a rate, ``max_running_per_key``). A share of the defers are small random
 workflows instead (chains, fan-out/fan-in, diamonds, groups; some steps ``on_failure="run"``)
-whose steps are drawn like the jobs. Meanwhile the test stops workers (SIGTERM),
+whose steps are drawn like the jobs. Poison jobs come too (tasks that raise odd
+BaseExceptions, from a coroutine or a thread, or cancel their own asyncio task; stored arguments
+that do not bind), and a rolling deploy: each worker process runs the old code or the new one
+(drawn at start), only the new one knows the task ``deployed``, and jobs of a task no worker
+knows (``gone``) come too; at the end the deploy completes (the old workers stop gracefully and
+come back new). Meanwhile the test stops workers (SIGTERM),
 hard-cancels them (a second SIGTERM: ``Worker.run()`` cancelled while threads run), kills them
 (SIGKILL), drops or stalls every connection through a TCP proxy (lost replies), and pauses,
 resumes and re-limits the queues.
@@ -29,7 +34,12 @@ At the end, with every worker stopped:
   network fault hit it, or its loop was blocked.
 * every workflow step's first run started after each of its dependencies had a run that
   succeeded (on the tasks' clock); a fan-in step succeeded once, unless a fault explains its
-  next run as above; no step is lost (each succeeded), and ``aioq.workflow()`` agrees.
+  next run as above; no step is lost (each succeeded), and ``aioq.workflow()`` agrees;
+* every poison job ends dead with its own error (or a rescued attempt's), its attempts spent,
+  never given back for ever, and no worker process ends unless the test stopped or killed it;
+* a job of the deployed task runs on new workers only, and ends archived, or dead saying it
+  waited past the workers' unknown_task_grace; a job of a task no worker knows ends dead
+  saying so (docs/architecture.md, "Unknown tasks").
 
 The seed is printed at the start and in every failure; ``AIOQ_CHAOS_SEED`` replays it.
 ``AIOQ_CHAOS_PROFILE=long`` (``make chaos``) runs longer with more jobs.
@@ -42,6 +52,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import textwrap
@@ -81,6 +92,20 @@ REAPER = 5.0  # the worker's default reaper interval: a lost lease is reaped wit
 SLACK = 3.0  # scheduling noise on a machine shared with other test runs
 DRAIN_GUARD = 180.0  # hang guard: "never", not a timing
 WORKFLOW_SHARE = 0.3  # of the defers: one or two small random workflows instead of jobs
+NEW_SHARE = 0.6  # of the worker processes started before the deploy completes: the new code
+UNKNOWN_GRACE = 8.0  # --unknown-task-grace of every worker
+POISON_ATTEMPTS = 3
+# Poison jobs: (task, arguments as stored) -> the first words of the error they die with.
+POISON = {
+    ("poison_odd", '{"kind": "odd"}'): "Odd: odd",
+    ("poison_odd", '{"kind": "interrupt"}'): "KeyboardInterrupt",
+    ("poison_odd", '{"kind": "exit"}'): "SystemExit: 3",
+    ("poison_sync", "{}"): "Odd: odd in a thread",
+    ("poison_cancel", "{}"): "RuntimeError: the task cancelled its own asyncio task",
+    ("work", "[1, 2]"): "PayloadError: cannot call 'work' with its stored arguments",
+    ("work", '{"nope": 1}'): "PayloadError: cannot call 'work' with its stored arguments",
+    ("gone", "{}"): "UnknownTaskError: no task named 'gone' is registered",
+}
 
 TASKS = textwrap.dedent(
     '''
@@ -224,6 +249,37 @@ TASKS = textwrap.dedent(
             _sync(END + " RETURNING id", row["id"], outcome, time.time())
 
 
+    # The new code's task: like work; the old code (old_registry) does not know it.
+    deployed = registry.task(name="deployed", max_attempts=25, retry=QUICK)(work.fn)
+
+
+    class Odd(BaseException):
+        """Neither an Exception nor a cancellation."""
+
+
+    POISON = aioq.Backoff(base=0.1, max=0.3)
+
+
+    @registry.task(name="poison_odd", max_attempts=3, retry=POISON)
+    async def poison_odd(kind: str) -> None:
+        if kind == "interrupt":
+            raise KeyboardInterrupt
+        if kind == "exit":
+            raise SystemExit(3)
+        raise Odd("odd")
+
+
+    @registry.task(name="poison_sync", max_attempts=3, retry=POISON)
+    def poison_sync() -> None:
+        raise Odd("odd in a thread")
+
+
+    @registry.task(name="poison_cancel", max_attempts=3, retry=POISON)
+    async def poison_cancel() -> None:
+        asyncio.current_task().cancel()
+        await asyncio.sleep(3600)
+
+
     @registry.task(name="sync_work", max_attempts=25, retry=QUICK)
     def sync_work(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None:
         _sync_run("sync", seconds, snoozes, fail_once, overstay=False)
@@ -232,6 +288,13 @@ TASKS = textwrap.dedent(
     @registry.task(name="sync_timeout", max_attempts=25, retry=QUICK, timeout=SYNC_TIMEOUT)
     def sync_timeout(seconds: float, snoozes: int = 0, fail_once: bool = False) -> None:
         _sync_run("sync_timeout", seconds, snoozes, fail_once, overstay=True)
+
+
+    # The old code, before the deploy: every task but the deployed one.
+    old_registry = aioq.Registry()
+    for _name in registry:
+        if _name != "deployed":
+            old_registry.add(registry.get(_name))
     '''
 )
 
@@ -286,19 +349,25 @@ class Workers:
         self.rng = rng
         self.started = 0
         self.configs: Counter[str] = Counter()  # concurrency/prefetch of the processes started
+        self.versions: dict[int, str] = {}  # pid -> "old" or "new" code
+        self.deployed = False  # the deploy completed: every process starts with the new code
+        self.killed: set[int] = set()  # pids the test killed (SIGKILL)
+        self.unexpected: list[str] = []  # processes that ended though nobody stopped them
 
     def start(self, slot: Slot) -> None:
         concurrency, prefetch = self.rng.choice(CONCURRENCIES), self.rng.choice(PREFETCHES)
-        self.configs[f"c{concurrency}/p{prefetch}"] += 1
+        version = "new" if self.deployed or self.rng.random() < NEW_SHARE else "old"
+        self.configs[f"c{concurrency}/p{prefetch}/{version}"] += 1
         args = ["--concurrency", str(concurrency), "--prefetch", prefetch, "--poll-interval", "0.2"]
         args += ["--shutdown-grace", str(GRACE), "--keep-completed", "--log-format", "json"]
-        args += ["--command-timeout", "5"]
+        args += ["--command-timeout", "5", "--unknown-task-grace", str(UNKNOWN_GRACE)]
         for queue in QUEUES:
             args += ["--queue", queue]
-        worker = WorkerProcess(
-            "randomtasks:registry", *args, dsn=self.dsn, cwd=self.workdir, env=self.env
-        )
+        target = "randomtasks:registry" if version == "new" else "randomtasks:old_registry"
+        worker = WorkerProcess(target, *args, dsn=self.dsn, cwd=self.workdir, env=self.env)
         slot.proc = worker.start().proc
+        assert slot.proc is not None
+        self.versions[slot.proc.pid] = version
         self.started += 1
         slot.stopping = None
         slot.cancel_at = float("inf")
@@ -317,6 +386,10 @@ class Workers:
                     slot.stopping.cancelled = now
             if slot.proc is not None and slot.proc.poll() is not None:
                 slot.exits[slot.proc.pid] = now
+                if slot.stopping is None and slot.proc.pid not in self.killed:
+                    self.unexpected.append(
+                        f"worker pid {slot.proc.pid} ended by itself (exit {slot.proc.returncode})"
+                    )
                 if slot.stopping is not None:
                     slot.stopping.ended = now
                 ended.append(slot.proc.pid)
@@ -325,6 +398,16 @@ class Workers:
             if slot.proc is None and now >= slot.restart_at:
                 self.start(slot)
         return ended
+
+    def complete_deploy(self, now: float, faults: list[Fault]) -> None:
+        """The deploy completes: every old worker stops gracefully; all come back new."""
+        self.deployed = True
+        for slot in self.alive():
+            assert slot.proc is not None
+            if self.versions[slot.proc.pid] == "old" and slot.stopping is None:
+                slot.proc.send_signal(signal.SIGTERM)
+                slot.stopping = Fault("stop", now, float("inf"), slot.proc.pid)
+                faults.append(slot.stopping)
 
     def kill_all(self) -> None:
         for slot in self.slots:
@@ -357,10 +440,12 @@ class Plan:
     key: str | None
 
 
-def _draw(rng: random.Random) -> Plan:
-    """A job with a random task, lease, duration, snoozes and failure, in a random queue."""
+def _draw(rng: random.Random, *, deployed: bool = True) -> Plan:
+    """A job with a random task, lease, duration, snoozes and failure, in a random queue
+    (``deployed``: the new code's task may be drawn)."""
     lease = round(rng.uniform(MIN_LEASE, MAX_LEASE), 2)
-    kind = rng.choices(["work", "sync_work", "sync_timeout", "block"], weights=[6, 2, 1, 0.25])[0]  # fmt: skip
+    kinds = ["work", "sync_work", "sync_timeout", "block", "deployed"]
+    kind = rng.choices(kinds, weights=[6, 2, 1, 0.25, 1.5 if deployed else 0])[0]
     queue = rng.choices(QUEUES, weights=[5, 1, 1, 1])[0]
     key = rng.choice(KEYS) if queue == "keyed" else None
     if kind == "block":
@@ -459,7 +544,7 @@ def _defer_flows(sql: Sql, rng: random.Random, count: int) -> tuple[list[Flow], 
         on_failure: dict[str, str] = {}
         step_leases: dict[str, float] = {}
         for name, after in steps:
-            plan = _draw(rng)
+            plan = _draw(rng, deployed=False)  # a step dead past the grace would fail its run
             mode = "run" if after and rng.random() < 0.3 else "cancel"
             call = (
                 STEP_TASKS[plan.task]
@@ -717,6 +802,7 @@ def test_randomized_faults_keep_the_core_promises(
     violations: list[str] = []
     leases: dict[int, float] = {}
     flows: list[Flow] = []
+    poison: dict[int, str] = {}  # job id -> the error it must die with
     limits = Limits(sql, rng)
     try:
         with Proxy("127.0.0.1", own_server.port) as proxy:
@@ -730,8 +816,18 @@ def test_randomized_faults_keep_the_core_promises(
                 for pid in fleet.reap(now, rng):
                     violations += _left_running(sql, pid, faults)
                 action = rng.choices(
-                    ["defer", "kill", "stop", "cancel", "drop", "stall", "limits", "wait"],
-                    weights=[4, 0.4, 0.4, 0.3, 0.5, 0.3, 0.8, 2],
+                    [
+                        "defer",
+                        "kill",
+                        "stop",
+                        "cancel",
+                        "drop",
+                        "stall",
+                        "limits",
+                        "poison",
+                        "wait",
+                    ],
+                    weights=[4, 0.4, 0.4, 0.3, 0.5, 0.3, 0.8, 0.6, 2],
                 )[0]
                 alive = fleet.alive()
                 if action == "defer" and rng.random() < WORKFLOW_SHARE:
@@ -743,6 +839,7 @@ def test_randomized_faults_keep_the_core_promises(
                 elif action == "kill" and alive:
                     slot = rng.choice(alive)
                     assert slot.proc is not None
+                    fleet.killed.add(slot.proc.pid)
                     slot.proc.send_signal(signal.SIGKILL)
                     faults.append(Fault("kill", now, now, slot.proc.pid))
                 elif action in ("stop", "cancel") and alive:
@@ -761,6 +858,8 @@ def test_randomized_faults_keep_the_core_promises(
                         slot.cancel_at = now + rng.uniform(0.0, GRACE * 0.75)
                 elif action == "limits":
                     limits.toggle()
+                elif action == "poison":
+                    poison.update(_defer_poison(sql, rng))
                 elif action == "drop":
                     proxy.drop_all()
                     faults.append(Fault("drop", now, time.time()))
@@ -774,7 +873,9 @@ def test_randomized_faults_keep_the_core_promises(
                 f" {len(flows)} workflows"
             )
             limits.lift()
+            fleet.complete_deploy(time.time(), faults)
             violations += _drain(sql, fleet, rng, faults)
+            violations += fleet.unexpected
         runs, exits = _collect(sql, fleet)
         explained: set[int] = set()
         found, figures = analyse(runs, faults, exits, leases, explained)
@@ -783,9 +884,12 @@ def test_randomized_faults_keep_the_core_promises(
         violations += found
         figures.update(flow_figures)
         violations += _terminal(sql, list(leases))
+        found, poison_figures = _poison_ended(sql, poison, runs, fleet.versions)
+        violations += found
+        figures.update(poison_figures)
         blocked = sum(1 for r in runs if r["kind"] == "block")
         summary = (
-            f"{len(leases)} jobs ({len(flows)} workflows), {len(runs)} runs, {fleet.started} worker processes"
+            f"{len(leases)} jobs ({len(flows)} workflows, {len(poison)} poison), {len(runs)} runs, {fleet.started} worker processes"
             f" {dict(fleet.configs)}, faults {dict(Counter(f.kind for f in faults))},"
             f" {blocked} blocked loops, queue changes {dict(limits.changes)}, {figures}"
         )
@@ -800,6 +904,71 @@ def test_randomized_faults_keep_the_core_promises(
         f"seed {seed} (rerun with AIOQ_CHAOS_SEED={seed}): {len(violations)} violations"
         f" ({summary}):\n" + "\n".join(violations[:40])
     )
+
+
+def _defer_poison(sql: Sql, rng: random.Random) -> dict[int, str]:
+    """Insert one to three poison jobs (or jobs of a task no worker knows); return the error
+    each must die with."""
+    drawn = [rng.choice(list(POISON)) for _ in range(rng.randint(1, 3))]
+    rows = sql.retrying(
+        lambda: sql.fetch(
+            "INSERT INTO aioq.jobs (task, args, max_attempts, lease)"
+            " SELECT t, a::jsonb, $3, interval '2 seconds'"
+            " FROM unnest($1::text[], $2::text[]) AS u(t, a) RETURNING id",
+            [task for task, _ in drawn],
+            [args for _, args in drawn],
+            POISON_ATTEMPTS,
+        )
+    )
+    return {r["id"]: POISON[key] for r, key in zip(rows, drawn, strict=True)}
+
+
+def _poison_ended(
+    sql: Sql, poison: dict[int, str], runs: list[dict[str, Any]], versions: dict[int, str]
+) -> tuple[list[str], dict[str, Any]]:
+    """Every poison job ended dead with its error, its attempts spent (a job of a task no
+    worker knows: refunded while it waited); the deployed task ran on new workers only, and
+    a job of it that is dead says it waited past the grace."""
+    violations: list[str] = []
+    figures: Counter[str] = Counter()
+    rows = {
+        r["id"]: r
+        for r in sql.fetch(
+            "SELECT id, task, status, attempts, last_error FROM aioq.jobs"
+            " WHERE id = ANY($1) OR task = 'deployed'",
+            list(poison),
+        )
+    }
+    for job_id, expected in sorted(poison.items()):
+        row = rows.get(job_id)
+        if row is None or row["status"] != "dead":
+            violations.append(f"poison job {job_id} ({expected}) did not end dead: {row}")
+            continue
+        error = row["last_error"] or ""
+        if not (error.startswith(expected) or error.startswith("LeaseExpired")):
+            violations.append(f"poison job {job_id} died with {error[:200]!r}, not {expected!r}")
+        gone = expected.startswith("UnknownTaskError")
+        if not gone and row["attempts"] != POISON_ATTEMPTS:
+            violations.append(
+                f"poison job {job_id} ({expected}) dead after {row['attempts']} attempts"
+            )
+        figures["poison_unknown_dead" if gone else "poison_dead"] += 1
+    on_old = [r for r in runs if r["kind"] == "async" and versions.get(r["pid"]) == "old"]
+    deployed = {j for j, r in rows.items() if r["task"] == "deployed"}
+    deployed |= {r["id"] for r in sql.fetch("SELECT id FROM aioq.archive WHERE task = 'deployed'")}
+    figures["deployed"] = len(deployed)
+    for run in on_old:
+        if run["job_id"] in deployed:
+            violations.append(f"deployed job {run['job_id']} ran on an old worker (run {run})")
+    for job_id in sorted(deployed & set(rows)):
+        row = rows[job_id]
+        waited = re.search(r"it waited (\d+)s\)", row["last_error"] or "")
+        if row["status"] != "dead":
+            continue
+        figures["deployed_dead"] += 1
+        if waited is None or float(waited[1]) < UNKNOWN_GRACE:
+            violations.append(f"deployed job {job_id} dead: {row['last_error']!r}")
+    return violations, dict(figures)
 
 
 def _running_threads(sql: Sql, slots: list[Slot]) -> list[Slot]:

@@ -1,8 +1,9 @@
 -- aioq.sql.jobs.CLAIM_ONE_QUEUE, rendered for the schema 'aioq' (make sql-golden writes it)
--- parameters: $1 :queue, $2 :limit, $3 :worker
+-- parameters: $1 :queue, $2 :limit, $3 :worker, $4 :unknown, $5 :grace (the fields of aioq.sql.jobs.ClaimJobs)
 WITH picked AS (
     SELECT id FROM "aioq".jobs
-    WHERE queue = $1 AND status = 'pending' AND run_at <= now()
+    WHERE queue = $1 AND status = 'pending' AND run_at <= now() AND (unknown_since IS NULL OR task <> ALL($4::text[])
+         OR unknown_since <= now() - make_interval(secs => $5::float8))
     ORDER BY priority DESC, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -14,4 +15,5 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
           j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
           extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
-          j.scheduled_at, j.workflow_id
+          j.scheduled_at, j.workflow_id,
+          extract(epoch FROM now() - j.unknown_since)::float8 AS unknown_for

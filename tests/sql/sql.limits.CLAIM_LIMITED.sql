@@ -1,5 +1,5 @@
 -- aioq.sql.limits.CLAIM_LIMITED, rendered for the schema 'aioq' (make sql-golden writes it)
--- parameters: $1 :queue, $2 :limit, $3 :worker
+-- parameters: $1 :queue, $2 :limit, $3 :worker, $4 :unknown, $5 :grace (the fields of aioq.sql.limits.ClaimJobs)
 WITH RECURSIVE counted_room AS MATERIALIZED (
     SELECT t.now, q.rate_limit, q.rate_period, q.paused, q.max_running_per_key AS per_key,
            extract(epoch FROM q.rate_period) / 10 AS slot_s,
@@ -20,7 +20,8 @@ room AS MATERIALIZED (
 ),
 plain AS (
     SELECT id FROM "aioq".jobs
-    WHERE queue = $1 AND status = 'pending' AND run_at <= now()
+    WHERE queue = $1 AND status = 'pending' AND run_at <= now() AND (unknown_since IS NULL OR task <> ALL($4::text[])
+         OR unknown_since <= now() - make_interval(secs => $5::float8))
       AND (SELECT per_key FROM room) IS NULL
     ORDER BY priority DESC, run_at, id
     LIMIT (SELECT n FROM room)
@@ -45,7 +46,8 @@ per_key AS (
     FROM keys
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM "aioq".jobs
-        WHERE queue = $1 AND concurrency_key = keys.k AND status = 'pending' AND run_at <= now()
+        WHERE queue = $1 AND concurrency_key = keys.k AND status = 'pending' AND run_at <= now() AND (unknown_since IS NULL OR task <> ALL($4::text[])
+             OR unknown_since <= now() - make_interval(secs => $5::float8))
         ORDER BY priority DESC, run_at, id
         LIMIT greatest(0, least((SELECT n FROM room), (SELECT per_key FROM room) - (
             SELECT count(*) FROM "aioq".jobs AS r
@@ -58,7 +60,8 @@ unkeyed AS (
     SELECT j.id, j.priority, j.run_at FROM "aioq".jobs AS j
     WHERE j.id = ANY(ARRAY(
             SELECT id FROM "aioq".jobs
-            WHERE queue = $1 AND status = 'pending' AND run_at <= now()
+            WHERE queue = $1 AND status = 'pending' AND run_at <= now() AND (unknown_since IS NULL OR task <> ALL($4::text[])
+                 OR unknown_since <= now() - make_interval(secs => $5::float8))
               AND (SELECT per_key FROM room) IS NOT NULL
               AND (SELECT count(*) FROM per_key WHERE turn = 1) < (SELECT n FROM room)
             ORDER BY priority DESC, run_at, id
@@ -87,7 +90,8 @@ claimed AS (
     RETURNING j.id, j.claims, j.queue, j.task, j.args::text AS args, j.priority, j.attempts,
               j.max_attempts, j.snoozes, extract(epoch FROM j.lease)::float8 AS lease,
               extract(epoch FROM j.locked_at - j.run_at)::float8 AS waited, j.traceparent,
-              j.scheduled_at, j.workflow_id
+              j.scheduled_at, j.workflow_id,
+              extract(epoch FROM now() - j.unknown_since)::float8 AS unknown_for
 ),
 counted AS (
     INSERT INTO "aioq".queue_claims AS c (queue, slot_start, slot_end, claims)

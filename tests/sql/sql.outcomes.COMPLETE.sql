@@ -16,4 +16,4 @@ WITH mine AS (
 )
 DELETE FROM "aioq".jobs AS j
 WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
-RETURNING j.id
+RETURNING j.id, j.claims

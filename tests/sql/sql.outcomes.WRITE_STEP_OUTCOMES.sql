@@ -19,7 +19,7 @@ WITH mine AS (
 done AS (
     DELETE FROM "aioq".jobs AS j
     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind = 'succeeded'))
-    RETURNING j.id
+    RETURNING j.id, j.claims AS claim
 ),
 succeeded AS (
     SELECT j.id, j.queue, j.task, j.args, j.priority, j.attempts, j.max_attempts, j.locked_by,
@@ -59,17 +59,20 @@ outcomes AS (
 ),
 changed AS (
     UPDATE "aioq".jobs AS j
-    SET (status, run_at, last_error, attempts, max_attempts, snoozes, cancel_requested_at) = (
+    SET (status, run_at, last_error, attempts, max_attempts, snoozes, cancel_requested_at,
+         unknown_since) = (
         SELECT CASE m.kind WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled'
                     ELSE CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END END,
                now() + make_interval(secs => m.delay),
                CASE WHEN m.kind IN ('retried', 'dead') THEN coalesce(m.error, j.last_error)
                     ELSE j.last_error END,
-               j.attempts - CASE WHEN m.kind = 'released' THEN 1 ELSE 0 END,
+               j.attempts - CASE WHEN m.kind IN ('released', 'unknown_task') THEN 1 ELSE 0 END,
                j.max_attempts + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
                j.snoozes + CASE WHEN m.kind = 'snoozed' THEN 1 ELSE 0 END,
                CASE WHEN m.kind = 'cancelled' THEN coalesce(j.cancel_requested_at, now())
-                    ELSE j.cancel_requested_at END
+                    ELSE j.cancel_requested_at END,
+               CASE m.kind WHEN 'unknown_task' THEN coalesce(j.unknown_since, now())
+                           WHEN 'released' THEN j.unknown_since END
         FROM jsonb_to_record(o.by_id -> j.id::text)
              AS m(kind text, delay float8, error text, ttl float8)
     ),
@@ -77,7 +80,8 @@ changed AS (
         lease_expires_at = NULL
     FROM outcomes AS o
     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE kind <> 'succeeded'))
-    RETURNING j.id, j.queue, j.status, (o.by_id -> j.id::text ->> 'delay')::float8 AS delay,
+    RETURNING j.id, j.claims AS claim, j.queue, j.status,
+              (o.by_id -> j.id::text ->> 'delay')::float8 AS delay,
               o.by_id -> j.id::text ->> 'ttl' IS NOT NULL AS awaited
 ),
 told AS (
@@ -139,6 +143,7 @@ rang AS (
     SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
     WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
 )
-SELECT id FROM (SELECT id FROM done UNION ALL SELECT id FROM changed) AS written
+SELECT id, claim FROM (SELECT id, claim FROM done UNION ALL SELECT id, claim FROM changed)
+    AS written
 WHERE (SELECT count(*) FROM rang) >= 0 AND (SELECT count(*) FROM told) >= 0
   AND (SELECT count(*) FROM recorded) >= 0

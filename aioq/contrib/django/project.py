@@ -137,7 +137,9 @@ class DjangoTasks(aioq.Registry):
 
     def get(self, name: str) -> aioq.Task[..., Any] | None:
         """Return the task of this name: registered, or declared at that module path; None if
-        there is none. Never raises, whatever the name."""
+        there is none (the worker's rule for a task it does not know then applies: the job waits
+        for a worker that knows it, docs/architecture.md "Unknown tasks"). Never raises,
+        whatever the name."""
         found = super().get(name)
         if found is not None:
             return found

@@ -292,7 +292,9 @@ async def _on_duty_for(conn: asyncpg.Connection, queue: str) -> int:
         await conn.fetchval(
             """
             SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-            WHERE l.locktype = 'advisory' AND l.granted AND l.objid::int = hashtext($1)
+            WHERE l.locktype = 'advisory' AND l.granted
+              AND (l.classid::bigint << 32 | l.objid::bigint)
+                  IN (aioq.doorbell_key($1), hashtextextended($1, ~'aioq.jobs'::regclass::oid::bigint))
               AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
             """,
             queue,

@@ -72,10 +72,11 @@ async def _listening(dsn: str, duty: list[str]) -> tuple[asyncpg.Connection, Spy
     return conn, spy
 
 
-@pytest.fixture
-async def on_duty(dsn: str) -> AsyncIterator[Spy]:
-    """A connection on duty for queue ``q`` (as a sleeping worker), and what it hears."""
-    conn, spy = await _listening(dsn, ["q"])
+@pytest.fixture(params=["q", "any queue"])
+async def on_duty(dsn: str, request: pytest.FixtureRequest) -> AsyncIterator[Spy]:
+    """A connection on duty for queue ``q`` (as a sleeping worker), or for any queue (the
+    wildcard, as a worker of more queues than it arms one by one), and what it hears."""
+    conn, spy = await _listening(dsn, ["q" if request.param == "q" else ""])
     try:
         yield spy
     finally:

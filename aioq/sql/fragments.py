@@ -160,9 +160,9 @@ STANDBY = "~'@schema.jobs'::regclass::oid::bigint"
 queue (or of the wildcard) holds it shared."""
 
 RINGS = """CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended(r.queue, @duty))
-     THEN NOT (pg_try_advisory_lock_shared(hashtextextended('', @duty))
-               AND pg_advisory_unlock_shared(hashtextextended('', @duty)))
-     ELSE true END"""
+      THEN NOT (pg_try_advisory_lock_shared(hashtextextended('', @duty))
+                AND pg_advisory_unlock_shared(hashtextextended('', @duty)))
+      ELSE true END"""
 """Whether a statement that makes jobs of queue ``r.queue`` claimable rings it: true when a
 worker is on duty for the queue (the shared try of its key fails); else the statement holds
 that key until its transaction ends ("an insert in flight"), and rings when a worker is on duty

@@ -1,5 +1,5 @@
 -- aioq's schema as it is: every table, index, function and trigger at the latest migration
--- (version 18), in the default schema `aioq`, with what each part is for. Read it to review
+-- (version 19), in the default schema `aioq`, with what each part is for. Read it to review
 -- the schema, to plan grants or capacity, or to see what a column holds.
 --
 -- A database gets the schema from the migrations, not from this file: `aioq schema apply`
@@ -11,7 +11,7 @@
 -- prints what differs; a new migration updates this file in the same commit.
 --
 -- Run on a database without the schema (psql -v ON_ERROR_STOP=1 --single-transaction -f
--- schema.sql), it creates the schema at version 18, recorded as an install records it; where
+-- schema.sql), it creates the schema at version 19, recorded as an install records it; where
 -- `aioq` exists, it stops at CREATE SCHEMA. It leaves out the opt-in doorbell trigger for
 -- raw-SQL inserts (aioq/sql/ring_trigger.sql, `aioq schema apply --ring-trigger`).
 -- docs/architecture.md, "Tables", tells how the tables serve the worker.
@@ -283,6 +283,19 @@ CREATE TABLE aioq.queue_claims (
 );
 
 -- ---------------------------------------------------------------------------------------------
+-- The doorbell
+-- ---------------------------------------------------------------------------------------------
+
+-- A name's duty key, as the advisory lock functions' 64-bit form takes it: the queue's, or for
+-- the empty name (no queue has it) the wildcard's, "any queue" (docs/architecture.md, "The
+-- doorbell"). pg_locks shows a key as classid (its high 32 bits) and objid (its low 32 bits),
+-- objsubid 1 (docs/operations-and-cli.md). The workflow trigger and the opt-in trigger for
+-- raw-SQL inserts ring with it; aioq's own statements compute the same expression in place.
+CREATE FUNCTION aioq.doorbell_key(queue text) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT hashtextextended(queue, 'aioq.jobs'::regclass::oid::bigint) $$;
+
+-- ---------------------------------------------------------------------------------------------
 -- Workers and history (the dashboard)
 -- ---------------------------------------------------------------------------------------------
 
@@ -500,12 +513,15 @@ BEGIN
               AND j.id = c.job_id AND j.status = 'waiting'
             RETURNING j.queue, j.run_at
         )
-        -- The doorbell as aioq.sql.doorbell.ring() rings it: for the queues of steps claimable
-        -- now, when a worker is on duty for them (else holding the duty key shared: an
-        -- insert in flight).
+        -- The doorbell as aioq's statements ring it (aioq.sql.fragments.RINGS): for the
+        -- queues of steps claimable now, when a worker is on duty for them or for any queue
+        -- (else holding the queue's duty key shared: an insert in flight).
         SELECT count(pg_notify('aioq:' || TG_TABLE_SCHEMA, q.queue)) INTO rung
         FROM (SELECT DISTINCT queue FROM released WHERE run_at <= now() OFFSET 0) AS q
-        WHERE NOT pg_try_advisory_xact_lock_shared(TG_RELID::int, hashtext(q.queue));
+        WHERE CASE WHEN pg_try_advisory_xact_lock_shared(aioq.doorbell_key(q.queue))
+                   THEN NOT (pg_try_advisory_lock_shared(aioq.doorbell_key(''))
+                             AND pg_advisory_unlock_shared(aioq.doorbell_key('')))
+                   ELSE true END;
     ELSE
         -- Replayed: the steps it blocked, directly or through others, wait again.
         WITH RECURSIVE revived(job_id) AS (
@@ -590,4 +606,4 @@ CREATE TRIGGER jobs_workflow_step_changed
 -- ---------------------------------------------------------------------------------------------
 
 -- The migrations this file adds up to, recorded: `aioq schema status` reports it up to date.
-INSERT INTO aioq.migrations (version) SELECT generate_series(1, 18);
+INSERT INTO aioq.migrations (version) SELECT generate_series(1, 19);

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from aioq.db import Executor
 from aioq.job import Claim, OutcomeKind
 from aioq.sql import DEFAULT_SCHEMA, results_channel
-from aioq.sql.doorbell import ARM_DOORBELL
+from aioq.sql.doorbell import ARM_DOORBELL, handover_channel
 from aioq.sql.outcomes import HEARTBEAT, WRITE_OUTCOMES, WRITE_STEP_OUTCOMES, WriteOutcomes
 from aioq.worker.claimer import Claimer
 
@@ -75,5 +75,7 @@ async def heartbeat(
 async def arm(db: Executor, queues: Sequence[str], *, schema: str = SCHEMA) -> bool:
     """Arm the doorbell of these queues on this session, as a worker about to sleep does;
     return whether an insert that may not have rung is in flight."""
-    found = await ARM_DOORBELL.rows(db, schema, list(queues), list(queues), within=10)
+    found = await ARM_DOORBELL.rows(
+        db, schema, list(queues), list(queues), [], handover_channel(schema), within=10
+    )
     return not all(d.covered for d in found)

@@ -22,6 +22,7 @@ from procs import spawner
 from waits import eventually
 
 import aioq
+import aioq.doorbell
 from aioq.worker.producer import Producer
 
 pytestmark = pytest.mark.anyio
@@ -35,6 +36,11 @@ SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted
   AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
 """
+
+
+# An advisory lock's 64-bit key as pg_locks shows it (its two halves), and a name's standby key.
+KEY = "(l.classid::bigint << 32 | l.objid::bigint)"
+STANDBY_KEY = "hashtextextended($1, ~'aioq.jobs'::regclass::oid::bigint)"
 
 
 async def armed(conn: asyncpg.Connection) -> int:
@@ -71,6 +77,15 @@ class Spy:
                     return seen
                 seen.append(payload)
         raise AssertionError("the notification stream closed")  # pragma: no cover
+
+
+@pytest.fixture(params=["one by one", "wildcard"])
+def arming(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How workers arm their queues: one by one (few queues), or through the wildcard (more
+    than MAX_ARMED: here every worker, its bound set to 0)."""
+    if request.param == "wildcard":
+        monkeypatch.setattr(aioq.doorbell, "MAX_ARMED", 0)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -110,7 +125,9 @@ async def test_a_sleeping_worker_is_woken_by_each_commit(
 
 
 async def _armed_once(conn: asyncpg.Connection) -> bool:
-    return await armed(conn) == 1
+    """One worker asleep: its standby lock and its duty lock. The standby alone is taken first,
+    in the same statement: an insert seen then could still find nobody on duty (in flight)."""
+    return await armed(conn) == 1 and len(await _on_duty(conn)) == 1
 
 
 async def test_a_busy_worker_is_not_rung(
@@ -213,7 +230,7 @@ async def _armed_count(conn: asyncpg.Connection, n: int) -> bool:
 
 
 async def _armed_any(conn: asyncpg.Connection, queue: str) -> bool:
-    held = await conn.fetchval(ARMED + " AND l.objid::int = hashtext($1)", queue)
+    held = await conn.fetchval(ARMED + f" AND {KEY} = {STANDBY_KEY}", queue)
     return bool(held)
 
 
@@ -273,6 +290,7 @@ async def test_a_killed_worker_stops_the_ringing(
 
 
 async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
+    arming: str,
     dsn: str,
     conn: asyncpg.Connection,
     registry: aioq.Registry,
@@ -321,6 +339,7 @@ async def test_a_defer_in_flight_while_the_worker_arms_is_started_at_its_commit(
 
 
 async def test_inserts_racing_the_arms_of_several_workers_are_never_left_for_the_poll(
+    arming: str,
     dsn: str,
     conn: asyncpg.Connection,
     registry: aioq.Registry,
@@ -370,6 +389,7 @@ async def test_inserts_racing_the_arms_of_several_workers_are_never_left_for_the
 
 
 async def test_a_worker_cancelled_while_looking_again_leaves_no_lock_and_loses_no_job(
+    arming: str,
     dsn: str,
     conn: asyncpg.Connection,
     registry: aioq.Registry,
@@ -433,6 +453,7 @@ async def _one_on_duty_and_the_other_standing_by(conn: asyncpg.Connection) -> bo
 
 @pytest.mark.parametrize("stop", ["graceful", "hard cancel"])
 async def test_the_worker_on_duty_hands_over_when_it_stops(
+    arming: str,
     conn: asyncpg.Connection,
     registry: aioq.Registry,
     make_worker: Callable[..., aioq.Worker],
@@ -482,3 +503,116 @@ async def test_the_worker_on_duty_hands_over_when_it_stops(
 async def _on_duty_is(conn: asyncpg.Connection, worker_id: str) -> bool:
     held = await _on_duty(conn)
     return len(held) == 1 and worker_id.startswith(held[0])
+
+
+# An advisory lock the worker's LISTEN session waits for.
+WAITING = """
+SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND NOT l.granted
+  AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
+"""
+
+
+async def _arm_waits(conn: asyncpg.Connection) -> bool:
+    return bool(await conn.fetchval(WAITING))
+
+
+async def test_a_ring_that_arrives_while_the_worker_arms_disarms_it_all_the_same(
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    make_worker: Callable[..., aioq.Worker],
+    spy: Spy,
+) -> None:
+    """A notification that reaches the LISTEN session while its arm statement runs is read
+    before that statement's reply: PostgreSQL sends it ahead of ReadyForQuery, so the ring is
+    heard while the worker is still arming. It must disarm the doorbell all the same; else the
+    worker stays on duty while it works, and every insert rings for nothing.
+
+    The order is driven by a lock: the worker's arm waits for the standby key this test holds,
+    the job and the ring come meanwhile, then the key is released."""
+    release = anyio.Event()
+    started: list[int] = []
+
+    @registry.task
+    async def hold(n: int) -> None:
+        started.append(n)
+        await release.wait()
+
+    blocker = await asyncpg.connect(dsn)
+    key = await blocker.fetchval(f"SELECT {STANDBY_KEY}", "default")
+    await blocker.execute("SELECT pg_advisory_lock($1)", key)
+    try:
+        async with make_worker(poll_interval=SLOW_POLL, concurrency=1, prefetch=0):
+            await eventually(lambda: _arm_waits(conn), "the worker's arm to wait for the key")
+            await hold.defer(conn, n=0)  # nobody is on duty: no ring
+            await conn.execute("SELECT pg_notify('aioq:aioq', 'default')")  # rung, while arming
+            await blocker.execute("SELECT pg_advisory_unlock($1)", key)
+            with anyio.fail_after(HANG_GUARD):
+                await eventually(lambda: started == [0], "the job to start", every=0.01)
+            # Rung while it armed: it leaves duty, as after any ring.
+            await eventually(lambda: _disarmed(conn), "the worker to disarm", HANG_GUARD)
+            await spy.until_sentinel(conn)
+            await hold.defer(conn, n=1)  # the worker is busy: nothing rings
+            assert await spy.until_sentinel(conn) == []
+            release.set()
+            with anyio.fail_after(HANG_GUARD):
+                await eventually(lambda: started == [0, 1], "the second job", every=0.01)
+    finally:
+        await blocker.close()
+
+
+# Two queue names whose 32-bit hashtext() is the same, found by brute force:
+#   SELECT h, array_agg(name) FROM (
+#       SELECT 'tenant-' || i AS name, hashtext('tenant-' || i) AS h
+#       FROM generate_series(1, 300000) AS i) AS t
+#   GROUP BY h HAVING count(*) > 1;
+# Their doorbell keys were (the jobs table's oid, hashtext(queue)): one key for both.
+COLLIDING = ("tenant-45849", "tenant-97803")
+
+
+async def test_two_queues_whose_hashtext_collide_each_have_their_doorbell(
+    conn: asyncpg.Connection, registry: aioq.Registry, make_worker: Callable[..., aioq.Worker]
+) -> None:
+    """A worker on each of two colliding queues: the second would find the first on duty for
+    the shared key and sleep on its watch, and the first, when it stops, hands over the name
+    of its own queue: nobody would be on duty for the second's, and its jobs would wait for the
+    poll."""
+    a, b = COLLIDING
+    assert await conn.fetchval("SELECT hashtext($1) = hashtext($2)", a, b)
+    assert await conn.fetchval("SELECT aioq.doorbell_key($1) <> aioq.doorbell_key($2)", a, b)
+    ran: list[str] = []
+
+    @registry.task
+    async def job() -> None:
+        ran.append(aioq.current_job().queue)
+
+    first = make_worker(poll_interval=SLOW_POLL, queues=[a])
+    second = make_worker(poll_interval=SLOW_POLL, queues=[b])
+    first_done = anyio.Event()
+
+    async def run_first() -> None:
+        await first.run()
+        first_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_first)
+        await eventually(lambda: _armed_once(conn), "the first worker to sleep on its queue")
+        tg.start_soon(second.run)
+        await eventually(lambda: _armed_count(conn, 2), "the second worker to sleep too")
+        await eventually(lambda: _arms(second) == 1, "the second worker's arm to end")
+        first.stop()
+        with anyio.fail_after(HANG_GUARD):
+            await first_done.wait()
+        job_id = await job.options(queue=b).defer(conn)
+        await eventually(lambda: gone(conn, job_id), "the job on b to run (before a poll)", 20)
+        assert ran == [b]
+        second.stop()
+
+
+def _arms(worker: aioq.Worker) -> int:
+    return (
+        0
+        if worker.current is None or worker.current.listener is None
+        else worker.current.listener.arms
+    )

@@ -14,7 +14,8 @@ import asyncpg
 import pytest
 
 import aioq
-from aioq.doorbell import Armed
+import aioq.doorbell
+from aioq.doorbell import Armed, Watch
 from aioq.sql import LIMITS_CHANGED, channel_name, control_channel
 from aioq.worker.notifier import Listener
 
@@ -170,11 +171,19 @@ async def test_a_failed_connect_is_retried_with_backoff_and_rings_once_connected
     assert "ConnectionRefusedError: refused (injected)" in failed[0].getMessage()
 
 
+@pytest.mark.parametrize("wildcard", [False, True], ids=["one by one", "wildcard"])
 async def test_an_insert_in_flight_while_it_arms_is_looked_for_until_it_ends(
-    dsn: str, conn: asyncpg.Connection, registry: aioq.Registry
+    dsn: str,
+    conn: asyncpg.Connection,
+    registry: aioq.Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    wildcard: bool,
 ) -> None:
     """The doorbell without a lost wake-up: an insert that ran before the doorbell was armed
-    did not ring; while its transaction is open, arm() asks the producer to look again."""
+    did not ring; while its transaction is open, arm() asks the producer to look again. Armed
+    on the wildcard, the queues' keys are probed for it."""
+    if wildcard:
+        monkeypatch.setattr(aioq.doorbell, "MAX_ARMED", 0)
 
     @registry.task
     async def work() -> None: ...
@@ -210,3 +219,32 @@ async def test_an_insert_in_flight_while_it_arms_is_looked_for_until_it_ends(
     finally:
         for inserter in inserters:
             inserter.terminate()
+
+
+async def test_a_ring_since_the_last_arm_leaves_it_unarmed_until_the_listener_disarms(
+    dsn: str,
+) -> None:
+    """The producer armed; a ring came; before the listener disarmed, the producer (whose last
+    look began before the ringing insert committed) arms again. The doorbell must not count as
+    armed then: the producer is about to claim, not to sleep, and a worker left on duty while
+    it works has every insert ring for nothing."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        watch = Watch(schema="aioq", queues={"default"}, within=HANG_GUARD)
+        watch.begin(conn)
+        assert await watch.arm() is Armed.LOOK
+        assert watch.armed
+        assert watch.rung("default")  # the listener then disarms it, when it gets the session
+        assert await watch.arm() is Armed.LOOK  # the producer looks; nothing is armed
+        assert not watch.armed
+        assert watch.resting  # locks held while nobody sleeps on them: the listener disarms
+        async with watch.talk:
+            await watch.disarm(conn)
+        assert not watch.resting
+        assert await watch.arm() is Armed.LOOK  # armed afresh, and looked once more
+        assert watch.armed
+        assert await watch.arm() is Armed.SLEEP
+        assert not watch.rung("elsewhere")  # another worker's queue: not ours
+        assert watch.armed
+    finally:
+        await conn.close()

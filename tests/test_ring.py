@@ -72,10 +72,11 @@ async def _listening(dsn: str, duty: list[str]) -> tuple[asyncpg.Connection, Spy
     return conn, spy
 
 
-@pytest.fixture
-async def on_duty(dsn: str) -> AsyncIterator[Spy]:
-    """A connection on duty for queue ``q`` (as a sleeping worker), and what it hears."""
-    conn, spy = await _listening(dsn, ["q"])
+@pytest.fixture(params=["q", "any queue"])
+async def on_duty(dsn: str, request: pytest.FixtureRequest) -> AsyncIterator[Spy]:
+    """A connection on duty for queue ``q`` (as a sleeping worker), or for any queue (the
+    wildcard, as a worker of more queues than it arms one by one), and what it hears."""
+    conn, spy = await _listening(dsn, ["q" if request.param == "q" else ""])
     try:
         yield spy
     finally:
@@ -292,7 +293,9 @@ async def _on_duty_for(conn: asyncpg.Connection, queue: str) -> int:
         await conn.fetchval(
             """
             SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-            WHERE l.locktype = 'advisory' AND l.granted AND l.objid::int = hashtext($1)
+            WHERE l.locktype = 'advisory' AND l.granted
+              AND (l.classid::bigint << 32 | l.objid::bigint)
+                  IN (aioq.doorbell_key($1), hashtextextended($1, ~'aioq.jobs'::regclass::oid::bigint))
               AND a.datname = current_database() AND a.application_name LIKE 'aioq listener %'
             """,
             queue,

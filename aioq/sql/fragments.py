@@ -192,25 +192,37 @@ told AS (
 
 # --- the doorbell (docs/architecture.md, "The doorbell"; aioq.sql.doorbell) ---
 
-DUTY = "'@schema.jobs'::regclass::oid::int"
-"""The first half of a queue's duty key (the other is hashtext(queue)): one worker on duty
-holds it exclusively; a statement that makes jobs claimable tries it shared."""
+DUTY = "'@schema.jobs'::regclass::oid::bigint"
+"""The seed of a duty key: ``hashtextextended(name, @duty)`` is the duty key of a queue, and of
+the empty name (no queue has it) the key of "any queue", the wildcard. A worker on duty holds
+its key exclusively; a statement that makes jobs claimable tries it shared."""
 
-STANDBY = "~'@schema.jobs'::regclass::oid::int"
-"""The first half of a queue's standby key: every sleeping worker of the queue holds it shared."""
+STANDBY = "~'@schema.jobs'::regclass::oid::bigint"
+"""The seed of a standby key (``hashtextextended(name, @standby)``): every sleeping worker of a
+queue (or of the wildcard) holds it shared."""
+
+RINGS = """CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended(r.queue, @duty))
+      THEN NOT (pg_try_advisory_lock_shared(hashtextextended('', @duty))
+                AND pg_advisory_unlock_shared(hashtextextended('', @duty)))
+      ELSE true END"""
+"""Whether a statement that makes jobs of queue ``r.queue`` claimable rings it: true when a
+worker is on duty for the queue (the shared try of its key fails); else the statement holds
+that key until its transaction ends ("an insert in flight"), and rings when a worker is on duty
+for any queue (the wildcard's key is held: tried and released at once, never held). CASE keeps
+the order: the wildcard is tested only after the queue's key is held."""
 
 RANG = """rang AS (
     SELECT pg_notify(@doorbell, r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
-    WHERE NOT pg_try_advisory_xact_lock_shared(@duty, hashtext(r.queue))
+    WHERE @rings
 )"""
 """The ``rang`` CTE of a statement that makes jobs claimable: a NOTIFY (sent at commit) for each
 queue of its ``ready_queues(queue)`` CTE (the distinct queues whose jobs are claimable now)
-that a worker is on duty for: the shared try of the duty key fails. When it succeeds, the
-statement holds the key until its transaction ends ("an insert in flight") and a worker cannot
-go on duty until then, so only queues with jobs claimable now may be tried. OFFSET 0 keeps
-``ready_queues``' own conditions before the try. PostgreSQL runs a CTE that is not
-data-modifying only if the statement reads it: every statement that includes this one reads it
-with ``WHERE (SELECT count(*) FROM rang) >= 0``, always true."""
+that :data:`RINGS`. A queue it does not ring it holds the key of until its transaction ends
+("an insert in flight"), and a worker cannot go on duty until then, so only queues with jobs
+claimable now may be tried. OFFSET 0 keeps ``ready_queues``' own conditions before the try.
+PostgreSQL runs a CTE that is not data-modifying only if the statement reads it: every
+statement that includes this one reads it with ``WHERE (SELECT count(*) FROM rang) >= 0``,
+always true."""
 
 # --- defer (docs/architecture.md, "Transactional defer") ---
 

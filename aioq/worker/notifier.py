@@ -66,15 +66,33 @@ class Listener(Service[None]):
     backoff = Backoff(base=0.1, max=10.0, jitter=0.1)
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
-        if pid == self._pid:
-            return  # the disarm rang the workers that slept on our watch: not a job for us
-        if payload in self.queues:
+        if payload == LIMITS_CHANGED:
+            if self.on_limits is not None:
+                self.on_limits()
+            return
+        queue = str(payload)
+        mine = queue in self.queues
+        if mine:
             # The producer first: its claim goes out before the disarm (the pickup latency).
             self.ring()
-            if self.watch.rung():
-                self._wake.set()
-        elif payload == LIMITS_CHANGED and self.on_limits is not None:
-            self.on_limits()
+        if self.watch.rung(queue):
+            if not mine:
+                # The wildcard rang for another queue: it is disarmed, and the producer arms
+                # it again after a pause (Watch.rung).
+                self.ring()
+            self._wake.set()
+
+    def _on_handover(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        if pid == self._pid:
+            return  # our own disarm rang the workers that slept on our watch
+        try:
+            key = int(str(payload))
+        except ValueError:
+            return
+        if self.watch.handed(key):
+            # We slept on the watch of a worker that left duty: look, and arm again.
+            self.ring()
+            self._wake.set()
 
     @property
     def arms(self) -> int:
@@ -84,6 +102,10 @@ class Listener(Service[None]):
     async def arm(self, queues: Iterable[str] | None = None) -> Armed:
         """Arm the doorbell before the producer sleeps (:meth:`aioq.doorbell.Watch.arm`)."""
         return await self.watch.arm(queues)
+
+    def later(self) -> float:
+        """Seconds before the wildcard may be armed again (:data:`Armed.LATER`)."""
+        return self.watch.later()
 
     def _on_lost(self, conn: object) -> None:
         self._lost = True
@@ -98,6 +120,7 @@ class Listener(Service[None]):
             self._lost = False
             conn.add_termination_listener(self._on_lost)
             await conn.add_listener(self.channel, self._on_notify)
+            await conn.add_listener(self.watch.handover, self._on_handover)
             for channel, handler in self.control.items():
                 await conn.add_listener(channel, _payload_to(handler))
             self.connections += 1

@@ -332,7 +332,8 @@ class Producer(Service[tuple[int, int]]):
         The worker rings the doorbell to stop, a NOTIFY rings it for new jobs. Before sleeping
         it arms the doorbell (docs/architecture.md, "The doorbell"), and looks once more for what an insert that ran
         before could have left unrung; while such an insert is in flight, it looks again after
-        pauses that double from a millisecond, and sleeps only once none is.
+        pauses that double from a millisecond, and sleeps only once none is. A wildcard that
+        rang for a queue we do not watch is armed again after its pause.
         """
         if self.slots.free <= 0:  # below 0 when the claim-ahead shrank
             await self._wait_free()
@@ -343,6 +344,16 @@ class Producer(Service[tuple[int, int]]):
                 self._recheck = 0.0
                 return  # rung: claim
             armed = await self.listener.arm(self.claimer.claimable())
+            while armed is Armed.LATER:
+                # The wildcard rang for a queue we do not watch: arm it after its pause.
+                self._recheck = 0.0
+                pause = self.listener.later()
+                if pause >= seconds:
+                    await self.doorbell.wait(seconds)  # the poll comes first
+                    return
+                if await self.doorbell.wait(pause):
+                    return  # rung: claim
+                armed = await self.listener.arm(self.claimer.claimable())
             if armed is Armed.LOOK_AGAIN:
                 self._recheck = min(2 * self._recheck or _FIRST_RECHECK, seconds)
                 return

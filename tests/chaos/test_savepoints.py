@@ -127,9 +127,12 @@ def worker(dsn: str, tmp_path: Path) -> Iterator[WorkerProcess]:
         yield process
 
 
+@pytest.mark.parametrize("duty", ["sp", ""], ids=["queue", "any queue"])
 def test_random_savepoint_trees_run_exactly_the_committed_jobs(
-    dsn: str, worker: WorkerProcess
+    dsn: str, worker: WorkerProcess, duty: str
 ) -> None:
+    """The listener below is on duty for the queue, or for any queue (the wildcard, as a
+    worker of more queues than it arms one by one): inserts ring through either key."""
     rounds = scaled(25, 400)
     seed = chaos_seed()
     rng = random.Random(seed)
@@ -156,7 +159,7 @@ def test_random_savepoint_trees_run_exactly_the_committed_jobs(
         # claim from), so the worker sleeps on its watch.
         await aioq.admin.set_queue(other, "sp", paused=True, max_running=None)
         await eventually(lambda: _worker_off_duty(other), "the worker to leave duty", HANG_GUARD)
-        assert not await statements.arm(listener, ["sp"])
+        assert not await statements.arm(listener, [duty])
         await aioq.admin.set_queue(other, "sp", paused=False)
         # The resume rings the queue (and tells workers that limits changed): both arrive
         # before this sentinel, so neither passes for round 0's.

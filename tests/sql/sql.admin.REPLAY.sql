@@ -36,7 +36,10 @@ revived(root, job_id) AS (
 ready_queues(queue) AS (SELECT queue FROM changed WHERE status = 'pending' GROUP BY queue),
 rang AS (
     SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
-    WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
+    WHERE CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended(r.queue, '"aioq".jobs'::regclass::oid::bigint))
+          THEN NOT (pg_try_advisory_lock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint))
+                    AND pg_advisory_unlock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint)))
+          ELSE true END
 )
 SELECT m.id, m.unique_key, c.id IS NOT NULL AS replayed, m.live_id, m.newest,
        ARRAY(SELECT r.job_id FROM revived AS r

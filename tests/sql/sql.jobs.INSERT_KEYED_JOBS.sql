@@ -5,7 +5,10 @@ WITH ready_queues(queue) AS (
 ),
 rang AS (
     SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
-    WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
+    WHERE CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended(r.queue, '"aioq".jobs'::regclass::oid::bigint))
+          THEN NOT (pg_try_advisory_lock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint))
+                    AND pg_advisory_unlock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint)))
+          ELSE true END
 )
 INSERT INTO "aioq".jobs
     (queue, task, args, priority, run_at, max_attempts, lease, traceparent, concurrency_key)

@@ -14,7 +14,10 @@ ready_queues(queue) AS (
 ),
 rang AS (
     SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
-    WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
+    WHERE CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended(r.queue, '"aioq".jobs'::regclass::oid::bigint))
+          THEN NOT (pg_try_advisory_lock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint))
+                    AND pg_advisory_unlock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint)))
+          ELSE true END
 )
 INSERT INTO "aioq".jobs (queue, task, args, priority, run_at, max_attempts, lease, scheduled_at)
 SELECT $3, $2, $7::text::jsonb, $8, t.tick, $9,

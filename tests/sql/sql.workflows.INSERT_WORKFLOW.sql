@@ -43,6 +43,9 @@ ready_queues(queue) AS (
 ),
 rang AS (
     SELECT pg_notify('aioq:aioq', r.queue) FROM (SELECT queue FROM ready_queues OFFSET 0) AS r
-    WHERE NOT pg_try_advisory_xact_lock_shared('"aioq".jobs'::regclass::oid::int, hashtext(r.queue))
+    WHERE CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended(r.queue, '"aioq".jobs'::regclass::oid::bigint))
+          THEN NOT (pg_try_advisory_lock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint))
+                    AND pg_advisory_unlock_shared(hashtextextended('', '"aioq".jobs'::regclass::oid::bigint)))
+          ELSE true END
 )
 SELECT id FROM run WHERE (SELECT count(*) FROM rang) >= 0

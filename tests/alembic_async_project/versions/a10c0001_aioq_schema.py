@@ -13,7 +13,7 @@ def upgrade() -> None:
     # asyncpg prepares each statement SQLAlchemy sends, and a prepared statement holds one
     # command: run the script on asyncpg's own connection, in the revision's transaction.
     asyncpg_conn = op.get_bind().connection.driver_connection
-    await_only(asyncpg_conn.execute(schema_sql("aioq", from_version=0, to_version=18)))
+    await_only(asyncpg_conn.execute(schema_sql("aioq", from_version=0, to_version=19)))
 
 
 def downgrade() -> None:

@@ -9,7 +9,7 @@ down_revision = None
 
 
 def upgrade() -> None:
-    op.execute(schema_sql("aioq", from_version=0, to_version=18))
+    op.execute(schema_sql("aioq", from_version=0, to_version=19))
 
 
 def downgrade() -> None:

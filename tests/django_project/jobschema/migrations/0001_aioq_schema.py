@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.RunSQL(
             # A list: Django runs the script as one statement instead of splitting it.
-            [schema_sql("aioq", from_version=0, to_version=18)],
+            [schema_sql("aioq", from_version=0, to_version=19)],
             reverse_sql=['DROP SCHEMA "aioq" CASCADE'],
         ),
     ]

@@ -250,6 +250,9 @@ async def test_the_vacuumer_leaves_a_table_it_does_not_own_to_autovacuum(
         await conn.execute(f"DROP ROLE {role}")
 
 
+CLAIM = "claim('default', 10, 'w1', '{}', 3600)"
+
+
 async def test_the_vacuumer_analyses_the_jobs_table_when_the_planner_believes_it_empty(
     conn: asyncpg.Connection,
 ) -> None:
@@ -259,8 +262,11 @@ async def test_the_vacuumer_analyses_the_jobs_table_when_the_planner_believes_it
     # renews the statistics.
     await conn.execute("ALTER TABLE aioq.jobs SET (autovacuum_enabled = false)")
     await conn.execute("SET plan_cache_mode = force_generic_plan")
-    await conn.execute(f"PREPARE claim(text, integer, text) AS {CLAIM_ONE_QUEUE.text('aioq')}")
-    await conn.execute("EXECUTE claim('default', 10, 'w1')")  # planned now, the table empty
+    # The claim's parameters in ClaimJobs' order: queue, limit, worker, unknown tasks, grace.
+    await conn.execute(
+        "PREPARE claim(text, integer, text, text[], float8) AS " + CLAIM_ONE_QUEUE.text("aioq")
+    )
+    await conn.execute(f"EXECUTE {CLAIM}")  # planned now, the table empty
     await conn.execute("INSERT INTO aioq.jobs (task) SELECT 'work' FROM generate_series(1, 20000)")
     await conn.execute("SELECT pg_stat_force_next_flush()")
     await until_sql(
@@ -273,9 +279,7 @@ async def test_the_vacuumer_analyses_the_jobs_table_when_the_planner_believes_it
         tx = conn.transaction()
         await tx.start()
         try:
-            explained = await conn.fetchval(
-                "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim('default', 10, 'w1')"
-            )
+            explained = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {CLAIM}")
         finally:
             await tx.rollback()
         [root] = orjson.loads(explained)
